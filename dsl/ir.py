@@ -1,0 +1,208 @@
+"""The typed program IR: what a DSL program means, as frozen dataclasses.
+
+A `Problem` says *what* is computed (shape, operand layouts, dtypes, epilogue);
+a `Program` says *how* (tiles, pipeline, schedule, backend) and carries the
+problem it was written for. A problem whose M, N or K is `None` is generic:
+the program is bound to a concrete shape later with `Program.bind`.
+
+Source positions (for located errors) live in `Program.spans`, which takes no
+part in equality or hashing, so `parse(print(p)) == p` compares meaning only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal, Mapping, Optional
+
+Major = Literal["row", "col"]
+DType = Literal["f16", "bf16", "f32"]
+Backend = Literal["triton", "cutlass", "cuda"]
+Mainloop = Literal["multistage", "ws_cooperative", "ws_pingpong"]
+Scheduler = Literal["tile", "persistent", "stream_k"]
+Activation = Literal["relu", "gelu", "silu"]
+SplitKReduce = Literal["workspace", "atomic"]
+
+MAJORS: tuple[str, ...] = ("row", "col")
+DTYPES: tuple[str, ...] = ("f16", "bf16", "f32")
+BACKENDS: tuple[str, ...] = ("triton", "cutlass", "cuda")
+MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong")
+SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
+ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
+SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic")
+SMEM_SWIZZLES: tuple[int, ...] = (0, 32, 64, 128)
+DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
+
+# Physical ceilings of one H200 SXM used for the floor time (design.md).
+PEAK_FLOPS = 989e12
+PEAK_BYTES_PER_S = 4.8e12
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """out = cast(act(alpha * acc + beta * C + bias) + residual).
+
+    `bias="n"` is one value per output column (the nn.Linear bias),
+    `bias="m"` one per output row. `gelu` is the exact (erf) GELU.
+    """
+
+    alpha: float = 1.0
+    beta: float = 0.0
+    bias: Optional[Literal["m", "n"]] = None
+    activation: Optional[Activation] = None
+    residual: bool = False
+    out_dtype: DType = "f16"
+
+    @property
+    def signature(self) -> str:
+        """What the epilogue needs, without runtime scalars: a database key."""
+        parts = []
+        if self.alpha != 1.0:
+            parts.append("alpha")
+        if self.beta != 0.0:
+            parts.append("beta")
+        if self.bias:
+            parts.append(f"bias_{self.bias}")
+        if self.activation:
+            parts.append(self.activation)
+        if self.residual:
+            parts.append("residual")
+        parts.append(self.out_dtype)
+        return "+".join(parts)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """C[M, N] = A[M, K] @ B[K, N] followed by the epilogue.
+
+    `a_major="row"` stores A as M x K with K contiguous; `b_major="col"` stores
+    B as N x K (K contiguous), which is the weight of `x @ W.T`.
+    """
+
+    m: Optional[int]
+    n: Optional[int]
+    k: Optional[int]
+    a_major: Major = "row"
+    b_major: Major = "row"
+    c_major: Major = "row"
+    in_dtype: DType = "f16"
+    acc_dtype: DType = "f32"
+    epilogue: Epilogue = Epilogue()
+
+    @property
+    def is_bound(self) -> bool:
+        return None not in (self.m, self.n, self.k)
+
+    def with_shape(self, m: int, n: int, k: int) -> "Problem":
+        return replace(self, m=m, n=n, k=k)
+
+    def _shape(self) -> tuple[int, int, int]:
+        if not self.is_bound:
+            raise ValueError("the problem is shape-generic; bind M, N and K first")
+        return self.m, self.n, self.k  # type: ignore[return-value]
+
+    @property
+    def flops(self) -> int:
+        m, n, k = self._shape()
+        return 2 * m * n * k
+
+    @property
+    def bytes(self) -> int:
+        """Fewest bytes moved: each operand read once, the output written once."""
+        m, n, k = self._shape()
+        e = self.epilogue
+        ib = DTYPE_BYTES[self.in_dtype]
+        total = (m * k + k * n) * ib + m * n * DTYPE_BYTES[e.out_dtype]
+        if e.beta != 0.0:
+            total += m * n * DTYPE_BYTES[e.out_dtype]
+        if e.residual:
+            total += m * n * DTYPE_BYTES[e.out_dtype]
+        if e.bias:
+            total += (m if e.bias == "m" else n) * DTYPE_BYTES[e.out_dtype]
+        return total
+
+    @property
+    def floor_s(self) -> float:
+        """Physical floor: max of compute time at peak and bytes at peak bandwidth."""
+        return max(self.flops / PEAK_FLOPS, self.bytes / PEAK_BYTES_PER_S)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def gflop(self) -> float:
+        return self.flops / 1e9
+
+    @property
+    def key(self) -> str:
+        """A stable text key: shape, majors, dtypes, epilogue signature."""
+        dims = "x".join("*" if d is None else str(d) for d in (self.m, self.n, self.k))
+        majors = f"{self.a_major[0]}{self.b_major[0]}{self.c_major[0]}"
+        return f"{dims}:{majors}:{self.in_dtype}:{self.acc_dtype}:{self.epilogue.signature}"
+
+
+@dataclass(frozen=True)
+class Tile:
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Instr:
+    """A tensor-core instruction shape: wgmma m64nNk16 or mma.sync m16n8k16."""
+
+    kind: Literal["wgmma", "mma"]
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Program:
+    """How to compute a problem: the decisions a kernel engineer makes.
+
+    `None` for `instr`, `stages` and `smem_swizzle` means the backend chooses.
+    """
+
+    problem: Problem
+    backend: Backend
+    tile: Tile
+    warps: tuple[int, int]
+    mainloop: Mainloop
+    instr: Optional[Instr] = None
+    cluster: tuple[int, int] = (1, 1)
+    stages: Optional[int] = None
+    scheduler: Scheduler = "tile"
+    raster: Literal["m", "n"] = "m"
+    swizzle: int = 1
+    smem_swizzle: Optional[int] = None
+    split_k: int = 1
+    split_k_reduce: SplitKReduce = "workspace"
+    spans: Mapping[str, tuple[int, int]] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+
+    @property
+    def num_warps(self) -> int:
+        return self.warps[0] * self.warps[1]
+
+    def bind(self, problem_or_shape) -> "Program":
+        """The same decisions for a concrete problem (or an (M, N, K) shape).
+
+        Rebinding does not validate; call `gemmgen.dsl.validate` on the result.
+        """
+        if isinstance(problem_or_shape, Problem):
+            problem = problem_or_shape
+        else:
+            m, n, k = problem_or_shape
+            problem = self.problem.with_shape(int(m), int(n), int(k))
+        return replace(self, problem=problem)
+
+    def ctas(self) -> int:
+        """CTAs of the grid before persistence: output tiles times split-K slices."""
+        p = self.problem
+        if not p.is_bound:
+            raise ValueError("the program is shape-generic; bind it first")
+        tiles = math.ceil(p.m / self.tile.m) * math.ceil(p.n / self.tile.n)  # type: ignore[operator]
+        return tiles * self.split_k

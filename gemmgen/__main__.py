@@ -1,0 +1,5 @@
+import sys
+
+from gemmgen.cli import main
+
+sys.exit(main())

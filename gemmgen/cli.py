@@ -1,0 +1,57 @@
+"""The `gemmgen` command. Each room contributes its subcommands through a module
+with `register(subparsers)`; each subparser sets `func(args) -> int`.
+
+Command modules must import cheaply: heavy imports (torch, triton) go inside the
+command's function, so `gemmgen check` stays fast on a machine without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gemmgen.errors import GemmgenError
+
+COMMAND_MODULES = (
+    "gemmgen.dsl.commands",        # check, fmt, inspect
+    "gemmgen.backends.commands",   # build
+    "gemmgen.measure.commands",    # bench
+    "gemmgen.tuning_db.commands",  # db
+    "gemmgen.tune_commands",       # tune, compile
+    "gemmgen.policy.commands",     # propose
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gemmgen",
+        description="Searched fp16 GEMM kernels for NVIDIA Hopper: read, check, build, tune, measure.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that room has no commands yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GemmgenError as exc:
+        print(f"gemmgen: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gemmgen: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

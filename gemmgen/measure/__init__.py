@@ -1,0 +1,1 @@
+"""The runner: honest correctness checks, device timing, baselines, isolation."""
