@@ -163,6 +163,9 @@ class Program:
     """How to compute a problem: the decisions a kernel engineer makes.
 
     `None` for `instr`, `stages` and `smem_swizzle` means the backend chooses.
+    `warps` (WM, WN) are the math warps that share one CTA tile, WM along M and WN
+    along N; warp-specialized mainloops add a producer warpgroup, and ws_pingpong
+    runs two such consumer groups on alternating tiles (docs/dsl.md, "Resource model").
     """
 
     problem: Problem

@@ -1,0 +1,107 @@
+"""Does the chosen backend support every feature the program uses?
+
+Each backend module declares a `SUPPORT` (backends/base.py `Support`); it is read
+lazily through `gemmgen.backends.get`, so the validator needs neither triton nor
+CUTLASS. A backend module that does not exist yet is skipped, not an error.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Iterator
+
+from gemmgen.dsl.ir import Program
+
+Finding = tuple[str, str]
+
+
+class BackendRuleWarning(RuntimeWarning):
+    """A backend's extra rule raised instead of answering; it was skipped."""
+
+# A field named by a backend's extra rule -> the statement that sets it.
+FIELD_STATEMENT = {
+    "problem": "gemm", "m": "gemm", "n": "gemm", "k": "gemm", "a_major": "gemm", "b_major": "gemm",
+    "c_major": "gemm", "in_dtype": "gemm", "acc_dtype": "gemm",
+    "alpha": "epilogue", "beta": "epilogue", "bias": "epilogue", "activation": "epilogue",
+    "residual": "epilogue", "out_dtype": "epilogue", "epilogue": "epilogue",
+    "swizzle": "raster", "raster": "raster", "split_k_reduce": "split_k", "num_warps": "warps",
+}
+
+
+def statement_of(field: str) -> str:
+    from gemmgen.dsl.parser import STATEMENTS
+    name = FIELD_STATEMENT.get(field, field)
+    return name if name in STATEMENTS else "backend"
+
+
+def backend_support(name: str):
+    """The backend's `Support`, or None if its module is not there (yet)."""
+    from gemmgen import backends
+
+    if name not in backends.names():
+        return None  # check_values reports the unknown name
+    try:
+        module = backends.get(name)
+    except Exception as exc:  # absent or broken module: the support check cannot run
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == f"gemmgen.backends.{name}"):
+            warnings.warn(f"the {name} backend did not import ({exc.__class__.__name__}: {exc}); "
+                          "its support check was skipped", BackendRuleWarning, stacklevel=2)
+        return None
+    return getattr(module, "SUPPORT", None)
+
+
+def _list(values) -> str:
+    return ", ".join(sorted("auto" if v is None else str(v) for v in values))
+
+
+def check_support(p: Program, run_extra_rules: bool = True) -> Iterator[Finding]:
+    support = backend_support(p.backend)
+    if support is None:
+        return
+    b, pr, e = p.backend, p.problem, p.problem.epilogue
+    other = "or choose another backend"
+    if p.mainloop not in support.mainloops:
+        yield "mainloop", f"the {b} backend has no mainloop {p.mainloop}: use one of {_list(support.mainloops)}, {other}"
+    if p.scheduler not in support.schedulers:
+        yield "scheduler", f"the {b} backend has no scheduler {p.scheduler}: use one of {_list(support.schedulers)}, {other}"
+    kind = p.instr.kind if p.instr else None
+    if kind not in support.instr_kinds:
+        yield "instr", (f"the {b} backend does not take `instr {kind or 'auto'}`: use one of "
+                        f"{_list(support.instr_kinds)}, {other}")
+    if p.split_k > 1 and p.split_k_reduce not in support.split_k_reduces:
+        allowed = _list(support.split_k_reduces) or "none (write `split_k 1`)"
+        yield "split_k", f"the {b} backend cannot reduce split-K by {p.split_k_reduce}: use {allowed}"
+    if e.activation and e.activation not in support.activations:
+        yield "epilogue", f"the {b} backend cannot fuse {e.activation}: use one of {_list(support.activations) or 'no activation'}, {other}"
+    for used, allowed, what in ((bool(e.bias), support.bias, f"bias={e.bias}"),
+                                (e.residual, support.residual, "residual"),
+                                (float(e.beta) != 0.0, support.beta, "beta")):
+        if used and not allowed:
+            yield "epilogue", f"the {b} backend cannot fuse {what}: drop it from the epilogue {other}"
+    if e.out_dtype not in support.out_dtypes:
+        yield "epilogue", f"the {b} backend cannot write out={e.out_dtype}: use out={_list(support.out_dtypes)}"
+    size = p.cluster[0] * p.cluster[1]
+    if size > support.max_cluster:
+        yield "cluster", (f"the {b} backend launches clusters of at most {support.max_cluster} CTA(s); "
+                          f"cluster {p.cluster[0]}x{p.cluster[1]} has {size}: use a smaller cluster {other}")
+    if p.smem_swizzle not in support.smem_swizzles:
+        yield "smem_swizzle", (f"the {b} backend does not take `smem_swizzle "
+                               f"{'auto' if p.smem_swizzle is None else p.smem_swizzle}`: use one of "
+                               f"{_list(support.smem_swizzles)}")
+    if p.stages is None and not support.auto_stages:
+        yield "stages", f"the {b} backend does not choose stages itself: write `stages N`"
+    if pr.in_dtype not in support.in_dtypes:
+        yield "gemm", f"the {b} backend does not read in={pr.in_dtype}: use in={_list(support.in_dtypes)}"
+    for operand, major, allowed in (("a", pr.a_major, support.majors_a), ("b", pr.b_major, support.majors_b),
+                                    ("c", pr.c_major, support.majors_c)):
+        if major not in allowed:
+            yield "gemm", f"the {b} backend does not take {operand}={major}: use {operand}={_list(allowed)} {other}"
+    if run_extra_rules:
+        for rule in support.extra_rules:
+            try:
+                found = list(rule(p) or ())
+            except Exception as exc:  # a backend still being written must not crash validation
+                warnings.warn(f"skipped a rule of the {b} backend that failed "
+                              f"({exc.__class__.__name__}: {exc})", BackendRuleWarning, stacklevel=2)
+                continue
+            for field, message in found:
+                yield statement_of(field), f"the {b} backend: {message}"

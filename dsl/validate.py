@@ -1,0 +1,53 @@
+"""`diagnose(program)` lists every problem, located; `validate(program)` raises the first.
+
+The checks live in checks.py (hardware and problem) and support.py (backend
+support); this module runs them in order and attaches each finding to the
+(line, column) of its statement, 0:0 for a program built in code.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from gemmgen.dsl.checks import CHECKS, VALUE_CHECKS
+from gemmgen.dsl.diagnostics import Diagnostic, ProgramError
+from gemmgen.dsl.hardware import SM90A, Hardware
+from gemmgen.dsl.ir import Program
+from gemmgen.dsl.support import check_support
+
+
+def _locate(program: Program, statement: str, message: str) -> Diagnostic:
+    spans = program.spans or {}
+    if statement in spans:
+        line, column = spans[statement]
+    elif spans:
+        # A defaulted statement: point at the gemm line and say the default is at fault.
+        line, column = spans.get("gemm", (1, 1))
+        message = f"{message} (there is no `{statement}` line, so its default applies; add one)"
+    else:
+        line, column = 0, 0
+    return Diagnostic(line, column, message, statement)
+
+
+def diagnose(program: Program, hw: Hardware = SM90A, *, backend_support: bool = True) -> list[Diagnostic]:
+    """Every problem found: hardware and problem errors, then backend-support errors, each
+    group in source order (value errors alone if a field holds something outside the language)."""
+    value_errors = [f for check in VALUE_CHECKS for f in check(program, hw)]
+    if value_errors:
+        return _in_order(program, value_errors)
+    findings = [f for check in CHECKS for f in check(program, hw)]
+    support = list(check_support(program, run_extra_rules=not findings)) if backend_support else []
+    # Hardware and problem errors come first: they hold whatever the backend.
+    return _in_order(program, findings) + _in_order(program, support)
+
+
+def _in_order(program: Program, findings) -> list[Diagnostic]:
+    located = [_locate(program, statement, message) for statement, message in findings]
+    return sorted(located, key=lambda d: (d.line, d.column))
+
+
+def validate(program: Program, hw: Hardware = SM90A, filename: Optional[str] = None) -> Program:
+    """The program itself if it can run; otherwise `ProgramError` for its first problem."""
+    problems = diagnose(program, hw)
+    if problems:
+        raise ProgramError.from_diagnostic(problems[0], filename)
+    return program
