@@ -1,0 +1,12 @@
+"""The tuning database: trials and winners in SQLite, its schema and queries, the shipped H200 records."""
+from gemmgen.tuning_db.database import (APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Database,
+                                        DatabaseFileError)
+from gemmgen.tuning_db.records import (DEFAULT_DEVICE_NAME, STATUSES, BaselineTime, Device,
+                                       RecordError, Trial, problem_from_key)
+from gemmgen.tuning_db.store import Found, WinnerIndex, default_db_path, open_layers, shipped_database
+
+__all__ = [
+    "APPLICATION_ID", "DEFAULT_DEVICE_NAME", "MIGRATIONS", "SCHEMA_VERSION", "STATUSES",
+    "BaselineTime", "Database", "DatabaseFileError", "Device", "Found", "RecordError", "Trial",
+    "WinnerIndex", "default_db_path", "open_layers", "problem_from_key", "shipped_database",
+]

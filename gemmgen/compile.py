@@ -1,0 +1,243 @@
+"""gemmgen.compile: the fastest known kernel for a problem, found in the tuning database.
+
+Lookup, in order:
+1. the winner for this exact problem on this GPU (by GPU name);
+2. the winner of the nearest tuned problem with the same majors, dtypes and epilogue
+   signature (Euclidean distance of log M, log N, log K, at most NEAREST_MAX_DISTANCE,
+   and a winner by at least NEAREST_MIN_SPEEDUP), its program re-bound to this shape and
+   re-validated;
+3. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
+
+A winner is a trial that passed its check and satisfies the never-slower rule
+    device_ms * (1 + spread) < best_baseline_ms
+with both times from the same tuning run (the `winners` view of the database).
+
+Kernels are cached in memory by the call's arguments, so a warm lookup is a dict hit;
+built artifacts are cached on disk by the backends' builder.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+from typing import Optional, Union
+
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.errors import GemmgenError
+from gemmgen.kernel import Kernel, Provenance
+
+#: Beyond this log-space distance the nearest problem is too unlike to reuse: e ~ 2.7x in one
+#: dimension, or ~1.8x in all three.
+NEAREST_MAX_DISTANCE = 1.0
+#: A re-bound program was never measured at the new shape; reuse only winners with this margin
+#: over their own run's best baseline, so that a small win does not turn into a loss next door.
+NEAREST_MIN_SPEEDUP = 1.05
+#: How many nearest problems to try before falling back (each is re-validated).
+NEAREST_TRIES = 8
+
+_KERNELS: dict = {}          # call arguments -> Kernel (the warm path)
+_BY_PROBLEM: dict = {}       # (Problem, device name, db token) -> Kernel
+_INDEXES: dict = {}          # (db token, device name) -> WinnerIndex
+_DEVICE_NAMES: dict = {}     # device argument -> GPU name
+_LOCK = threading.Lock()
+
+
+class CompileError(GemmgenError):
+    """Arguments of gemmgen.compile that do not describe a problem."""
+
+
+def clear_cache() -> None:
+    """Forget cached kernels and database indexes (after tuning in this process, say)."""
+    with _LOCK:
+        _KERNELS.clear()
+        _BY_PROBLEM.clear()
+        _INDEXES.clear()
+        _DEVICE_NAMES.clear()
+
+
+def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: str = "row",
+            epilogue: Union[Epilogue, str, None] = None, device=None, db=None) -> Kernel:
+    """The kernel for `problem` (a Problem, or an (M, N, K) tuple with the keywords).
+
+    device: None (the current CUDA device, or 'NVIDIA H200' without a GPU), a CUDA
+    device (index, 'cuda:1', torch.device) or a GPU name to look records up for.
+    db: a tuning database path or `Database` laid over the shipped records
+    (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite).
+    """
+    try:
+        key = (problem, a_major, b_major, epilogue, device, db)
+        return _KERNELS[key]
+    except (KeyError, TypeError):
+        pass
+    prob = as_problem(problem, a_major=a_major, b_major=b_major, epilogue=epilogue)
+    gpu = device_name(device)
+    token = _db_token(db)
+    with _LOCK:
+        kernel = _BY_PROBLEM.get((prob, gpu, token))
+        if kernel is None:
+            kernel = _lookup(prob, gpu, _index(token, db, gpu))
+            _BY_PROBLEM[(prob, gpu, token)] = kernel
+        try:
+            _KERNELS[key] = kernel
+        except TypeError:  # unhashable argument: no warm path for it
+            pass
+    return kernel
+
+
+def as_problem(problem, *, a_major="row", b_major="row", epilogue=None) -> Problem:
+    if isinstance(problem, Problem):
+        if not problem.is_bound:
+            raise CompileError(f"problem {problem.key} is shape-generic; give M, N and K")
+        return problem
+    try:
+        m, n, k = (int(d) for d in problem)
+    except (TypeError, ValueError):
+        raise CompileError(f"expected a Problem or an (M, N, K) tuple of integers, got {problem!r}") from None
+    if min(m, n, k) < 1:
+        raise CompileError(f"M, N and K must be positive, got {m}x{n}x{k}")
+    for name, major in (("a_major", a_major), ("b_major", b_major)):
+        if major not in ("row", "col"):
+            raise CompileError(f"{name} must be 'row' or 'col', got {major!r}")
+    if isinstance(epilogue, str):
+        epilogue = parse_epilogue(epilogue)
+    elif epilogue is not None and not isinstance(epilogue, Epilogue):
+        raise CompileError(f"epilogue must be an Epilogue or text like 'bias=n gelu', got {epilogue!r}")
+    return Problem(m, n, k, a_major, b_major, epilogue=epilogue or Epilogue())
+
+
+def parse_epilogue(text: str) -> Epilogue:
+    """'bias=n gelu residual out=f16' (the DSL's epilogue items, in any order) -> Epilogue."""
+    fields: dict = {}
+    for item in text.replace(",", " ").split():
+        name, eq, value = item.partition("=")
+        try:
+            if name in ("alpha", "beta") and eq:
+                fields[name] = float(value)
+            elif name == "bias" and value in ("m", "n"):
+                fields["bias"] = value
+            elif name == "out" and value in ("f16", "bf16", "f32"):
+                fields["out_dtype"] = value
+            elif not eq and name in ("relu", "gelu", "silu"):
+                fields["activation"] = name
+            elif not eq and name == "residual":
+                fields["residual"] = True
+            else:
+                raise ValueError
+        except ValueError:
+            raise CompileError(f"epilogue item {item!r} not understood; use alpha=F beta=F bias=m|n "
+                               "relu|gelu|silu residual out=f16|bf16|f32") from None
+    return Epilogue(**fields)
+
+
+def device_name(device=None) -> str:
+    """The GPU name records are looked up by (cached per argument)."""
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = _resolve_device_name(device)
+    return name
+
+
+def _resolve_device_name(device) -> str:
+    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME
+
+    if isinstance(device, str) and not (device == "cuda" or device.startswith("cuda:")):
+        return device
+    try:
+        import torch
+    except ImportError:
+        return DEFAULT_DEVICE_NAME
+    if not torch.cuda.is_available():
+        return DEFAULT_DEVICE_NAME
+    return torch.cuda.get_device_name(torch.device("cuda", torch.cuda.current_device())
+                                      if device is None else device)
+
+
+def _db_token(db):
+    if db is None:
+        from gemmgen.tuning_db import default_db_path
+
+        return ("path", str(default_db_path()))
+    if isinstance(db, (str, Path)):
+        return ("path", str(db))
+    return ("object", id(db))
+
+
+def _index(token, db, gpu: str):
+    from gemmgen.tuning_db import Database, WinnerIndex, open_layers, shipped_database
+
+    index = _INDEXES.get((token, gpu))
+    if index is None:
+        if isinstance(db, Database):
+            layers = [("user", db), ("shipped", shipped_database())]
+        else:
+            layers = open_layers(token[1])
+        index = _INDEXES[(token, gpu)] = WinnerIndex(layers, gpu)
+    return index
+
+
+def _lookup(problem: Problem, gpu: str, index) -> Kernel:
+    from gemmgen.dsl import parse, validate
+    from gemmgen.dsl.diagnostics import ProgramError
+
+    found = index.lookup(problem)
+    if found is not None:
+        try:
+            program = parse(found.trial.program).bind(problem)
+            return Kernel(problem, program, _provenance(found, gpu, "exact", "measured at this shape"))
+        except ProgramError as exc:  # written by an older DSL: say so, then look further
+            warnings.warn(f"gemmgen: the tuned program of trial #{found.trial.id} ({found.layer} database) "
+                          f"no longer parses ({exc}); re-tune {problem.key}", RuntimeWarning)
+    candidates = (near for near in index.nearest(problem) if near.trial.best_baseline is not None and
+                  near.trial.best_baseline[1].device_ms >= NEAREST_MIN_SPEEDUP * near.trial.device_ms)
+    for tries, near in enumerate(candidates):
+        if near.distance > NEAREST_MAX_DISTANCE or tries >= NEAREST_TRIES:
+            break
+        try:
+            program = parse(near.trial.program).bind(problem)
+            validate(program)
+        except ProgramError:
+            continue
+        note = (f"program of {near.trial.problem.key} re-bound, distance {near.distance:.2f};"
+                " not measured at this shape")
+        return Kernel(problem, program, _provenance(near, gpu, "nearest", note))
+    return Kernel(problem, None, Provenance("baseline", gpu, note="no tuned program for this problem on "
+                                            "this GPU; torch.matmul (cuBLAS) with the epilogue in torch"))
+
+
+def _provenance(found, gpu: str, how: str, note: str) -> Provenance:
+    t = found.trial
+    best = t.best_baseline
+    return Provenance(
+        how=how, gpu=gpu, trial_id=t.id, layer=found.layer, tuned_problem=t.problem.key,
+        distance=found.distance, speedups=t.speedups(), device_ms=t.device_ms, spread=t.spread,
+        best_baseline=best[0] if best else None, best_baseline_ms=best[1].device_ms if best else None,
+        proposer=f"{t.proposer} {t.proposer_version}".strip(), date=t.created, note=note)
+
+
+def prebuild(problems, *, device=None, db=None, jobs: Optional[int] = None) -> dict:
+    """Build, in parallel on every core, the artifacts of the kernels compile() picks for
+    `problems` into the on-disk cache, so that first calls load instead of compiling.
+    Returns counts: kernels, baselines (nothing to build), built, failed."""
+    from gemmgen import backends
+    from gemmgen.backends.build import build_many
+
+    kernels = [compile(p, device=device, db=db) for p in problems]
+    tuned = [k for k in kernels if k.ir is not None]
+    sources = [backends.get(k.ir.backend).lower(k.ir) for k in tuned]
+    results = build_many(sources, jobs=jobs) if sources else []
+    failed = [f"{k.problem.key}: {r}" for k, r in zip(tuned, results) if isinstance(r, Exception)]
+    return {"kernels": len(kernels), "baselines": len(kernels) - len(tuned),
+            "built": len(tuned) - len(failed), "failed": failed}
+
+
+class _CallableModule(type(threading)):
+    """`gemmgen.compile` may name this module (once it was imported by name) or the function;
+    both calls work."""
+
+    def __call__(self, *args, **kwargs) -> Kernel:
+        return compile(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

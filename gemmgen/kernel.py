@@ -1,0 +1,256 @@
+"""`Kernel`: what gemmgen.compile returns, callable on torch tensors, inspectable without a GPU.
+
+A kernel holds the program chosen for one problem (or none: the torch.matmul baseline),
+where that choice came from (`Provenance`), and, once first called on a GPU, the loaded
+launcher. Calls check the operands against the compiled problem (dtype, device, shape,
+major-ness, epilogue operands) and raise `KernelCallError` with what to change.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from gemmgen.dsl.ir import Problem, Program
+from gemmgen.errors import GemmgenError, NoGPUError
+
+_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+
+
+class KernelCallError(GemmgenError):
+    """A kernel was called with operands that do not match the problem it was compiled for."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a kernel's program came from.
+
+    how: 'exact' (the winner for this problem), 'nearest' (the winner of the nearest
+    tuned problem, re-bound: not measured at this shape) or 'baseline' (no winner).
+    """
+
+    how: str
+    gpu: str
+    trial_id: Optional[int] = None
+    layer: Optional[str] = None            # 'user' or 'shipped' database
+    tuned_problem: Optional[str] = None    # the problem key the program was measured on
+    distance: float = 0.0                  # log-space distance to it (nearest only)
+    speedups: Mapping[str, float] = field(default_factory=dict, hash=False)
+    device_ms: Optional[float] = None
+    spread: Optional[float] = None
+    best_baseline: Optional[str] = None
+    best_baseline_ms: Optional[float] = None
+    proposer: str = ""
+    date: str = ""
+    note: str = ""
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The call in the harness's convention, fn(a, b, out, *, bias, residual, c, alpha, beta)."""
+
+        def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=None, beta=None):
+            return self(a, b, bias=bias, residual=residual, c=c, out=out, alpha=alpha, beta=beta)
+
+        return fn
+
+    def describe(self) -> str:
+        lines = [f"provenance: {self.how} ({self.note})" if self.note else f"provenance: {self.how}",
+                 f"  gpu: {self.gpu}"]
+        if self.trial_id is not None:
+            lines.append(f"  trial: #{self.trial_id} in the {self.layer} database, measured {self.date}"
+                         f" on {self.tuned_problem}")
+            lines.append(f"  device time: {self.device_ms:.4f} ms (spread {100 * (self.spread or 0):.1f} %);"
+                         f" best baseline {self.best_baseline} {self.best_baseline_ms:.4f} ms")
+            if self.speedups:
+                lines.append("  speedup over: " + ", ".join(f"{n} {s:.3f}x" for n, s in self.speedups.items()))
+            if self.proposer:
+                lines.append(f"  proposed by: {self.proposer}")
+        return "\n".join(lines)
+
+
+class Kernel:
+    """A compiled GEMM: call it as kernel(a, b, bias=, residual=, c=, out=, alpha=, beta=)."""
+
+    def __init__(self, problem: Problem, program: Optional[Program], provenance: Provenance):
+        self.problem = problem
+        self.ir = program
+        self.provenance = provenance
+        self._text: Optional[str] = None
+        self._source: Optional[str] = None
+        self._launch: Optional[Callable[..., Any]] = None
+        self._torch = None
+        self._dtypes = None
+        parts = problem.epilogue.signature.split("+")
+        self._runtime = ("alpha" in parts, "beta" in parts)  # may alpha/beta change per call
+
+    # -- inspection ----------------------------------------------------------------
+
+    @property
+    def program(self) -> Optional[str]:
+        """The DSL text of the chosen program; None for the torch.matmul baseline."""
+        if self.ir is None:
+            return None
+        if self._text is None:
+            from gemmgen.dsl import to_text
+
+            self._text = to_text(self.ir)
+        return self._text
+
+    @property
+    def backend(self) -> str:
+        return "torch" if self.ir is None else self.ir.backend
+
+    @property
+    def source(self) -> str:
+        """The generated source (lowered on first access; pure, no GPU needed)."""
+        if self._source is None:
+            if self.ir is None:
+                self._source = baseline_source(self.problem)
+            else:
+                from gemmgen import backends
+
+                self._source = backends.get(self.ir.backend).lower(self.ir).text
+        return self._source
+
+    def describe(self) -> str:
+        head = f"problem: {self.problem.key}\nbackend: {self.backend}\n"
+        program = self.program or "(none: torch.matmul with the epilogue in torch)\n"
+        return head + "program:\n" + program + self.provenance.describe()
+
+    def __repr__(self) -> str:
+        return f"<gemmgen.Kernel {self.problem.key} backend={self.backend} via={self.provenance.how}>"
+
+    # -- calling -------------------------------------------------------------------
+
+    def __call__(self, a, b, bias=None, residual=None, c=None, out=None, alpha=None, beta=None):
+        torch = self._torch or self._import_torch()
+        p, e = self.problem, self.problem.epilogue
+        m, n, k = p.m, p.n, p.k
+        dtype, out_dtype = self._dtypes
+        _operand("a", a, (m, k), p.a_major, dtype, torch)
+        device = a.device
+        _operand("b", b, (k, n), p.b_major, dtype, torch, device)
+        alpha = _scalar("alpha", alpha, e.alpha, self._runtime[0])
+        beta = _scalar("beta", beta, e.beta, self._runtime[1])
+        if e.bias:
+            _operand("bias", bias, (m if e.bias == "m" else n,), None, out_dtype, torch, device)
+        elif bias is not None:
+            raise KernelCallError("bias given, but the kernel was compiled without one; "
+                                  "compile with epilogue bias=n (or bias=m)")
+        if e.residual:
+            _operand("residual", residual, (m, n), p.c_major, out_dtype, torch, device)
+        elif residual is not None:
+            raise KernelCallError("residual given, but the kernel was compiled without one; "
+                                  "compile with epilogue residual")
+        if beta != 0.0:
+            _operand("c", c, (m, n), p.c_major, out_dtype, torch, device)
+        elif c is not None:
+            raise KernelCallError("c given, but beta is 0; compile with epilogue beta=... to add c")
+        if out is None:
+            out = torch.empty((m, n), dtype=out_dtype, device=device)
+        else:
+            _operand("out", out, (m, n), p.c_major, out_dtype, torch, device)
+        launch = self._launch or self._load()
+        launch(a, b, out, bias=bias, residual=residual, c=c, alpha=alpha, beta=beta)
+        return out
+
+    def _import_torch(self):
+        try:
+            import torch
+        except ImportError:
+            raise NoGPUError("calling a gemmgen kernel") from None
+        if not torch.cuda.is_available():
+            raise NoGPUError("calling a gemmgen kernel")
+        self._dtypes = (getattr(torch, _TORCH_DTYPES[self.problem.in_dtype]),
+                        getattr(torch, _TORCH_DTYPES[self.problem.epilogue.out_dtype]))
+        self._torch = torch
+        return torch
+
+    def _load(self):
+        """Build (through the on-disk artifact cache) and load the launcher, once."""
+        if self.ir is None:
+            self._launch = baseline_launcher(self.problem)
+            return self._launch
+        try:
+            from gemmgen import backends
+
+            module = backends.get(self.ir.backend)
+            # build() goes through the backends' on-disk artifact cache (backends/build.py)
+            self._launch = module.load(module.build(module.lower(self.ir)), self.ir)
+        except GemmgenError as exc:
+            warnings.warn(f"gemmgen: the {self.ir.backend} kernel for {self.problem.key} could not be "
+                          f"built or loaded ({exc}); using torch.matmul instead", RuntimeWarning)
+            self._launch = baseline_launcher(self.problem)
+        return self._launch
+
+
+def _operand(name, t, shape, major, dtype, torch, device=None) -> None:
+    if t is None:
+        raise KernelCallError(f"{name} is required by the compiled epilogue; pass a tensor of shape {shape}")
+    if not isinstance(t, torch.Tensor):
+        raise KernelCallError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise KernelCallError(f"{name} has dtype {t.dtype}; the kernel was compiled for {dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise KernelCallError(f"{name} has shape {tuple(t.shape)}; the kernel was compiled for {tuple(shape)}"
+                              " (compile another kernel for another shape)")
+    if major is None:
+        if t.stride(0) != 1 and t.shape[0] > 1:
+            raise KernelCallError(f"{name} must be contiguous")
+    else:
+        _check_major(name, t, shape, major)
+    if t.device.type != "cuda":
+        raise KernelCallError(f"{name} is on {t.device}; gemmgen kernels run on CUDA tensors (.cuda())")
+    if device is not None and t.device != device:
+        raise KernelCallError(f"{name} is on {t.device} but a is on {device}; put every operand on one GPU")
+
+
+def _check_major(name, t, shape, major) -> None:
+    rows, cols = shape
+    row_ok = (t.stride(1) == 1 or cols == 1) and (t.stride(0) == cols or rows == 1)
+    col_ok = (t.stride(0) == 1 or rows == 1) and (t.stride(1) == rows or cols == 1)
+    if not (row_ok if major == "row" else col_ok):
+        want = f"({cols}, 1)" if major == "row" else f"(1, {rows})"
+        other = "col" if major == "row" else "row"
+        fix = (f"pass such a view, or compile with {name}_major={other!r}" if name in ("a", "b")
+               else "pass a tensor with those strides (.contiguous() for row-major)")
+        raise KernelCallError(f"{name} has strides {tuple(t.stride())}; the kernel was compiled for "
+                              f"{name if name in ('a', 'b') else 'c'}_major={major!r} (strides {want}); {fix}")
+
+
+def _scalar(name: str, given, compiled: float, runtime: bool) -> float:
+    if given is None or float(given) == compiled:
+        return compiled
+    if not runtime:
+        raise KernelCallError(f"{name}={given} differs from the compiled {name}={compiled}; compile with "
+                              f"epilogue {name}=... so that {name} is a runtime argument")
+    return float(given)
+
+
+# -- the baseline: torch.matmul with the epilogue in torch ------------------------------
+
+
+def baseline_source(problem: Problem) -> str:
+    """What the baseline runs, as the Python a user would write (gemmgen.measure.baselines.make_torch)."""
+    e = problem.epilogue
+    lines = ["# gemmgen baseline: cuBLAS through torch (fp16 in, fp32 accumulate), epilogue as torch ops"]
+    if e.alpha == 1.0 and e.beta == 0.0:
+        lines.append("torch.matmul(a, b, out=out)")
+    else:
+        lines.append("torch.addmm(c if beta != 0 else out, a, b, alpha=alpha, beta=beta, out=out)")
+    if e.bias:
+        lines.append("out.add_(bias)" if e.bias == "n" else "out.add_(bias[:, None])")
+    if e.activation:
+        lines.append({"relu": "out.relu_()", "gelu": "out.copy_(F.gelu(out))",
+                      "silu": "F.silu(out, inplace=True)"}[e.activation])
+    if e.residual:
+        lines.append("out.add_(residual)")
+    return "\n".join(lines) + "\n"
+
+
+def baseline_launcher(problem: Problem):
+    """The harness's own torch baseline (torch.matmul / addmm, epilogue as torch ops): the
+    fallback is exactly what every winner was measured against."""
+    from gemmgen.measure.baselines import make_torch
+
+    return make_torch(problem).fn

@@ -1,0 +1,224 @@
+"""The tuning loop: propose -> validate -> build (CPU, parallel) -> check + time (GPU, isolated) -> record.
+
+The loop only orchestrates. Its four parts stay separate and replaceable (as in TVM
+MetaSchedule): the proposer (`gemmgen.policy.proposers`), the builder (`Builder`), the
+runner (`Runner`), the database (`gemmgen.tuning_db.Database`). The default builder and
+runner adapt `gemmgen.backends.build` and `gemmgen.measure.worker` (see tune_adapters.py);
+tests inject fakes.
+
+Resumable: a (problem, program) pair already in the database for this GPU is skipped.
+Every trial is committed as it completes, so an interruption loses at most the one in
+flight. While one chunk of shapes is measured, the next chunk's candidates build.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
+
+from gemmgen.dsl.ir import Problem, Program
+from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """A built program: the artifact, or why it failed."""
+
+    program: Program
+    artifact: Any = None
+    error: str = ""
+    seconds: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.artifact is not None and not self.error
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Check, then time, of one built candidate in the isolated worker.
+
+    `failure` is set when the worker hung, crashed or faulted (status run_failed);
+    spreads are relative (a fraction of the median).
+    """
+
+    check_passed: Optional[bool] = None
+    check_msg: str = ""
+    max_rel_err: Optional[float] = None
+    err_bound: Optional[float] = None
+    seed: Optional[int] = None
+    device_ms: Optional[float] = None
+    spread: Optional[float] = None
+    server_ms: Optional[float] = None
+    server_spread: Optional[float] = None
+    host_ms: Optional[float] = None
+    failure: str = ""
+
+
+class Builder(Protocol):
+    def build_many(self, programs: Sequence[Program]) -> list[BuildOutcome]: ...
+
+
+class Runner(Protocol):
+    device: Device
+
+    def baselines(self, problem: Problem) -> Mapping[str, BaselineTime]: ...
+
+    def measure(self, program: Program, artifact: Any, *, seed: Optional[int]) -> Measurement: ...
+
+
+@dataclass
+class TuneReport:
+    shapes: int = 0
+    shapes_done: int = 0
+    recorded: int = 0
+    skipped: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    stopped_by_time: bool = False
+    wall_s: float = 0.0
+
+    def summary(self) -> str:
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "none"
+        stop = " (stopped: time budget)" if self.stopped_by_time else ""
+        return (f"{self.shapes_done}/{self.shapes} shapes, {self.recorded} trials recorded "
+                f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s{stop}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    problem: Problem
+    valid: list[Program]
+    invalid: list[tuple[Program, str]]
+    skipped: int
+    short: int
+
+
+def shape_seed(seed: int, problem: Problem) -> int:
+    """A per-problem seed, stable across runs (what makes random proposals resumable)."""
+    return (seed * 1_000_003 + zlib.crc32(problem.key.encode())) & 0x7FFFFFFF
+
+
+def program_text(program: Program) -> str:
+    from gemmgen.dsl import to_text
+
+    return to_text(program)
+
+
+def plan_shape(problem: Problem, proposer, budget: int, db: Database, device_name: str, seed: int) -> _Plan:
+    """Propose, drop what this GPU already measured, and validate the rest."""
+    from gemmgen.dsl import validate
+    from gemmgen.dsl.diagnostics import ProgramError
+
+    tried = db.measured_programs(problem, device_name)
+    proposed = proposer.propose(problem, budget, seed=shape_seed(seed, problem))[:budget]
+    valid, invalid, seen, skipped = [], [], set(), 0
+    for program in proposed:
+        text = program_text(program)
+        if text in seen:
+            continue
+        seen.add(text)
+        if text in tried:
+            skipped += 1
+            continue
+        try:
+            validate(program)
+            valid.append(program)
+        except ProgramError as exc:
+            invalid.append((program, exc.message))
+    return _Plan(problem, valid, invalid, skipped, budget - len(seen))
+
+
+def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Runner, db: Database,
+         budget: int, time_budget_s: Optional[float] = None, seed: int = 0,
+         progress: bool = True, build_chunk: int = 8) -> TuneReport:
+    """Tune every problem with up to `budget` trials each; see the module docstring.
+
+    Candidates build `build_chunk` shapes at a time (one pool start serves them all), the
+    next chunk building while this one is measured. `time_budget_s` stops new trials.
+    """
+    from tqdm import tqdm
+
+    problems = list(dict.fromkeys(problems))
+    report = TuneReport(shapes=len(problems))
+    start = time.monotonic()
+    out_of_time = lambda: time_budget_s is not None and time.monotonic() - start > time_budget_s  # noqa: E731
+    device = runner.device
+    chunks = [problems[i:i + build_chunk] for i in range(0, len(problems), max(1, build_chunk))]
+    bar = tqdm(total=len(problems) * budget, unit="trial", disable=not progress, dynamic_ncols=True)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gemmgen-build")
+
+    def prefetch(c: int) -> Optional[tuple[list[_Plan], Optional[Future]]]:
+        if c >= len(chunks):
+            return None
+        plans = [plan_shape(p, proposer, budget, db, device.name, seed) for p in chunks[c]]
+        programs = [program for plan in plans for program in plan.valid]
+        return plans, pool.submit(builder.build_many, programs) if programs else None
+
+    def record(trial: Trial) -> None:
+        if db.record(trial) is not None:
+            report.recorded += 1
+            report.statuses[trial.status] += 1
+        bar.update(1)
+
+    def run_shape(plan: _Plan, built: list[BuildOutcome]) -> bool:
+        """Record one shape's trials; False if the time budget ran out first."""
+        problem = plan.problem
+        bar.set_postfix_str(f"{problem.m}x{problem.n}x{problem.k}", refresh=False)
+        report.skipped += plan.skipped
+        bar.update(plan.skipped + plan.short)
+        common = dict(problem=problem, device=device, proposer=proposer.name,
+                      proposer_version=str(proposer.version))
+        for program, message in plan.invalid:
+            record(Trial(program=program_text(program), backend=program.backend, status="invalid",
+                         build_msg=message, **common))
+        baselines = dict(runner.baselines(problem)) if built else {}
+        for outcome in built:
+            if out_of_time():
+                return False
+            record(_trial(outcome, runner, baselines, common))
+        report.shapes_done += 1
+        return True
+
+    try:
+        upcoming = prefetch(0)
+        for c in range(len(chunks)):
+            plans, future = upcoming
+            if out_of_time():
+                report.stopped_by_time = True
+                break
+            upcoming = prefetch(c + 1)
+            outcomes = iter(future.result() if future is not None else [])
+            for plan in plans:
+                built = [next(outcomes) for _ in plan.valid]
+                if out_of_time() or not run_shape(plan, built):
+                    report.stopped_by_time = True
+                    break
+            if report.stopped_by_time:
+                break
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        bar.close()
+        report.wall_s = time.monotonic() - start
+    return report
+
+
+def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -> Trial:
+    text = program_text(built.program)
+    base = dict(program=text, backend=built.program.backend, build_s=built.seconds, **common)
+    if not built.ok:
+        return Trial(status="build_failed", build_ok=False, build_msg=built.error or "no artifact", **base)
+    m = runner.measure(built.program, built.artifact, seed=None)  # fresh inputs, seed recorded
+    if m.failure:
+        status = "run_failed"
+    elif not m.check_passed:
+        status = "check_failed"
+    else:
+        status = "ok"
+    return Trial(status=status, build_ok=True, check_passed=m.check_passed,
+                 check_msg=m.failure or m.check_msg, max_rel_err=m.max_rel_err, err_bound=m.err_bound,
+                 check_seed=m.seed, device_ms=m.device_ms,
+                 spread=m.spread, server_ms=m.server_ms, server_spread=m.server_spread,
+                 host_ms=m.host_ms, baselines=baselines, **base)

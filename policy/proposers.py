@@ -1,0 +1,232 @@
+"""Baseline proposers: who writes candidate programs before the language model does.
+
+A proposer only proposes: it never compiles or times (the tuning loop does that).
+
+- `HeuristicProposer`: the union of every present backend's `space(problem)` (the
+  programs an expert enumerates), ranked by `estimated_seconds`, a roofline prior:
+      t = max(compute, DRAM, L2) + split-K reduction + launch
+  where compute counts whole waves of CTAs on 132 SMs (fractional for persistent and
+  stream-K schedules) at the tensor-core peak per SM, DRAM moves the problem's bytes at
+  4.8 TB/s, and L2 feeds every CTA its A and B panels at ~10 TB/s. Estimates are
+  compared in 5 % buckets so that near-ties keep the backend's own expert order, and the
+  backends are interleaved so each is tried.
+- `RandomProposer`: uniform over the valid space by rejection sampling: every field drawn
+  uniformly from what the chosen backend supports, kept if `gemmgen.dsl.validate` accepts.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import random
+from typing import Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
+
+from gemmgen.dsl.ir import (MAINLOOPS, SCHEDULERS, SPLIT_K_REDUCES, PEAK_BYTES_PER_S,
+                            PEAK_FLOPS, Instr, Problem, Program, Tile)
+from gemmgen.errors import GemmgenError
+
+SMS = 132
+L2_BYTES_PER_S = 10e12
+LAUNCH_S = 3e-6
+ALL_BACKENDS = ("triton", "cutlass", "cuda")
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Writes up to k candidate programs for a problem; same seed, same programs."""
+
+    name: str
+    version: str
+
+    def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]: ...
+
+
+def present_backends(names: Iterable[str] = ALL_BACKENDS) -> list:
+    """The backend modules that exist here (a backend not yet written is skipped)."""
+    from gemmgen import backends
+
+    modules = []
+    for name in names:
+        try:
+            modules.append(backends.get(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != f"gemmgen.backends.{name}":
+                raise
+    return modules
+
+
+def _validate(program: Program) -> bool:
+    from gemmgen.dsl import validate
+    from gemmgen.dsl.diagnostics import ProgramError
+
+    try:
+        validate(program)
+    except ProgramError:
+        return False
+    return True
+
+
+def estimated_seconds(program: Program) -> float:
+    """The roofline prior of the module docstring (a ranking aid, not a prediction)."""
+    p, t = program.problem, program.tile
+    split = max(1, program.split_k)
+    k_slice = math.ceil(p.k / split)
+    ctas = math.ceil(p.m / t.m) * math.ceil(p.n / t.n) * split
+    waves = ctas / SMS if program.scheduler in ("persistent", "stream_k") else math.ceil(ctas / SMS)
+    compute = waves * 2 * t.m * t.n * k_slice / (PEAK_FLOPS / SMS)
+    dram = p.bytes / PEAK_BYTES_PER_S
+    l2 = ctas * (t.m + t.n) * k_slice * 2 / L2_BYTES_PER_S
+    reduce = 0.0
+    if split > 1:
+        partial_bytes = split * p.m * p.n * 4
+        reduce = (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
+    return max(compute, dram, l2) + reduce + LAUNCH_S
+
+
+def _bucket(seconds: float) -> int:
+    return math.floor(math.log(seconds) / math.log(1.05))
+
+
+def _dedupe(programs: Iterable[Program]) -> list[Program]:
+    seen, out = set(), []
+    for program in programs:
+        if program not in seen:
+            seen.add(program)
+            out.append(program)
+    return out
+
+
+class HeuristicProposer:
+    """The backends' expert spaces, ranked by the roofline prior (module docstring)."""
+
+    name = "heuristic"
+    version = "1"
+
+    def __init__(self, backends: Sequence[str] = ALL_BACKENDS, *, validate: bool = True):
+        self.backends = tuple(backends)
+        self.validate = validate
+
+    def ranked(self, problem: Problem) -> list[Program]:
+        per_backend = []
+        for module in present_backends(self.backends):
+            space = [prog.bind(problem) for prog in module.space(problem)]
+            space = _dedupe(space)
+            if self.validate:
+                space = [prog for prog in space if _validate(prog)]
+            order = sorted(range(len(space)), key=lambda i: (_bucket(estimated_seconds(space[i])), i))
+            if order:
+                per_backend.append([space[i] for i in order])
+        per_backend.sort(key=lambda progs: estimated_seconds(progs[0]))
+        merged = []
+        for rank in range(max((len(s) for s in per_backend), default=0)):
+            merged.extend(s[rank] for s in per_backend if rank < len(s))
+        return merged
+
+    def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]:
+        return self.ranked(problem)[:k]
+
+
+# Values the random proposer draws from, before the backend's SUPPORT narrows them.
+TILE_MN = (16, 32, 64, 128, 192, 256)
+TILE_K = (16, 32, 64, 128)
+WARPS = ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4), (4, 2), (1, 8), (8, 1))
+CLUSTERS = ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1))
+STAGES = (2, 3, 4, 5, 6, 7)
+SWIZZLES = (1, 2, 4, 8, 16)
+SPLIT_K = (1, 1, 1, 2, 3, 4, 8)
+WGMMA_N = (64, 128, 192, 256)
+
+
+class RandomProposer:
+    """Uniform over the valid space, by drawing every field and keeping what validates."""
+
+    name = "random"
+    version = "1"
+
+    def __init__(self, backends: Sequence[str] = ALL_BACKENDS, *, max_draws_per_program: int = 400):
+        self.backends = tuple(backends)
+        self.max_draws_per_program = max_draws_per_program
+
+    def draw(self, problem: Problem, module, rng: random.Random) -> Program:
+        support = module.SUPPORT
+        pick = rng.choice
+        instr_kind = pick(sorted(support.instr_kinds, key=str))
+        instr = None
+        if instr_kind == "wgmma":
+            instr = Instr("wgmma", 64, pick(WGMMA_N), 16)
+        elif instr_kind == "mma":
+            instr = Instr("mma", 16, 8, 16)
+        clusters = [c for c in CLUSTERS if c[0] * c[1] <= support.max_cluster]
+        stages = list(STAGES) + ([None] if support.auto_stages else [])
+        split_k = pick(SPLIT_K)
+        return Program(
+            problem=problem,
+            backend=module.NAME,
+            tile=Tile(pick(TILE_MN), pick(TILE_MN), pick(TILE_K)),
+            warps=pick(WARPS),
+            mainloop=pick(sorted(m for m in support.mainloops if m in MAINLOOPS)),
+            instr=instr,
+            cluster=pick(clusters),
+            stages=pick(stages),
+            scheduler=pick(sorted(s for s in support.schedulers if s in SCHEDULERS)),
+            raster=pick(("m", "n")),
+            swizzle=pick(SWIZZLES),
+            smem_swizzle=pick(sorted(support.smem_swizzles, key=lambda s: -1 if s is None else s)),
+            split_k=split_k,
+            split_k_reduce=pick(sorted(r for r in support.split_k_reduces if r in SPLIT_K_REDUCES))
+            if split_k > 1 else "workspace",
+        )
+
+    def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]:
+        modules = present_backends(self.backends)
+        if not modules or k <= 0:
+            return []
+        rng = random.Random(seed)
+        found: list[Program] = []
+        seen: set[Program] = set()
+        for _ in range(k * self.max_draws_per_program):
+            program = self.draw(problem, rng.choice(modules), rng)
+            if program in seen:
+                continue
+            seen.add(program)
+            if _validate(program):
+                found.append(program)
+                if len(found) == k:
+                    break
+        return found
+
+
+class ProposerError(GemmgenError):
+    """An unknown proposer name."""
+
+
+# name -> a factory or "module:attribute" (imported on first use). The policy adds "policy".
+_REGISTRY: dict[str, Callable[..., Proposer] | str] = {
+    "heuristic": HeuristicProposer,
+    "random": RandomProposer,
+    "policy": "gemmgen.policy.lm_proposer:PolicyProposer",
+}
+
+
+def register_proposer(name: str, factory: Callable[..., Proposer] | str) -> None:
+    """Make `get_proposer(name)` build proposers with `factory` (or the 'module:attr' it names)."""
+    _REGISTRY[name] = factory
+
+
+def proposer_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_proposer(name: str, **options) -> Proposer:
+    """A proposer by name; `options` (e.g. backends=...) go to its constructor."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ProposerError(f"unknown proposer {name!r}; choose one of {', '.join(proposer_names())}") from None
+    if isinstance(factory, str):
+        module, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    return factory(**options)
+
+
+__all__ = ["HeuristicProposer", "Proposer", "ProposerError", "RandomProposer", "estimated_seconds",
+           "get_proposer", "present_backends", "proposer_names", "register_proposer"]

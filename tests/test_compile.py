@@ -1,0 +1,189 @@
+"""gemmgen.compile on a machine without a GPU: lookup (exact, nearest, baseline), inspection,
+the never-slower rule at compile time, call errors, and the cost of a warm lookup."""
+import math
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+import gemmgen
+from gemmgen.compile import NEAREST_MAX_DISTANCE, CompileError, clear_cache, parse_epilogue  # noqa: F401
+from gemmgen.dsl import parse
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.errors import GemmgenError, NoGPUError
+from gemmgen.tuning_db import Database
+from tuning_fakes import TEST_GPU, program_text, trial, triton_program
+
+GPU = TEST_GPU.name
+TUNED = Problem(4096, 4096, 4096)
+TUNED_NT = Problem(1024, 4096, 1024, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))
+
+
+@pytest.fixture
+def db(tmp_path):
+    clear_cache()
+    db = Database(tmp_path / "user.sqlite")
+    db.record(trial(TUNED, device_ms=0.18, baseline_ms=0.20, program=program_text(
+        replace(triton_program(TUNED, (128, 256, 64), 3), scheduler="persistent"))))
+    db.record(trial(TUNED_NT, device_ms=0.05, baseline_ms=0.06,
+                    program=program_text(triton_program(TUNED_NT, (64, 128, 64), 4))))
+    yield db
+    clear_cache()
+
+
+def test_exact_winner(db):
+    k = gemmgen.compile((4096, 4096, 4096), device=GPU, db=db)
+    assert k.provenance.how == "exact" and k.backend == "triton"
+    assert "tile 128x256x64" in k.program and "persistent" in k.program and parse(k.program) == k.ir
+    assert k.provenance.speedups["cublaslt_auto"] == pytest.approx(0.20 / 0.18)
+    assert k.provenance.gpu == GPU and k.provenance.date
+    assert "def " in k.source or "__global__" in k.source  # generated source, lowered without a GPU
+    text = k.describe()
+    assert "exact" in text and "cublaslt_auto" in text and "tile 128x256x64" in text
+
+
+def test_nearest_problem_is_rebound_and_revalidated(db):
+    k = gemmgen.compile((3000, 4096, 5000), device=GPU, db=db)
+    assert k.provenance.how == "nearest"
+    assert k.provenance.tuned_problem == TUNED.key
+    assert k.ir.problem == Problem(3000, 4096, 5000) and "gemm 3000x4096x5000" in k.program
+    assert k.provenance.distance == pytest.approx(math.hypot(math.log(4096 / 3000), math.log(5000 / 4096)))
+    # same shape family only: majors and epilogue must match
+    nt = gemmgen.compile((1024, 4096, 2048), b_major="col", epilogue="bias=n gelu", device=GPU, db=db)
+    assert nt.provenance.tuned_problem == TUNED_NT.key and "tile 64x128x64" in nt.program
+    assert nt.ir.problem.epilogue == Epilogue(bias="n", activation="gelu")
+    plain_nt = gemmgen.compile((1024, 4096, 2048), b_major="col", device=GPU, db=db)
+    assert plain_nt.provenance.how == "baseline"
+
+
+def test_nearest_gives_way_to_baseline_when_far_or_invalid(db):
+    far = gemmgen.compile((64, 64, 64), device=GPU, db=db)   # log distance ~7.2 from 4096^3
+    assert far.provenance.how == "baseline" and far.program is None and far.backend == "torch"
+    assert NEAREST_MAX_DISTANCE < 7
+    # a narrow winner (1.02x) is not reused next door, though it is near
+    narrow = Problem(512, 512, 512)
+    db.record(trial(narrow, device_ms=0.098, spread=0.01, baseline_ms=0.1))
+    clear_cache()
+    assert gemmgen.compile((512, 512, 512), device=GPU, db=db).provenance.how == "exact"
+    assert gemmgen.compile((512, 512, 1024), device=GPU, db=db).provenance.how == "baseline"
+    # K = 4095: the re-bound persistent (TMA) program fails validation (16-byte strides): no reuse
+    odd = gemmgen.compile((4096, 4096, 4095), device=GPU, db=db)
+    assert odd.provenance.how == "baseline"
+    assert "torch.matmul" in odd.source
+
+
+def test_never_slower_at_compile_time(tmp_path):
+    clear_cache()
+    db = Database(tmp_path / "slow.sqlite")
+    p = Problem(2048, 2048, 2048)
+    db.record(trial(p, device_ms=0.99, spread=0.02, baseline_ms=1.0))   # faster, within its noise
+    db.record(trial(p, device_ms=0.5, baseline_ms=1.0, status="check_failed", check_passed=False,
+                    program="wrong\n"))
+    k = gemmgen.compile(p, device=GPU, db=db)
+    assert k.provenance.how == "baseline" and k.program is None
+    db.record(trial(p, device_ms=0.90, spread=0.02, baseline_ms=1.0, program=program_text(
+        triton_program(p, (128, 128, 64), 3))))
+    clear_cache()
+    assert gemmgen.compile(p, device=GPU, db=db).provenance.how == "exact"
+
+
+def test_without_gpu_calling_raises_no_gpu_error(db):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    k = gemmgen.compile((4096, 4096, 4096), device=GPU, db=db)
+    a = torch.randn(4096, 4096, dtype=torch.float16)
+    with pytest.raises(NoGPUError):
+        k(a, a)
+    base = gemmgen.compile((64, 64, 64), device=GPU, db=db)
+    with pytest.raises(NoGPUError):
+        base(a[:64, :64], a[:64, :64])
+
+
+def test_operand_checks_name_what_to_change():
+    torch = pytest.importorskip("torch")
+    from gemmgen.kernel import KernelCallError, _operand
+
+    half = torch.float16
+    with pytest.raises(KernelCallError, match="dtype torch.float32"):
+        _operand("a", torch.zeros(8, 4), (8, 4), "row", half, torch)
+    with pytest.raises(KernelCallError, match=r"shape \(4, 8\)"):
+        _operand("a", torch.zeros(4, 8, dtype=half), (8, 4), "row", half, torch)
+    with pytest.raises(KernelCallError, match="b_major='col'"):
+        _operand("b", torch.zeros(8, 4, dtype=half).t(), (4, 8), "row", half, torch)
+    _check = lambda t, major: _operand("b", t, (4, 8), major, half, torch)  # noqa: E731
+    with pytest.raises(KernelCallError, match="CUDA"):      # right layout, wrong device
+        _check(torch.zeros(8, 4, dtype=half).t(), "col")
+    with pytest.raises(KernelCallError, match="torch.Tensor"):
+        _operand("a", [[1.0]], (1, 1), "row", half, torch)
+
+
+def test_argument_errors():
+    with pytest.raises(CompileError, match="positive"):
+        gemmgen.compile((0, 4, 4))
+    with pytest.raises(CompileError, match="a_major"):
+        gemmgen.compile((4, 4, 4), a_major="diagonal")
+    with pytest.raises(CompileError, match="epilogue item"):
+        gemmgen.compile((4, 4, 4), epilogue="bias=k")
+    with pytest.raises(CompileError, match="shape-generic"):
+        gemmgen.compile(Problem(None, 4, 4))
+    assert parse_epilogue("alpha=0.5 bias=n gelu residual out=f16") == Epilogue(
+        alpha=0.5, bias="n", activation="gelu", residual=True)
+    assert isinstance(CompileError("x"), GemmgenError)
+
+
+def test_warm_lookup_under_50_microseconds(db):
+    gemmgen.compile((4096, 4096, 4096), device=GPU, db=db)        # cold: reads the database
+    gemmgen.compile((3000, 4096, 5000), b_major="row", device=GPU, db=db)
+    n = 20000
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            gemmgen.compile((4096, 4096, 4096), device=GPU, db=db)
+        best = min(best, (time.perf_counter() - start) / n)
+    problem = Problem(3000, 4096, 5000)
+    start = time.perf_counter()
+    for _ in range(n):
+        gemmgen.compile(problem, device=GPU, db=db)
+    by_problem = (time.perf_counter() - start) / n
+    print(f"\nwarm gemmgen.compile lookup: {best * 1e6:.2f} us ((M,N,K) tuple), {by_problem * 1e6:.2f} us (Problem)")
+    assert best < 50e-6 and by_problem < 50e-6
+
+
+def test_import_gemmgen_stays_light():
+    code = "import sys, gemmgen; assert 'torch' not in sys.modules; gemmgen.compile; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_default_lookup_uses_the_shipped_records(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_DB", str(tmp_path / "absent.sqlite"))
+    clear_cache()
+    k = gemmgen.compile((4096, 4096, 4096))
+    assert k.provenance.gpu in ("NVIDIA H200",) or k.provenance.gpu  # a GPU here names itself
+    assert k.provenance.how in ("exact", "nearest", "baseline")
+    assert not (tmp_path / "absent.sqlite").exists()            # a lookup never creates a database
+    clear_cache()
+
+
+def test_docs_example_runs_on_cpu(capsys):
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "compile.md").read_text()
+    first = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    clear_cache()
+    exec(compile(first, "docs/compile.md", "exec"), {})
+    assert "provenance" in capsys.readouterr().out
+
+
+def test_a_stale_program_warns_and_falls_back(tmp_path):
+    clear_cache()
+    db = Database(tmp_path / "stale.sqlite")
+    db.record(trial(Problem(256, 256, 256), program="gemm 256x256x256 with an old syntax\n"))
+    with pytest.warns(RuntimeWarning, match="no longer parses"):
+        k = gemmgen.compile((256, 256, 256), device=GPU, db=db)
+    assert k.provenance.how == "baseline"
+    clear_cache()

@@ -1,0 +1,50 @@
+"""The `gemmgen db`, `gemmgen compile` and `gemmgen tune` commands, run in process on CPU."""
+from gemmgen.cli import main
+from gemmgen.dsl.ir import Problem
+from gemmgen.tuning_db import Database
+from tuning_fakes import trial
+
+P = Problem(1024, 2048, 512)
+
+
+def test_db_commands(tmp_path, capsys):
+    path = tmp_path / "t.sqlite"
+    with Database(path) as db:
+        db.record(trial(P, device_ms=0.9, baseline_ms=1.0))
+        db.record(trial(P, device_ms=2.0, baseline_ms=1.0, program="slow\n"))
+    assert main(["db", "stats", "--db", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 2" in out and "Test GPU: 1 problems" in out
+    assert main(["db", "--db", str(path), "show", "1024", "2048", "512", "--programs"]) == 0
+    out = capsys.readouterr().out
+    assert "2 trials" in out and "winner on Test GPU: trial #1" in out and "slow" in out
+    assert main(["db", "export", str(tmp_path / "e.jsonl"), "--db", str(path)]) == 0
+    assert main(["db", "merge", str(tmp_path / "e.jsonl"), "--db", str(tmp_path / "new.sqlite")]) == 0
+    assert "2 new trials" in capsys.readouterr().out
+    assert main(["db", "stats", "--db", str(tmp_path / "absent.sqlite")]) == 2
+    assert "no tuning database here yet" in capsys.readouterr().err
+
+
+def test_compile_command_prints_program_provenance_source(tmp_path, capsys):
+    path = tmp_path / "t.sqlite"
+    with Database(path) as db:
+        db.record(trial(P, device_ms=0.9, baseline_ms=1.0))
+    assert main(["compile", "1024x2048x512", "--db", str(path), "--device", "Test GPU", "--no-run"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: triton" in out and "provenance: exact" in out and "tile 128x128x64" in out
+    assert "source (triton):" in out
+    assert main(["compile", "1024x2048", "--no-run"]) == 2
+    assert "MxNxK" in capsys.readouterr().err
+
+
+def test_tune_command_without_gpu_is_one_clear_line(tmp_path, capsys):
+    import torch
+
+    shapes = tmp_path / "s.csv"
+    shapes.write_text("M,N,K\n128,128,128\n")
+    code = main(["tune", "--shapes", str(shapes), "--db", str(tmp_path / "t.sqlite")])
+    if torch.cuda.is_available():
+        return
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gemmgen: error:") and "GPU" in err and len(err.strip().splitlines()) == 1

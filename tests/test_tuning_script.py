@@ -1,0 +1,46 @@
+"""benchmarks/tune_h200.py on CPU with the fake builder and runner: resume from its own
+record, ship winners only, summarise per FLOP bucket."""
+import importlib.util
+import json
+from pathlib import Path
+
+from gemmgen.compile import clear_cache
+from gemmgen.tuning_db import Database
+from gemmgen.tuning_db.exchange import read_jsonl
+from tuning_fakes import FakeBuilder, FakeRunner
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "tune_h200.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("tune_h200", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n1024,1024,1024\n2048,4096,512\n64,64,64\n")
+    out, ship = tmp_path / "out", tmp_path / "h200.jsonl"
+    args = ["--shapes", str(shapes), "--out", str(out), "--ship", str(ship), "--db", str(tmp_path / "w1.sqlite"),
+            "--budget", "2", "--backends", "triton", "--time-budget", "600"]
+    runner = lambda **kw: FakeRunner()  # noqa: E731
+    script = _script()
+    assert script.main(args, make_runner=runner, builder=FakeBuilder()) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[-1].split()[:2] == ["all", "3"]
+    trials = list(read_jsonl(out / "trials.jsonl"))
+    winners = list(read_jsonl(ship))
+    assert len(trials) == 6 and 0 < len(winners) <= 3
+    assert all(w.beats_baseline() for w in winners)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trials_exported"] == 6 and set(summary["by_bucket"]) <= {r["bucket"] for r in summary["rows"]}
+    # a fresh machine: a new working database resumes from OUT/trials.jsonl, measures nothing again
+    fresh = FakeRunner()
+    assert script.main(args + ["--db", str(tmp_path / "w2.sqlite")],   # the last --db counts
+                       make_runner=lambda **kw: fresh, builder=FakeBuilder()) == 0
+    assert fresh.measured == []
+    assert (out / "trials.jsonl").read_text().count("\n") == 6
+    assert len(list(Database(tmp_path / "w2.sqlite").trials())) == 6
+    clear_cache()

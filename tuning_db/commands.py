@@ -1,0 +1,131 @@
+"""`gemmgen db stats | show M N K | export FILE | merge FILE`: look into and move tuning results."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    db = subparsers.add_parser("db", help="inspect, export and merge tuning databases",
+                               description="Inspect, export and merge tuning databases.")
+    db.add_argument("--db", metavar="PATH",
+                    help="database file (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)")
+    sub = db.add_subparsers(dest="db_command", metavar="ACTION")
+    sub.required = True
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", metavar="PATH", default=argparse.SUPPRESS, help="database file")
+
+    stats = sub.add_parser("stats", parents=[common], help="counts of problems, trials and winners")
+    stats.add_argument("--shipped", action="store_true", help="the shipped records instead of --db")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.set_defaults(func=_stats)
+
+    show = sub.add_parser("show", parents=[common], help="the trials and the winner of one problem")
+    show.add_argument("m", type=int)
+    show.add_argument("n", type=int)
+    show.add_argument("k", type=int)
+    show.add_argument("--a-major", choices=("row", "col"), default="row")
+    show.add_argument("--b-major", choices=("row", "col"), default="row")
+    show.add_argument("--epilogue", default=None, help="e.g. 'bias=n gelu' (default: none)")
+    show.add_argument("--device", default=None, help="GPU name (default: every GPU)")
+    show.add_argument("--shipped", action="store_true", help="the shipped records instead of --db")
+    show.add_argument("--programs", action="store_true", help="print each trial's program text")
+    show.set_defaults(func=_show)
+
+    export = sub.add_parser("export", parents=[common], help="write sorted JSON lines, one trial each (diff-friendly)")
+    export.add_argument("file")
+    export.add_argument("--shipped", action="store_true", help="the shipped records instead of --db")
+    export.add_argument("--winners-only", action="store_true",
+                        help="only each problem's winning trial per GPU (what gemmgen.compile reads)")
+    export.set_defaults(func=_export)
+
+    merge = sub.add_parser("merge", parents=[common], help="import an export file or another database file")
+    merge.add_argument("file")
+    merge.set_defaults(func=_merge)
+
+
+def _open(args: argparse.Namespace, *, create: bool = False):
+    from pathlib import Path
+
+    from gemmgen.errors import GemmgenError
+    from gemmgen.tuning_db import Database, default_db_path, shipped_database
+
+    if getattr(args, "shipped", False):
+        return shipped_database(fresh=True)
+    path = Path(args.db) if args.db else default_db_path()
+    if not create and not path.is_file():
+        raise GemmgenError(f"{path}: no tuning database here yet (`gemmgen tune` or `gemmgen db merge` "
+                           "creates it; --shipped reads the records gemmgen ships)")
+    return Database(path)
+
+
+def _stats(args) -> int:
+    with _open(args) as db:
+        stats = db.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return 0
+    print(f"database: {stats['path']} (schema v{stats['schema_version']})")
+    print(f"problems: {stats['problems']}   trials: {stats['trials']}")
+    for title in ("by_status", "by_backend"):
+        items = ", ".join(f"{k} {v}" for k, v in stats[title].items()) or "-"
+        print(f"trials {title.replace('_', ' ')}: {items}")
+    for gpu, w in stats["winners"].items() or ():
+        print(f"winners on {gpu}: {w['problems']} problems, geomean speedup over the best baseline "
+              f"{w['geomean_speedup']:.3f}x")
+    if not stats["winners"]:
+        print("winners: none (no trial has beaten its run's best baseline beyond its noise)")
+    return 0
+
+
+def _show(args) -> int:
+    from gemmgen.compile import as_problem
+
+    problem = as_problem((args.m, args.n, args.k), a_major=args.a_major, b_major=args.b_major,
+                         epilogue=args.epilogue)
+    with _open(args) as db:
+        trials = list(db.trials(problem.key, args.device))
+        devices = sorted({t.device.name for t in trials})
+        winners = {d: db.winner(problem, d) for d in devices}
+    print(f"problem {problem.key}: {len(trials)} trials")
+    if not trials:
+        return 0
+    print(f"{'id':>6} {'status':<12} {'backend':<8} {'device ms':>10} {'spread':>7} "
+          f"{'best base ms':>12} {'speedup':>8}  device / proposer")
+    for t in sorted(trials, key=lambda t: (t.device.name, t.device_ms or float("inf"), t.id)):
+        best = t.best_baseline
+        win = winners.get(t.device.name)
+        mark = " *" if win is not None and win.id == t.id else ""
+        ms = f"{t.device_ms:.4f}" if t.device_ms else "-"
+        spread = f"{100 * t.spread:.1f}%" if t.spread is not None else "-"
+        base = f"{best[1].device_ms:.4f}" if best else "-"
+        speed = f"{best[1].device_ms / t.device_ms:.3f}x" if best and t.device_ms else "-"
+        print(f"{t.id:>6} {t.status:<12} {t.backend:<8} {ms:>10} {spread:>7} {base:>12} {speed:>8}  "
+              f"{t.device.name} / {t.proposer} {t.proposer_version}{mark}")
+        if t.status != "ok" and (t.build_msg or t.check_msg):
+            print(f"{'':>6} {(t.build_msg or t.check_msg).splitlines()[0][:110]}")
+        if args.programs:
+            print("".join(f"{'':>8}{line}\n" for line in t.program.splitlines()), end="")
+    for device, win in winners.items():
+        print(f"winner on {device}: " + (f"trial #{win.id}" if win else
+                                         "none (nothing beat the best baseline beyond its noise)"))
+    return 0
+
+
+def _export(args) -> int:
+    from gemmgen.tuning_db.exchange import export
+
+    with _open(args) as db:
+        count = export(db, args.file, winners_only=args.winners_only)
+    print(f"wrote {count} trials to {args.file}")
+    return 0
+
+
+def _merge(args) -> int:
+    from gemmgen.tuning_db.exchange import merge
+
+    with _open(args, create=True) as db:
+        new, seen = merge(db, args.file)
+        path = db.path
+    print(f"merged {args.file} into {path}: {new} new trials, {seen} already present")
+    return 0

@@ -1,0 +1,322 @@
+"""The tuning database: one SQLite file (WAL, busy timeout, versioned schema).
+
+Every trial is committed on its own (`BEGIN IMMEDIATE` ... `COMMIT`), so several tuning
+processes can write at once and an interrupted run loses at most the trial in flight.
+A file that is not a gemmgen database (another program's SQLite file, a damaged file,
+one from a newer gemmgen) raises `DatabaseFileError` naming the file, at open time.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import sqlite3
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Optional
+
+from gemmgen.dsl.ir import Problem
+from gemmgen.errors import GemmgenError
+from gemmgen.tuning_db import queries
+from gemmgen.tuning_db.records import BaselineTime, Device, Trial, now_utc, problem_from_key
+
+#: 'GEMM' in ASCII: marks a SQLite file as ours (PRAGMA application_id).
+APPLICATION_ID = 0x47454D4D
+
+#: Schema migrations in order; PRAGMA user_version = how many have been applied.
+MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql")
+SCHEMA_VERSION = len(MIGRATIONS)
+
+BUSY_TIMEOUT_MS = 60_000
+
+
+class DatabaseFileError(GemmgenError):
+    """The file is not a usable gemmgen tuning database."""
+
+
+def migration_sql(index: int) -> str:
+    return resources.files("gemmgen.tuning_db").joinpath(MIGRATIONS[index]).read_text()
+
+
+def _foreign(path: str, why: str) -> DatabaseFileError:
+    return DatabaseFileError(
+        f"{path} is not a gemmgen tuning database ({why}); move it aside, or point "
+        "GEMMGEN_DB / --db at another path and gemmgen will create a fresh one there")
+
+
+def _sql_errors(method):
+    """SQLite failures after open (a file damaged or locked meanwhile) as one clear error."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise DatabaseFileError(f"{self.path} stayed locked by another writer for "
+                                        f"{BUSY_TIMEOUT_MS // 1000} s ({exc}); retry when it is done") from None
+            raise _foreign(self.path, f"SQLite says: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            raise _foreign(self.path, f"SQLite says: {exc}") from None
+
+    return wrapper
+
+
+class Database:
+    """One tuning database file (or ':memory:'), migrated to the current schema on open."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False, migrate_to: int = SCHEMA_VERSION):
+        self.path = str(path)
+        self.readonly = readonly
+        if not readonly and self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if readonly:
+                if not Path(self.path).is_file():
+                    raise DatabaseFileError(f"{self.path}: no such database file")
+                uri = f"file:{Path(self.path).resolve()}?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                                            isolation_level=None, check_same_thread=False)
+            else:
+                self.conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+                                            isolation_level=None, check_same_thread=False)
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._open(migrate_to)
+        except sqlite3.DatabaseError as exc:
+            raise _foreign(self.path, f"SQLite says: {exc}") from None
+        self._problem_ids: dict[str, int] = {}
+        self._device_ids: dict[Device, int] = {}
+
+    # -- opening and migrating -------------------------------------------------------
+
+    def _open(self, migrate_to: int) -> None:
+        conn = self.conn
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if app_id != APPLICATION_ID and (app_id != 0 or tables):
+            raise _foreign(self.path, "it holds another program's tables")
+        if version > SCHEMA_VERSION:
+            raise DatabaseFileError(
+                f"{self.path} has schema version {version}, newer than this gemmgen "
+                f"understands ({SCHEMA_VERSION}); upgrade gemmgen or use another --db")
+        check = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise _foreign(self.path, f"integrity check failed: {check}")
+        if self.readonly:
+            if version != SCHEMA_VERSION:
+                raise DatabaseFileError(f"{self.path} has schema version {version}; open it "
+                                        "writable once to migrate it")
+            return
+        if self.path != ":memory:":
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self.migrate(migrate_to)
+
+    def migrate(self, to: int = SCHEMA_VERSION) -> None:
+        """Apply the missing migrations, each in its own transaction."""
+        while self.schema_version < to:  # no write lock unless there is something to do
+            conn = self.conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version >= to:
+                    conn.execute("COMMIT")
+                    return
+                for statement in _statements(migration_sql(version)):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                conn.execute(f"PRAGMA user_version = {version + 1}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Database":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------------------
+
+    def _problem_id(self, problem: Problem) -> int:
+        key = problem.key
+        pid = self._problem_ids.get(key)
+        if pid is None:
+            if not problem.is_bound:
+                raise GemmgenError(f"cannot record a shape-generic problem ({key}); bind M, N, K")
+            self.conn.execute(queries.INSERT_PROBLEM, (
+                key, problem.m, problem.n, problem.k, problem.a_major, problem.b_major,
+                problem.c_major, problem.in_dtype, problem.acc_dtype,
+                problem.epilogue.signature, key.split(":", 1)[1]))
+            pid = self.conn.execute("SELECT id FROM problems WHERE key = ?", (key,)).fetchone()[0]
+            self._problem_ids[key] = pid
+        return pid
+
+    def _device_id(self, device: Device) -> int:
+        did = self._device_ids.get(device)
+        if did is None:
+            row = (device.name, device.cc, device.sms, device.driver, device.cuda, device.libraries_json())
+            self.conn.execute(queries.INSERT_DEVICE, row)
+            did = self.conn.execute(queries.SELECT_DEVICE_ID, row).fetchone()[0]
+            self._device_ids[device] = did
+        return did
+
+    @_sql_errors
+    def record(self, trial: Trial) -> Optional[int]:
+        """Commit one trial; returns its id (None if that exact trial was already stored)."""
+        if self.readonly:
+            raise DatabaseFileError(f"{self.path} is open read-only")
+        trial_created = trial.created or now_utc()
+        best = trial.best_baseline
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            pid = self._problem_id(trial.problem)
+            did = self._device_id(trial.device)
+            cur = conn.execute(queries.INSERT_TRIAL, (
+                pid, did, trial.program, trial.backend, trial.status,
+                _int(trial.build_ok), trial.build_msg, trial.build_s,
+                _int(trial.check_passed), trial.check_msg, trial.max_rel_err, trial.err_bound,
+                trial.check_seed, trial.device_ms, trial.spread, trial.server_ms,
+                trial.server_spread, trial.host_ms,
+                best[0] if best else None, best[1].device_ms if best else None,
+                trial.best_baseline_server_ms,
+                json.dumps({n: _baseline_dict(b) for n, b in sorted(trial.baselines.items())},
+                           sort_keys=True),
+                trial.proposer, trial.proposer_version, trial_created))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            # The cached ids may name rows of the rolled-back transaction.
+            self._problem_ids.clear()
+            self._device_ids.clear()
+            raise
+        return cur.lastrowid if cur.rowcount else None
+
+    def record_many(self, trials: Iterable[Trial]) -> int:
+        """Record trials one by one; returns how many were new."""
+        return sum(1 for t in trials if self.record(t) is not None)
+
+    # -- reading ---------------------------------------------------------------------
+
+    @_sql_errors
+    def trials(self, problem_key: Optional[str] = None, device_name: Optional[str] = None) -> list[Trial]:
+        sql, args = queries.SELECT_TRIALS, []
+        where = []
+        if problem_key is not None:
+            where.append("p.key = ?")
+            args.append(problem_key)
+        if device_name is not None:
+            where.append("d.name = ?")
+            args.append(device_name)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self.conn.execute(sql + " ORDER BY p.key, t.program, d.name, t.created", args).fetchall()
+        return [trial_from_row(row) for row in rows]
+
+    @_sql_errors
+    def measured_programs(self, problem: Problem, device_name: str) -> set[str]:
+        """Programs already tried for this problem on this kind of GPU (what resume skips)."""
+        rows = self.conn.execute(queries.SELECT_TRIED_PROGRAMS, (problem.key, device_name))
+        return {r[0] for r in rows}
+
+    @_sql_errors
+    def winners(self, device_name: str) -> list[Trial]:
+        """The winner of every problem tuned on this kind of GPU (never-slower rule applied)."""
+        rows = self.conn.execute(queries.SELECT_WINNERS, (device_name,))
+        return [trial_from_row(r) for r in rows]
+
+    @_sql_errors
+    def winner(self, problem: Problem, device_name: str) -> Optional[Trial]:
+        row = self.conn.execute(queries.SELECT_WINNER, (problem.key, device_name)).fetchone()
+        return trial_from_row(row) if row else None
+
+    @_sql_errors
+    def stats(self) -> dict:
+        one = lambda sql: self.conn.execute(sql).fetchone()[0]  # noqa: E731
+        by_status = dict(self.conn.execute(
+            "SELECT status, count(*) FROM trials GROUP BY status ORDER BY status").fetchall())
+        by_backend = dict(self.conn.execute(
+            "SELECT backend, count(*) FROM trials GROUP BY backend ORDER BY backend").fetchall())
+        devices = [r[0] for r in self.conn.execute("SELECT DISTINCT name FROM devices ORDER BY name")]
+        winners = self.conn.execute(
+            "SELECT device_name, count(*), avg(ln(speedup)) FROM winners GROUP BY device_name "
+            "ORDER BY device_name").fetchall() if _has_ln(self.conn) else []
+        return {
+            "path": self.path,
+            "schema_version": self.schema_version,
+            "problems": one("SELECT count(*) FROM problems"),
+            "trials": one("SELECT count(*) FROM trials"),
+            "by_status": by_status,
+            "by_backend": by_backend,
+            "devices": devices,
+            "winners": {name: {"problems": count, "geomean_speedup": math.exp(mean_log or 0.0)}
+                        for name, count, mean_log in winners},
+        }
+
+
+def _has_ln(conn: sqlite3.Connection) -> bool:
+    try:
+        conn.execute("SELECT ln(1.0)")
+        return True
+    except sqlite3.OperationalError:
+        conn.create_function("ln", 1, lambda x: math.log(x) if x and x > 0 else None,
+                             deterministic=True)
+        return True
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (sqlite3.complete_statement decides the ends)."""
+    out, current = [], []
+    for line in script.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        current.append(line)
+        text = "\n".join(current)
+        if sqlite3.complete_statement(text):
+            out.append(text)
+            current = []
+    if current and "\n".join(current).strip():
+        raise GemmgenError("a migration script ends in an incomplete statement")
+    return out
+
+
+def _int(flag: Optional[bool]) -> Optional[int]:
+    return None if flag is None else int(bool(flag))
+
+
+def _bool(value) -> Optional[bool]:
+    return None if value is None else bool(value)
+
+
+def _baseline_dict(b: BaselineTime) -> dict:
+    return {k: v for k, v in vars(b).items() if v is not None}
+
+
+def trial_from_row(row: sqlite3.Row) -> Trial:
+    problem = problem_from_key(row["problem_key"])
+    device = Device(row["d_name"], row["d_cc"], row["d_sms"], row["d_driver"], row["d_cuda"],
+                    json.loads(row["d_libraries"]))
+    baselines = {n: BaselineTime(**b) for n, b in json.loads(row["baselines"]).items()}
+    return Trial(
+        problem=problem, device=device, program=row["program"], backend=row["backend"],
+        status=row["status"], build_ok=_bool(row["build_ok"]), build_msg=row["build_msg"],
+        build_s=row["build_s"], check_passed=_bool(row["check_passed"]), check_msg=row["check_msg"],
+        max_rel_err=row["max_rel_err"], err_bound=row["err_bound"], check_seed=row["check_seed"],
+        device_ms=row["device_ms"], spread=row["spread"], server_ms=row["server_ms"],
+        server_spread=row["server_spread"], host_ms=row["host_ms"], baselines=baselines,
+        proposer=row["proposer"], proposer_version=row["proposer_version"],
+        created=row["created"], id=row["id"])

@@ -1,0 +1,70 @@
+"""Export and merge: the sorted JSON-lines text that carries tuning results between machines.
+
+`export` writes one trial per line, sorted by problem key, then program text (then
+device name and time), so an export diffs cleanly in review. `merge` reads such a file
+or another database file; trials already present are skipped, so merging is idempotent.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+from gemmgen.tuning_db.database import Database
+from gemmgen.tuning_db.records import RecordError, Trial, export_sort_key, trial_from_json, trial_to_json
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def export_lines(db: Database, *, winners_only: bool = False) -> list[str]:
+    trials = db.trials()
+    if winners_only:
+        ids = {row[0] for row in db.conn.execute("SELECT id FROM winners")}
+        trials = (t for t in trials if t.id in ids)
+    return [trial_to_json(t) for t in sorted(trials, key=export_sort_key)]
+
+
+def export(db: Database, path: str | Path, *, winners_only: bool = False) -> int:
+    """Write the database (or only each problem's winner per GPU) as sorted JSON lines;
+    returns the number of trials written."""
+    lines = export_lines(db, winners_only=winners_only)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.replace(path)
+    return len(lines)
+
+
+def read_jsonl(path: str | Path) -> Iterator[Trial]:
+    """Trials of an export file, each line checked; errors name the file and line."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                yield trial_from_json(line, where=f"{path}:{number}")
+
+
+def read_any(path: str | Path) -> Iterator[Trial]:
+    """Trials of an export file or of another tuning database file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecordError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(len(SQLITE_MAGIC))
+    if head == SQLITE_MAGIC:
+        other = Database(path, readonly=True)
+        try:
+            yield from other.trials()
+        finally:
+            other.close()
+    else:
+        yield from read_jsonl(path)
+
+
+def merge(db: Database, path: str | Path) -> tuple[int, int]:
+    """Import every trial of `path` into `db`; returns (new trials, trials already present)."""
+    new = seen = 0
+    for trial in read_any(path):
+        if db.record(trial) is None:
+            seen += 1
+        else:
+            new += 1
+    return new, seen

@@ -1,0 +1,175 @@
+"""What the database stores, as frozen dataclasses, and their export form (one JSON line each).
+
+The export line is the unit of review and of merging: every field that identifies
+or describes a trial, keys sorted, so two exports diff line by line.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any, Mapping, Optional
+
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.errors import GemmgenError
+
+#: Trial outcomes; only "ok" trials can win.
+STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed")
+
+#: The device gemmgen ships tuned records for, and the one compile() assumes without a GPU.
+DEFAULT_DEVICE_NAME = "NVIDIA H200"
+
+
+class RecordError(GemmgenError):
+    """An export line or record that cannot be read; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """The GPU and software a trial was measured with."""
+
+    name: str
+    cc: str = ""
+    sms: int = 0
+    driver: str = ""
+    cuda: str = ""
+    libraries: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def libraries_json(self) -> str:
+        return json.dumps(dict(self.libraries), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class BaselineTime:
+    """One baseline measured in the same run as the trial."""
+
+    device_ms: float
+    spread: Optional[float] = None
+    server_ms: Optional[float] = None
+    host_ms: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate program measured (or refused) for one problem on one device."""
+
+    problem: Problem
+    device: Device
+    program: str
+    backend: str
+    status: str
+    build_ok: Optional[bool] = None
+    build_msg: str = ""
+    build_s: Optional[float] = None
+    check_passed: Optional[bool] = None
+    check_msg: str = ""
+    max_rel_err: Optional[float] = None
+    err_bound: Optional[float] = None
+    check_seed: Optional[int] = None
+    device_ms: Optional[float] = None
+    spread: Optional[float] = None
+    server_ms: Optional[float] = None
+    server_spread: Optional[float] = None
+    host_ms: Optional[float] = None
+    baselines: Mapping[str, BaselineTime] = field(default_factory=dict, hash=False)
+    proposer: str = ""
+    proposer_version: str = ""
+    created: str = ""
+    id: Optional[int] = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise RecordError(f"unknown trial status {self.status!r}; expected one of {', '.join(STATUSES)}")
+
+    @property
+    def best_baseline(self) -> Optional[tuple[str, BaselineTime]]:
+        """The fastest baseline of the same run (offline device time)."""
+        timed = [(n, b) for n, b in self.baselines.items() if b.device_ms and b.device_ms > 0]
+        return min(timed, key=lambda nb: (nb[1].device_ms, nb[0])) if timed else None
+
+    @property
+    def best_baseline_server_ms(self) -> Optional[float]:
+        times = [b.server_ms for b in self.baselines.values() if b.server_ms and b.server_ms > 0]
+        return min(times) if times else None
+
+    def beats_baseline(self) -> bool:
+        """The never-slower rule: device_ms * (1 + spread) < best baseline's device_ms."""
+        best = self.best_baseline
+        if self.status != "ok" or not self.check_passed or best is None:
+            return False
+        if self.device_ms is None or self.device_ms <= 0 or self.spread is None:
+            return False
+        return self.device_ms * (1.0 + self.spread) < best[1].device_ms
+
+    def speedups(self) -> dict[str, float]:
+        """Baseline time over kernel time, per baseline of the same run (offline)."""
+        if not self.device_ms:
+            return {}
+        return {n: b.device_ms / self.device_ms for n, b in sorted(self.baselines.items()) if b.device_ms}
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def problem_from_key(key: str) -> Problem:
+    """Rebuild a Problem from Problem.key (shape:majors:in:acc:epilogue signature).
+
+    The signature keeps which epilogue parts are present, not the runtime alpha/beta
+    values; a rebuilt problem carries alpha=2.0 / beta=1.0 as placeholders for them.
+    """
+    try:
+        dims, majors, in_dtype, acc_dtype, signature = key.split(":")
+        m, n, k = (None if d == "*" else int(d) for d in dims.split("x"))
+        major = {"r": "row", "c": "col"}
+        a_major, b_major, c_major = (major[c] for c in majors)
+        parts = signature.split("+")
+        out_dtype = parts.pop()
+        epi: dict[str, Any] = {"out_dtype": out_dtype}
+        for part in parts:
+            if part == "alpha":
+                epi["alpha"] = 2.0
+            elif part == "beta":
+                epi["beta"] = 1.0
+            elif part.startswith("bias_"):
+                epi["bias"] = part[5:]
+            elif part == "residual":
+                epi["residual"] = True
+            else:
+                epi["activation"] = part
+        problem = Problem(m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, Epilogue(**epi))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordError(f"not a problem key: {key!r} ({exc})") from None
+    if problem.key != key:
+        raise RecordError(f"not a canonical problem key: {key!r} (reads back as {problem.key!r})")
+    return problem
+
+
+_TRIAL_SCALARS = [f.name for f in fields(Trial) if f.name not in ("problem", "device", "baselines", "id")]
+
+
+def trial_to_json(trial: Trial) -> str:
+    """One export line: sorted keys, no id (ids are local to one database file)."""
+    record: dict[str, Any] = {name: getattr(trial, name) for name in _TRIAL_SCALARS}
+    record["problem"] = trial.problem.key
+    record["device"] = asdict(trial.device) | {"libraries": dict(trial.device.libraries)}
+    record["baselines"] = {n: asdict(b) for n, b in sorted(trial.baselines.items())}
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def trial_from_json(line: str, where: str = "<line>") -> Trial:
+    try:
+        record = json.loads(line)
+        problem = problem_from_key(record.pop("problem"))
+        device = Device(**record.pop("device"))
+        baselines = {n: BaselineTime(**b) for n, b in record.pop("baselines", {}).items()}
+        return Trial(problem=problem, device=device, baselines=baselines, **record)
+    except RecordError as exc:
+        raise RecordError(f"{where}: {exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise RecordError(f"{where}: not a gemmgen trial record ({exc}); "
+                          "expected a line written by `gemmgen db export`") from None
+
+
+def export_sort_key(trial: Trial) -> tuple:
+    return (trial.problem.key, trial.program, trial.device.name, trial.created)

@@ -1,0 +1,111 @@
+"""Where tuning results live: the shipped H200 records under the user's own database.
+
+The shipped records (`shipped/h200.jsonl`, export format) load into an in-memory,
+read-only layer. The user's database (GEMMGEN_DB, default
+~/.cache/gemmgen/tuning.sqlite) lies over it: for a problem tuned in both, the user's
+winner is used, since it was measured on this machine.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+from gemmgen.dsl.ir import Problem
+from gemmgen.tuning_db.database import Database
+from gemmgen.tuning_db.records import Trial
+
+SHIPPED_FILES = ("h200.jsonl",)
+
+
+def default_db_path() -> Path:
+    env = os.environ.get("GEMMGEN_DB")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("GEMMGEN_CACHE_DIR")
+    root = Path(cache).expanduser() if cache else Path.home() / ".cache" / "gemmgen"
+    return root / "tuning.sqlite"
+
+
+_SHIPPED: list[Database] = []
+
+
+def shipped_database(*, fresh: bool = False) -> Database:
+    """The shipped records as an in-memory database, read once per process (treat it as read-only)."""
+    from gemmgen.tuning_db.exchange import read_jsonl
+
+    if _SHIPPED and not fresh:
+        return _SHIPPED[0]
+    db = Database(":memory:")
+    folder = resources.files("gemmgen.tuning_db").joinpath("shipped")
+    for name in SHIPPED_FILES:
+        entry = folder.joinpath(name)
+        if entry.is_file():
+            with resources.as_file(entry) as path:
+                db.record_many(read_jsonl(path))
+    if not fresh:
+        _SHIPPED[:] = [db]
+    return db
+
+
+@dataclass(frozen=True)
+class Found:
+    """A tuned program for a problem: the winner it comes from and how it was found."""
+
+    trial: Trial
+    layer: str            # 'user' or 'shipped'
+    exact: bool           # False: the nearest tuned problem's program, re-bound
+    distance: float = 0.0
+
+
+def log_distance(a: Problem, b: Problem) -> float:
+    """Euclidean distance of (log M, log N, log K)."""
+    return math.sqrt(sum((math.log(x) - math.log(y)) ** 2
+                         for x, y in ((a.m, b.m), (a.n, b.n), (a.k, b.k))))
+
+
+def family(problem: Problem) -> str:
+    """The key without the shape: majors, dtypes and epilogue signature."""
+    return problem.key.split(":", 1)[1]
+
+
+class WinnerIndex:
+    """Every winner for one device name, from all layers, held in memory for fast lookup."""
+
+    def __init__(self, layers: list[tuple[str, Database]], device_name: str):
+        self.device_name = device_name
+        self.exact: dict[str, tuple[str, Trial]] = {}
+        self.by_family: dict[str, list[tuple[str, Trial]]] = {}
+        for layer, db in reversed(layers):  # later (upper) layers overwrite lower ones
+            for trial in db.winners(device_name):
+                self.exact[trial.problem.key] = (layer, trial)
+        for layer, trial in self.exact.values():
+            self.by_family.setdefault(family(trial.problem), []).append((layer, trial))
+
+    def __len__(self) -> int:
+        return len(self.exact)
+
+    def lookup(self, problem: Problem) -> Optional[Found]:
+        hit = self.exact.get(problem.key)
+        return Found(hit[1], hit[0], True) if hit else None
+
+    def nearest(self, problem: Problem) -> list[Found]:
+        """Winners of the same family, nearest first in log-shape space (ties: by key)."""
+        same = self.by_family.get(family(problem), [])
+        ranked = sorted(((log_distance(problem, t.problem), t.problem.key, layer, t)
+                         for layer, t in same if t.problem.key != problem.key))
+        return [Found(t, layer, False, d) for d, _, layer, t in ranked]
+
+
+def open_layers(user_db: Optional[str | Path] = None, *, shipped: bool = True) -> list[tuple[str, Database]]:
+    """The layers a lookup reads, upper first: the user's database (if it exists), the shipped one."""
+    layers: list[tuple[str, Database]] = []
+    path = Path(user_db) if user_db is not None else default_db_path()
+    if str(path) == ":memory:" or path.is_file():
+        layers.append(("user", Database(path)))
+    if shipped:
+        layers.append(("shipped", shipped_database()))
+    return layers
