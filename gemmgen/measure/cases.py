@@ -1,0 +1,144 @@
+"""Input sets and references for checks: logical tensors, laid out later in any majors.
+
+A case holds the logical operands (A is M x K, B is K x N, as the problem states them) in
+the input dtype, the epilogue operands, and the fp32 reference computed from exactly
+those values (product in fp64, epilogue in fp32). Cases do not depend on the operand
+majors, so one set of cases serves every layout of a shape (the bench checks cuBLAS NN
+and TN against the same references).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.measure.errors import MeasureError
+from gemmgen.measure.numerics import PROBE_MIN_K, error_bound, probe_offset
+
+TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+# Integer views of the same width, for bitwise comparisons and sentinels.
+BITS_DTYPES = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+@dataclass
+class Case:
+    """One input set: `name` is main, precision (the fp16-accumulation probe) or second."""
+
+    name: str
+    seed: int
+    a: torch.Tensor
+    b: torch.Tensor
+    bias: Optional[torch.Tensor]
+    residual: Optional[torch.Tensor]
+    c: Optional[torch.Tensor]
+    ref: torch.Tensor
+    bound: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.a.shape[0], self.b.shape[1], self.a.shape[1]
+
+
+def fresh_seed() -> int:
+    """A seed nobody chose: each check sees inputs no kernel could have been tuned to."""
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, *, bias=None, residual=None, c=None) -> torch.Tensor:
+    """out = act(alpha * acc + beta * c + bias) + residual, in fp32 (no final cast)."""
+    x = acc.float() * epilogue.alpha
+    if epilogue.beta != 0.0:
+        x = x + epilogue.beta * c.float()
+    if epilogue.bias == "n":
+        x = x + bias.float()[None, :]
+    elif epilogue.bias == "m":
+        x = x + bias.float()[:, None]
+    if epilogue.activation == "relu":
+        x = torch.relu(x)
+    elif epilogue.activation == "gelu":
+        x = torch.nn.functional.gelu(x)  # exact erf GELU
+    elif epilogue.activation == "silu":
+        x = torch.nn.functional.silu(x)
+    if epilogue.residual:
+        x = x + residual.float()
+    return x
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, epilogue: Epilogue, **operands) -> torch.Tensor:
+    """The product in fp64 from the very input values, then the epilogue in fp32."""
+    acc = a.double() @ b.double()
+    return apply_epilogue(acc, epilogue, **operands)
+
+
+def _randn(shape, gen: torch.Generator, device, dtype) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+
+def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
+    """Build one case. `precision`: A = a0*s_k + noise, B = a0 + noise with s_k = +1 on the
+    first half of K and -1 on the second, so that running sums climb to PROBE_PEAK and
+    cancel back: a result near sqrt(K) carried by partial sums an fp16 accumulator cannot hold."""
+    m, n, k = problem.m, problem.n, problem.k
+    ep = problem.epilogue
+    in_dt = TORCH_DTYPES[problem.in_dtype]
+    out_dt = TORCH_DTYPES[ep.out_dtype]
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    if name == "precision":
+        offset = probe_offset(k)
+        sign = torch.ones(k, device=device, dtype=torch.float32)
+        sign[k // 2:] = -1.0
+        noise_a = torch.randn((m, k), generator=gen, device=device, dtype=torch.float32)
+        noise_b = torch.randn((k, n), generator=gen, device=device, dtype=torch.float32)
+        a = (offset * sign[None, :] + noise_a).to(in_dt)
+        b = (offset + noise_b).to(in_dt)
+    elif name in ("main", "second"):
+        a = _randn((m, k), gen, device, in_dt)
+        b = _randn((k, n), gen, device, in_dt)
+    else:
+        raise MeasureError(f"unknown check case {name!r}; use main, precision or second")
+    bias = _randn((n if ep.bias == "n" else m,), gen, device, out_dt) if ep.bias else None
+    residual = _randn((m, n), gen, device, out_dt) if ep.residual else None
+    c = _randn((m, n), gen, device, out_dt) if ep.beta != 0.0 else None
+    ref = reference(a, b, ep, bias=bias, residual=residual, c=c)
+    bound = error_bound(
+        k, out_dtype=ep.out_dtype, acc_dtype=problem.acc_dtype, alpha=ep.alpha,
+        norm_a=float(a.double().norm()), norm_b=float(b.double().norm()),
+        norm_ref=float(ref.double().norm()),
+    )
+    return Case(name, seed, a, b, bias, residual, c, ref, bound)
+
+
+def case_names(problem: Problem) -> tuple[str, ...]:
+    """The probe needs a K long enough for partial sums to climb; short K has no room to cheat."""
+    if problem.k >= PROBE_MIN_K:
+        return ("main", "precision", "second")
+    return ("main", "second")
+
+
+def make_cases(problem: Problem, seed: int, device="cuda") -> list[Case]:
+    """All cases of one check; seeds derive from `seed` so the record replays exactly."""
+    if not problem.is_bound:
+        raise MeasureError(f"problem {problem.key} is shape-generic; bind M, N and K before checking")
+    return [make_case(problem, name, seed + i, device) for i, name in enumerate(case_names(problem))]
+
+
+def lay_out(t: torch.Tensor, major: str) -> torch.Tensor:
+    """The logical 2-D tensor stored row- or column-major (a transposed view of a copy)."""
+    if major == "row":
+        return t.contiguous()
+    return t.t().contiguous().t()
+
+
+def empty_laid_out(rows: int, cols: int, major: str, dtype, device) -> torch.Tensor:
+    if major == "row":
+        return torch.empty((rows, cols), dtype=dtype, device=device)
+    return torch.empty((cols, rows), dtype=dtype, device=device).t()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers (contiguous), for exact comparisons."""
+    return t.contiguous().view(BITS_DTYPES[t.dtype])

@@ -1,0 +1,171 @@
+"""results.json: rows, the summary computed from them, merging shards, resuming runs.
+
+    {"meta": {...environment, command, date, mode...},
+     "rows": [{name, kind, m, n, k, layout, shape_layout, gflop, bucket, device_ms, host_ms,
+               spread, tflops, floor_ms, fraction_of_floor, max_rel_err, bound, passed,
+               status, message, ...}, ...],
+     "summary": {"n_shapes", "names", "baselines", "passed": {name: n},
+                 "geomean": {"A/B": speedup of A over B}, "geomean_n": {"A/B": shapes},
+                 "geomean_host": {...}, "median_fraction_of_floor": {name: x},
+                 "by_bucket": {bucket: {"n_shapes", "geomean", "geomean_n", "median_fraction_of_floor"}}}}
+
+A speedup A/B is the geometric mean over shapes where both A and B passed their check
+and have a device time, of B.device_ms / A.device_ms: > 1 means A is faster. Pairs are
+every name (candidate or baseline) against every baseline. Pure: runs on CPU.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from gemmgen.measure.errors import MeasureError
+from gemmgen.measure.numerics import bucket_names, bucket_of, geomean, median
+
+RESULTS = "results.json"
+
+
+def shape_key(row: dict) -> tuple:
+    return (row["m"], row["n"], row["k"], row.get("shape_layout", row.get("layout", "nn")))
+
+
+def row_key(row: dict) -> tuple:
+    return shape_key(row) + (row["name"],)
+
+
+def _usable(row: dict) -> bool:
+    return bool(row.get("passed")) and row.get("device_ms") is not None and row["device_ms"] > 0
+
+
+def _ratios(rows: list[dict], a: str, b: str, field: str) -> list[float]:
+    by_shape: dict[tuple, dict[str, dict]] = {}
+    for row in rows:
+        by_shape.setdefault(shape_key(row), {})[row["name"]] = row
+    out = []
+    for named in by_shape.values():
+        ra, rb = named.get(a), named.get(b)
+        if ra and rb and _usable(ra) and _usable(rb) and ra.get(field) and rb.get(field):
+            out.append(rb[field] / ra[field])
+    return out
+
+
+def _pairs(rows: list[dict], names: list[str], baselines: list[str]) -> dict[str, Any]:
+    geo, count, host = {}, {}, {}
+    for a in names:
+        for b in baselines:
+            if a == b:
+                continue
+            key = f"{a}/{b}"
+            dev = _ratios(rows, a, b, "device_ms")
+            geo[key] = geomean(dev)
+            count[key] = len(dev)
+            host[key] = geomean(_ratios(rows, a, b, "host_ms"))
+    return {"geomean": geo, "geomean_n": count, "geomean_host": host}
+
+
+def _floor_medians(rows: list[dict], names: list[str]) -> dict[str, Optional[float]]:
+    return {n: median(r["fraction_of_floor"] for r in rows if r["name"] == n and _usable(r)
+                      and r.get("fraction_of_floor") is not None) for n in names}
+
+
+def summarize(rows: list[dict]) -> dict[str, Any]:
+    names: list[str] = []
+    baselines: list[str] = []
+    for row in rows:
+        if row["name"] not in names:
+            names.append(row["name"])
+        if row.get("kind") == "baseline" and row["name"] not in baselines:
+            baselines.append(row["name"])
+    summary: dict[str, Any] = {
+        "n_shapes": len({shape_key(r) for r in rows}),
+        "names": names,
+        "baselines": baselines,
+        "passed": {n: sum(1 for r in rows if r["name"] == n and r.get("passed")) for n in names},
+        "measured": {n: sum(1 for r in rows if r["name"] == n and _usable(r)) for n in names},
+    }
+    summary.update(_pairs(rows, names, baselines))
+    summary["median_fraction_of_floor"] = _floor_medians(rows, names)
+    by_bucket = {}
+    for bucket in bucket_names():
+        inside = [r for r in rows if bucket_of(2.0 * r["m"] * r["n"] * r["k"] / 1e9) == bucket]
+        if not inside:
+            continue
+        entry = {"n_shapes": len({shape_key(r) for r in inside})}
+        pairs = _pairs(inside, names, baselines)
+        entry["geomean"], entry["geomean_n"] = pairs["geomean"], pairs["geomean_n"]
+        entry["median_fraction_of_floor"] = _floor_medians(inside, names)
+        by_bucket[bucket] = entry
+    summary["by_bucket"] = by_bucket
+    return summary
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or infinity: they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def save(out_dir: str | Path, meta: dict, rows: list[dict]) -> dict:
+    """Write DIR/results.json atomically (a stopped run leaves the last complete file)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta, "rows": rows, "summary": summarize(rows)}
+    tmp = out / (RESULTS + ".tmp")
+    tmp.write_text(json.dumps(_clean(doc), indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, out / RESULTS)
+    return doc
+
+
+def load(path: str | Path) -> dict:
+    """A results document from DIR or DIR/results.json."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / RESULTS
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise MeasureError(f"cannot read {p}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise MeasureError(f"{p} is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or "rows" not in doc or not isinstance(doc["rows"], list):
+        raise MeasureError(f"{p} is not a gemmgen results file (no 'rows' list)")
+    return doc
+
+
+def done_shapes(rows: Iterable[dict], wanted_names: Iterable[str]) -> set[tuple]:
+    """Shapes that already have a row for every wanted name: --resume skips them."""
+    wanted = set(wanted_names)
+    have: dict[tuple, set[str]] = {}
+    for row in rows:
+        have.setdefault(shape_key(row), set()).add(row["name"])
+    return {key for key, got in have.items() if wanted <= got}
+
+
+def merge(docs: list[dict]) -> tuple[dict, list[dict]]:
+    """Rows of several runs (shards), later ones winning on the same shape and name."""
+    if not docs:
+        raise MeasureError("nothing to merge")
+    rows: dict[tuple, dict] = {}
+    for doc in docs:
+        for row in doc["rows"]:
+            rows[row_key(row)] = row
+    modes = {doc.get("meta", {}).get("mode") for doc in docs} - {None}
+    if len(modes) > 1:
+        raise MeasureError(f"refusing to merge runs of different modes ({', '.join(sorted(modes))})")
+    meta = dict(docs[0].get("meta", {}))
+    meta["merged_from"] = [
+        {k: doc.get("meta", {}).get(k) for k in ("out", "shard", "date", "command", "stopped")} for doc in docs
+    ]
+    ordered = sorted(rows.values(), key=lambda r: (r["m"] * r["n"] * r["k"], shape_key(r), r["name"]))
+    return meta, ordered
+
+
+def bucket_label(row: dict) -> str:
+    return bucket_of(2.0 * row["m"] * row["n"] * row["k"] / 1e9)

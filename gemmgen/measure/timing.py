@@ -1,0 +1,448 @@
+"""time(fn, problem, mode): device time from CUPTI kernel records, and host-inclusive time.
+
+Device time. Calls run inside torch.profiler (CUPTI activity records), each wrapped in
+a `record_function` range and preceded by the L2 flush (a fill of 128+ MiB). Every GPU
+activity (kernel, memset, memcpy) a call launched, on whatever stream, is attributed to
+it (attribute_activities: by CUPTI correlation to the torch op that launched it, or,
+for launches from library code outside torch ops, by GPU time between the flushes);
+the device time of a call is the sum of their durations. The flush is never counted,
+nor are host gaps between kernels. Per kernel: warm-up, then at least `min_reps` calls
+(short kernels get more, up to `max_reps`, as `rep_budget_s` allows; server mode uses
+exactly `min_reps`); median, p10/p90 and IQR reported. Kernels timed together are
+interleaved in a seeded shuffled order, so drift in clocks or heat hits all alike.
+
+Modes: `offline` (L2 flushed, calls back to back), `server` (L2 flushed, then the
+device is synchronised and the host sleeps a seeded exponential gap, mean
+`mean_gap_s`, before each call), `warm` (no flush, back to back).
+
+Host-inclusive time, measured without the profiler: offline/warm: wall clock of
+`host_reps` back-to-back calls between two device synchronisations, divided by the
+count (CUDA-L2's timer: launch overhead included, L2 warm); server: per call, flush,
+synchronise, gap, then wall clock from the call to the end of a device-wide
+synchronisation. Every clock stops only after torch.cuda.synchronize() (all streams).
+
+A median device time under Problem.floor_s raises FloorViolation: it is not recorded.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import re
+import time as _clock
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from gemmgen.dsl.ir import Problem
+from gemmgen.measure.errors import FloorViolation, MeasureError
+from gemmgen.measure.numerics import median, quantile
+
+MODES = ("offline", "server", "warm")
+_CALL = "gemmgen.call."
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    warmup: int = 3
+    min_reps: int = 30
+    max_reps: int = 200
+    rep_budget_s: float = 0.02      # device seconds per kernel that may buy reps past min_reps
+    mean_gap_s: float = 1e-3        # server mode
+    host_reps: int = 30
+    seed: int = 0
+    flush_bytes: Optional[int] = None   # None: max(128 MiB, 4 x L2)
+    check_floor: bool = True
+    timer: str = "cupti"            # or "events": CUDA events on the calling stream (a fallback)
+
+
+@dataclass(frozen=True)
+class Timing:
+    mode: str
+    device_ms: float          # median over calls
+    device_p10_ms: float
+    device_p90_ms: float
+    device_iqr_ms: float
+    host_ms: float            # see module docstring for what it includes per mode
+    host_p10_ms: float
+    host_p90_ms: float
+    reps: int
+    floor_ms: float
+    kernels: tuple[str, ...] = ()   # GPU activities of one call, in launch order
+    timer: str = "cupti"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median of the device time."""
+        return (self.device_p90_ms - self.device_p10_ms) / self.device_ms
+
+    @property
+    def fraction_of_floor(self) -> float:
+        return self.floor_ms / self.device_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spread"] = self.spread
+        d["fraction_of_floor"] = self.fraction_of_floor
+        return d
+
+
+@dataclass
+class _Entry:
+    name: str
+    fn: Callable
+    problem: Problem
+    args: tuple
+    kwargs: dict
+    reps: int = 0
+    error: Optional[Exception] = None
+    device_us: list = field(default_factory=list)
+    kernels: tuple = ()
+    host_s: list = field(default_factory=list)
+
+    def call(self) -> None:
+        self.fn(*self.args, **self.kwargs)
+
+
+def _operands(problem: Problem, seed: int, device) -> tuple[tuple, dict]:
+    """Random normal operands laid out in the problem's majors, reused by every call."""
+    import torch
+    from gemmgen.measure.cases import TORCH_DTYPES, empty_laid_out
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    m, n, k = problem.m, problem.n, problem.k
+    ep = problem.epilogue
+    in_dt, out_dt = TORCH_DTYPES[problem.in_dtype], TORCH_DTYPES[ep.out_dtype]
+
+    def filled(rows, cols, major, dt):
+        t = empty_laid_out(rows, cols, major, dt, device)
+        t.copy_(torch.randn((rows, cols), generator=gen, device=device))
+        return t
+
+    a = filled(m, k, problem.a_major, in_dt)
+    b = filled(k, n, problem.b_major, in_dt)
+    out = empty_laid_out(m, n, problem.c_major, out_dt, device)
+    kwargs: dict[str, Any] = {"alpha": ep.alpha, "beta": ep.beta}
+    if ep.bias:
+        kwargs["bias"] = torch.randn((n if ep.bias == "n" else m,), generator=gen, device=device).to(out_dt)
+    if ep.residual:
+        kwargs["residual"] = filled(m, n, problem.c_major, out_dt)
+    if ep.beta != 0.0:
+        kwargs["c"] = filled(m, n, problem.c_major, out_dt)
+    return (a, b, out), kwargs
+
+
+def _flusher(options: TimingOptions, device) -> Callable[[], None]:
+    import torch
+
+    size = options.flush_bytes
+    if size is None:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0
+        size = max(128 << 20, 4 * l2)
+    buf = torch.empty(size, dtype=torch.uint8, device=device)
+    return lambda: buf.zero_()
+
+
+def _sleep_until(deadline: float) -> None:
+    """Host sleep, finished by spinning: time.sleep alone overshoots by ~60 us."""
+    while True:
+        left = deadline - _clock.perf_counter()
+        if left <= 0:
+            return
+        if left > 3e-4:
+            _clock.sleep(left - 2e-4)
+
+
+def _gap(rng: random.Random, options: TimingOptions) -> None:
+    _sleep_until(_clock.perf_counter() + rng.expovariate(1.0 / options.mean_gap_s))
+
+
+def _estimate_reps(entry: _Entry, mode: str, options: TimingOptions, flush) -> int:
+    """Warm up, and size the run: short kernels get more calls, none gets fewer than min_reps."""
+    import torch
+
+    for _ in range(options.warmup):
+        entry.call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush()
+    start.record()
+    entry.call()
+    end.record()
+    torch.cuda.synchronize()
+    if mode == "server":
+        return options.min_reps          # each call there costs a gap; the count stays fixed
+    est_s = max(start.elapsed_time(end) * 1e-3, 1e-6)
+    return int(min(options.max_reps, max(options.min_reps, options.rep_budget_s / est_s)))
+
+
+def _ns(event, what: str) -> int:
+    """start_ns/end_ns/duration_ns of a raw kineto event (microsecond accessors on old torch)."""
+    get = getattr(event, f"{what}_ns", None)
+    return int(get()) if get is not None else int(getattr(event, f"{what}_us")() * 1000)
+
+
+_NOT_WORK = ("annotation", "sync", "overhead", "runtime", "driver")
+
+
+def _is_device_work(ev) -> bool:
+    """Kernels, copies and fills; not the GPU-side spans kineto draws for user annotations
+    nor its synchronisation markers."""
+    if ev.name().startswith(_CALL) or getattr(ev, "is_user_annotation", lambda: False)():
+        return False
+    kind = getattr(ev, "activity_type", None)
+    return kind is None or not any(word in str(kind()).lower() for word in _NOT_WORK)
+
+
+_API_NAME = re.compile(r"^cu(da)?[A-Z]")
+
+
+def _is_torch_op(ev) -> bool:
+    """A torch op or user range, whose correlation id GPU activities link to; not a CUDA
+    runtime/driver record (those carry CUPTI's ids, another numbering)."""
+    if ev.linked_correlation_id() != 0 or _API_NAME.match(ev.name()):
+        return False
+    kind = getattr(ev, "activity_type", None)
+    return kind is None or not any(word in str(kind()).lower() for word in ("runtime", "driver"))
+
+
+def attribute_activities(events) -> dict[int, list[list[tuple[str, int]]]]:
+    """Per call range `gemmgen.call.<i>`: the GPU activities (name, ns) the call launched.
+
+    Two links, because CUPTI gives two kinds of launches. (1) A launch from inside a torch
+    op (aten::mm ...) carries that op's correlation id: the op lies inside exactly one call
+    range, found by its start time. (2) A launch from plain library code (cuBLASLt through
+    nvmath, a driver-API launcher) may carry none: it is placed by GPU time, between the
+    marker before its call and the next one. Markers are the GPU work of ops launched
+    outside every range: one L2 flush (or one tiny fill in warm mode) before each call.
+    Pure over the raw kineto events, so it is tested with stand-ins on CPU.
+    """
+    from torch.autograd import DeviceType
+
+    op_start: dict[int, int] = {}
+    ranges: list[tuple[int, int, int]] = []
+    device: list[tuple[int, int, int, str]] = []
+    for ev in events:
+        if ev.device_type() == DeviceType.CPU:
+            if not _is_torch_op(ev):
+                continue                      # runtime/driver API records (cudaLaunchKernel ...)
+            start = _ns(ev, "start")
+            op_start[ev.correlation_id()] = start
+            name = ev.name()
+            if name.startswith(_CALL):
+                ranges.append((start, _ns(ev, "end"), int(name[len(_CALL):])))
+        elif _is_device_work(ev):
+            device.append((ev.linked_correlation_id(), _ns(ev, "start"), _ns(ev, "duration"), ev.name()))
+    ranges.sort()
+    starts = [r[0] for r in ranges]
+
+    def range_of(cpu_start: int):
+        j = bisect.bisect_right(starts, cpu_start) - 1
+        return j if j >= 0 and cpu_start <= ranges[j][1] else None
+
+    per_range: list[list[tuple[int, str, int]]] = [[] for _ in ranges]
+    marker_start: dict[int, int] = {}
+    orphans = []
+    for corr, gpu_start, dur, name in device:
+        cpu_start = op_start.get(corr) if corr else None
+        if cpu_start is None:
+            orphans.append((gpu_start, dur, name))
+            continue
+        j = range_of(cpu_start)
+        if j is None:
+            marker_start[corr] = min(gpu_start, marker_start.get(corr, gpu_start))
+        else:
+            per_range[j].append((gpu_start, name, dur))
+    markers = sorted(marker_start.values())
+    if orphans and len(markers) != len(ranges):
+        raise MeasureError(f"cannot place {len(orphans)} GPU activities launched outside torch ops: "
+                           f"{len(markers)} markers for {len(ranges)} calls")
+    for gpu_start, dur, name in orphans:
+        k = bisect.bisect_right(markers, gpu_start) - 1
+        if k >= 0:
+            per_range[k].append((gpu_start, name, dur))
+    calls: dict[int, list[list[tuple[str, int]]]] = {}
+    for (_, _, index), acts in zip(ranges, per_range):
+        calls.setdefault(index, []).append([(name, dur) for _, name, dur in sorted(acts)])
+    return calls
+
+
+def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, timed_call) -> None:
+    """The timed loop: per rep, every kernel once in a shuffled order, each call preceded
+    by its flush (warm mode: a 1-element fill, so every call still has its marker)."""
+    import torch
+
+    rng = random.Random(options.seed)
+    marker = torch.zeros(1, device="cuda")
+    before = flush if mode != "warm" else marker.zero_
+    for rep in range(max(e.reps for e in entries)):
+        order = [i for i, e in enumerate(entries) if rep < e.reps and e.error is None]
+        rng.shuffle(order)
+        for i in order:
+            before()
+            if mode == "server":
+                torch.cuda.synchronize()
+                _gap(rng, options)
+            try:
+                timed_call(i)
+            except Exception as exc:  # noqa: BLE001 - recorded against that kernel alone
+                entries[i].error = exc
+    torch.cuda.synchronize()
+
+
+def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flush) -> None:
+    """Fallback timer: CUDA events around each call on the calling stream. It cannot see
+    work on other streams (the check rejects such kernels before they are timed)."""
+    import torch
+
+    pending = []
+
+    def timed_call(i: int) -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        entries[i].call()
+        end.record()
+        pending.append((i, start, end))
+
+    _schedule(entries, mode, options, flush, timed_call)
+    for i, start, end in pending:
+        entries[i].device_us.append(start.elapsed_time(end) * 1e3)
+
+
+def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, flush) -> None:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def timed_call(i: int) -> None:
+        with record_function(f"{_CALL}{i}"):
+            entries[i].call()
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _schedule(entries, mode, options, flush, timed_call)
+    try:
+        attributed = attribute_activities(prof.profiler.kineto_results.events())
+    except MeasureError as exc:
+        for entry in entries:
+            entry.error = entry.error or exc
+        return
+    for index, calls in attributed.items():
+        entry = entries[index]
+        for acts in calls:
+            entry.device_us.append(sum(ns for _, ns in acts) * 1e-3)
+            if not entry.kernels and acts:
+                entry.kernels = tuple(name for name, _ in acts)
+
+
+def _time_host(entry: _Entry, mode: str, options: TimingOptions, flush, rng: random.Random) -> None:
+    import torch
+
+    if options.host_reps <= 0:
+        return
+
+    if mode == "server":
+        for _ in range(options.host_reps):
+            flush()
+            torch.cuda.synchronize()
+            _gap(rng, options)
+            t0 = _clock.perf_counter()
+            entry.call()
+            torch.cuda.synchronize()
+            entry.host_s.append(_clock.perf_counter() - t0)
+        return
+    batches, per = 5, max(1, options.host_reps // 5)
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        t0 = _clock.perf_counter()
+        for _ in range(per):
+            entry.call()
+        torch.cuda.synchronize()
+        entry.host_s.append((_clock.perf_counter() - t0) / per)
+
+
+def _summarise(entry: _Entry, mode: str, options: TimingOptions) -> Timing:
+    floor_ms = entry.problem.floor_s * 1e3
+    if entry.error is not None:
+        raise MeasureError(f"{entry.name}: the call raised {type(entry.error).__name__}: {entry.error}")
+    dev = sorted(us * 1e-3 for us in entry.device_us)
+    if not dev or dev[-1] <= 0.0:
+        raise MeasureError(
+            f"{entry.name}: the profiler recorded no GPU work for the call: it ran nowhere CUPTI "
+            "could see (another thread?) or did nothing"
+        )
+    zero_calls = sum(1 for d in dev if d <= 0.0)
+    med = median(dev)
+    if options.check_floor and med < floor_ms:
+        raise FloorViolation(
+            f"{entry.name}: median device time {med * 1e3:.3f} us is below the physical floor "
+            f"{floor_ms * 1e3:.3f} us of {entry.problem.key}: a broken timer or a kernel that skips work"
+        )
+    host = sorted(s * 1e3 for s in entry.host_s)
+    notes = (f"{zero_calls} of {len(dev)} calls recorded no GPU work",) if zero_calls else ()
+    return Timing(
+        mode=mode, device_ms=med, device_p10_ms=quantile(dev, 0.1), device_p90_ms=quantile(dev, 0.9),
+        device_iqr_ms=quantile(dev, 0.75) - quantile(dev, 0.25),
+        host_ms=median(host) if host else math.nan,
+        host_p10_ms=quantile(host, 0.1) if host else math.nan,
+        host_p90_ms=quantile(host, 0.9) if host else math.nan,
+        reps=len(dev), floor_ms=floor_ms, kernels=entry.kernels, timer=options.timer, notes=notes,
+    )
+
+
+def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "offline", *,
+              options: Optional[TimingOptions] = None, device: Any = "cuda") -> dict[str, Any]:
+    """Time several kernels in one profiler session; name -> Timing, or the MeasureError
+    that kept that kernel from a time (the others are still measured)."""
+    import torch
+
+    if mode not in MODES:
+        raise MeasureError(f"unknown timing mode {mode!r}; use one of {', '.join(MODES)}")
+    if not torch.cuda.is_available():
+        from gemmgen.errors import NoGPUError
+        raise NoGPUError("timing")
+    options = options or TimingOptions()
+    names = [name for name, _, _ in kernels]
+    if len(set(names)) != len(names):
+        raise MeasureError(f"kernel names must be unique within one timing: {names}")
+    operands: dict[str, tuple[tuple, dict]] = {}
+    entries: list[_Entry] = []
+    for name, fn, problem in kernels:
+        if not problem.is_bound:
+            raise MeasureError(f"problem {problem.key} is shape-generic; bind M, N and K before timing")
+        layout_key = problem.key
+        if layout_key not in operands:
+            operands[layout_key] = _operands(problem, options.seed, device)
+        args, kwargs = operands[layout_key]
+        entries.append(_Entry(name, fn, problem, args, kwargs))
+    flush = _flusher(options, device)
+    for entry in entries:
+        try:
+            entry.reps = _estimate_reps(entry, mode, options, flush)
+        except Exception as exc:  # noqa: BLE001
+            entry.error = exc
+    if options.timer not in ("cupti", "events"):
+        raise MeasureError(f"unknown timer {options.timer!r}; use cupti or events")
+    if any(e.error is None for e in entries):
+        (_profile_device if options.timer == "cupti" else _events_device)(entries, mode, options, flush)
+    rng = random.Random(options.seed + 1)
+    for entry in entries:
+        if entry.error is None:
+            try:
+                _time_host(entry, mode, options, flush, rng)
+            except Exception as exc:  # noqa: BLE001
+                entry.error = exc
+    results: dict[str, Any] = {}
+    for entry in entries:
+        try:
+            results[entry.name] = _summarise(entry, mode, options)
+        except MeasureError as exc:
+            results[entry.name] = exc
+    return results
+
+
+def time(fn: Callable, problem: Problem, mode: str = "offline", *,
+         options: Optional[TimingOptions] = None, device: Any = "cuda") -> Timing:
+    """Time one kernel; raises FloorViolation or MeasureError instead of recording a bad time."""
+    result = time_many([("kernel", fn, problem)], mode, options=options, device=device)["kernel"]
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -1,0 +1,251 @@
+"""Isolation: generated kernels run in a worker process, one job at a time, under a time limit.
+
+A job is picklable data: a top-level `load` function (pickled by reference) and its
+arguments, which the worker calls to get the kernel; then the worker checks it and,
+if it passed, times it, and sends back a `TrialResult`. A kernel that hangs (no answer
+within the limit), kills its process (segfault, abort) or poisons its CUDA context
+(illegal memory access: every later CUDA call fails) costs that one trial: the worker
+is killed or retires, a fresh one is spawned for the next job, and the run goes on.
+
+Workers use the spawn start method, so CUDA is initialised in the worker only, never
+inherited. A job with `problem=None` is a plain job: the loaded callable is called once
+with no arguments and what it returns comes back as `TrialResult.value` (the runner's
+own tests use these with `Runner(gpu=False)`; a search script may measure a whole
+group of kernels inside one such job).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import signal
+import sys
+import time as _clock
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from gemmgen.dsl.ir import Problem
+from gemmgen.measure.errors import MeasureError
+from gemmgen.measure.timing import TimingOptions
+
+STATUSES = ("ok", "failed_check", "timeout", "crash", "error")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    load: Callable[..., Callable]
+    args: tuple = ()
+    problem: Optional[Problem] = None
+    check: bool = True
+    mode: Optional[str] = "offline"      # None: check only
+    seed: Optional[int] = None
+    timing: TimingOptions = field(default_factory=TimingOptions)
+    timeout_s: Optional[float] = None    # None: the runner's
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    name: str
+    status: str
+    message: str = ""
+    check: Optional[dict] = None
+    timing: Optional[dict] = None
+    wall_s: float = 0.0
+    exitcode: Optional[int] = None
+    value: Any = None                    # what a CPU-style job's callable returned (if picklable)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+# ---- loaders: top-level, so a job can name them -------------------------------------------
+
+def load_backend(backend: str, artifact, program_text: str) -> Callable:
+    """A built kernel: gemmgen.backends.get(backend).load(artifact, gemmgen.dsl.parse(text))."""
+    from gemmgen import backends, dsl
+
+    return backends.get(backend).load(artifact, dsl.parse(program_text))
+
+
+def load_named(spec: str, problem: Problem) -> Callable:
+    """A kernel from a 'module:function' factory called with the problem."""
+    from gemmgen.measure.candidates import resolve
+
+    made = resolve(spec)(problem)
+    return getattr(made, "fn", made)
+
+
+# ---- the worker side ----------------------------------------------------------------------
+
+def _cuda_healthy() -> bool:
+    torch = sys.modules.get("torch")      # a job that never imported torch cannot have broken CUDA
+    if torch is None:
+        return True
+    try:
+        if not torch.cuda.is_initialized():
+            return True
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).item()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure means the context is gone
+        return False
+
+
+def _execute(job: Job) -> TrialResult:
+    start = _clock.perf_counter()
+
+    def done(status: str, message: str = "", **kw) -> TrialResult:
+        return TrialResult(job.name, status, message, wall_s=_clock.perf_counter() - start, **kw)
+
+    try:
+        kernel = job.load(*job.args)
+        if job.problem is None:
+            value = kernel()
+            try:
+                pickle.dumps(value)
+            except Exception as exc:  # noqa: BLE001 - the job ran; only its answer cannot travel
+                return done("ok", f"the returned value cannot be sent back ({type(exc).__name__})")
+            return done("ok", value=value)
+        from gemmgen.measure.checking import check
+        from gemmgen.measure.timing import time as time_kernel
+
+        checked = check(kernel, job.problem, seed=job.seed).to_dict() if job.check else None
+        if checked is not None and not checked["passed"]:
+            return done("failed_check", "; ".join(checked["failures"]), check=checked)
+        timed = None
+        if job.mode is not None:
+            timed = time_kernel(kernel, job.problem, job.mode, options=job.timing).to_dict()
+        return done("ok", check=checked, timing=timed)
+    except Exception as exc:  # noqa: BLE001 - a failed trial, reported, never the worker's end
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return done("error", last)
+
+
+def _serve(conn, gpu: bool) -> None:
+    if gpu:
+        import torch
+
+        torch.cuda.init()
+        torch.ones(1, device="cuda").sum().item()
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        result = _execute(job)
+        healthy = _cuda_healthy()
+        if not healthy:
+            result = TrialResult(job.name, "crash", "CUDA context poisoned (illegal address or similar): "
+                                 + result.message, result.check, result.timing, result.wall_s)
+        conn.send((result, healthy))
+        if not healthy:
+            return          # retire: the parent starts a fresh worker for the next job
+
+
+# ---- the parent side ----------------------------------------------------------------------
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Runner:
+    """Runs jobs in a worker process; a hang, crash or poisoned context costs one trial.
+
+        with Runner(timeout_s=60) as runner:
+            result = runner.run(Job("k0", load_backend, ("triton", artifact, text), problem))
+    """
+
+    def __init__(self, *, timeout_s: float = 120.0, gpu: bool = True, startup_timeout_s: float = 180.0):
+        self.timeout_s = timeout_s
+        self.gpu = gpu
+        self.startup_timeout_s = startup_timeout_s
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc = None
+        self._conn = None
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(child, self.gpu), name="gemmgen-worker")
+        proc.start()
+        child.close()   # only the worker holds it now: its death reads as EOF here
+        if not parent.poll(self.startup_timeout_s):
+            proc.kill()
+            proc.join(5)
+            raise MeasureError(f"the measurement worker did not start within {self.startup_timeout_s:.0f} s")
+        try:
+            parent.recv()
+        except EOFError:
+            proc.join(5)
+            raise MeasureError(f"the measurement worker died at start ({_describe_exit(proc.exitcode)})") from None
+        self._proc, self._conn = proc, parent
+
+    def _retire(self, kill: bool, replaced: bool = True) -> Optional[int]:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if proc is None:
+            return None
+        if kill and proc.is_alive():
+            proc.kill()
+        proc.join(10)
+        if conn is not None:
+            conn.close()
+        self.restarts += int(replaced)
+        return proc.exitcode
+
+    def run(self, job: Job) -> TrialResult:
+        try:
+            payload = pickle.dumps(job)
+        except Exception as exc:  # noqa: BLE001
+            raise MeasureError(f"job {job.name!r} cannot be sent to a worker: {exc}; "
+                               "its load function must be a module-level function") from None
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self._retire(kill=True)
+            self._start()
+        start = _clock.perf_counter()
+        self._conn.send_bytes(payload)
+        limit = job.timeout_s or self.timeout_s
+        if not self._conn.poll(limit):
+            self._retire(kill=True)
+            return TrialResult(job.name, "timeout", f"no answer within {limit:g} s; the worker was killed and replaced",
+                               wall_s=_clock.perf_counter() - start)
+        try:
+            result, healthy = self._conn.recv()
+        except (EOFError, OSError):
+            code = self._retire(kill=True)
+            return TrialResult(job.name, "crash", f"the worker died ({_describe_exit(code)}); replaced",
+                               wall_s=_clock.perf_counter() - start, exitcode=code)
+        if not healthy:
+            self._retire(kill=False)
+        return result
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+            self._proc.join(5)
+        if self._proc is not None:
+            self._retire(kill=True, replaced=False)
+
+
+__all__ = ["Job", "Runner", "STATUSES", "TrialResult", "load_backend", "load_named"]
