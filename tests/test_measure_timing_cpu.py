@@ -35,7 +35,10 @@ def trace():
     annotation span), call 1 (a library launch with no torch op: linked id 0, plus a memset
     from inside the range), call 0 again (launched nothing)."""
     return [
-        Ev("aten::zero_", CPU, 0, 10, corr=1),
+        Ev("aten::empty", CPU, 0, 1, corr=20),
+        Ev("stray_fill_kernel", GPU, 5, 8, linked=20),                  # outside every range: ignored
+        Ev("gemmgen.flush", CPU, 1, 10, corr=11),
+        Ev("aten::zero_", CPU, 1, 10, corr=1),
         Ev("aten::fill_", CPU, 1, 9, corr=2),
         Ev("cudaLaunchKernel", CPU, 2, 4, corr=900, linked=2),
         Ev("fill_kernel", GPU, 20, 60, linked=2),                       # flush: a marker
@@ -43,6 +46,7 @@ def trace():
         Ev("aten::mm", CPU, 110, 190, corr=4),
         Ev("gemm_kernel", GPU, 300, 340, linked=4),
         Ev("gemmgen.call.0", GPU, 300, 340, linked=3, kind="gpu_user_annotation", annotation=True),
+        Ev("gemmgen.flush", CPU, 210, 221, corr=12),
         Ev("aten::zero_", CPU, 210, 220, corr=5),
         Ev("fill_kernel", GPU, 350, 390, linked=5),
         Ev("gemmgen.call.1", CPU, 230, 260, corr=6),
@@ -51,6 +55,7 @@ def trace():
         Ev("cublasLt_kernel", GPU, 400, 470, linked=0),                 # placed by GPU time
         Ev("Memset (Device)", GPU, 470, 475, linked=6, kind="gpu_memset"),
         Ev("Stream Sync", GPU, 480, 490, linked=6, kind="cuda_sync"),
+        Ev("gemmgen.flush", CPU, 265, 269, corr=13),
         Ev("aten::zero_", CPU, 265, 268, corr=7),
         Ev("fill_kernel", GPU, 500, 540, linked=7),
         Ev("gemmgen.call.0", CPU, 270, 280, corr=8),

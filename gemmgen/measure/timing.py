@@ -39,6 +39,7 @@ from gemmgen.measure.numerics import median, quantile
 
 MODES = ("offline", "server", "warm")
 _CALL = "gemmgen.call."
+_FLUSH = "gemmgen.flush"
 
 
 @dataclass(frozen=True)
@@ -213,15 +214,18 @@ def attribute_activities(events) -> dict[int, list[list[tuple[str, int]]]]:
     Two links, because CUPTI gives two kinds of launches. (1) A launch from inside a torch
     op (aten::mm ...) carries that op's correlation id: the op lies inside exactly one call
     range, found by its start time. (2) A launch from plain library code (cuBLASLt through
-    nvmath, a driver-API launcher) may carry none: it is placed by GPU time, between the
-    marker before its call and the next one. Markers are the GPU work of ops launched
-    outside every range: one L2 flush (or one tiny fill in warm mode) before each call.
+    nvmath, a driver-API launcher) may carry none: it is placed by GPU time, after the
+    marker of its call. Markers are the GPU work of the `gemmgen.flush` range before each
+    call (the L2 flush, or a tiny fill in warm mode); each flush range belongs to the first
+    call range that starts after it ends. GPU work of ops outside every range (allocations,
+    the profiler's own) is neither counted nor taken for a marker.
     Pure over the raw kineto events, so it is tested with stand-ins on CPU.
     """
     from torch.autograd import DeviceType
 
     op_start: dict[int, int] = {}
     ranges: list[tuple[int, int, int]] = []
+    flushes: list[tuple[int, int]] = []
     device: list[tuple[int, int, int, str]] = []
     for ev in events:
         if ev.device_type() == DeviceType.CPU:
@@ -232,36 +236,49 @@ def attribute_activities(events) -> dict[int, list[list[tuple[str, int]]]]:
             name = ev.name()
             if name.startswith(_CALL):
                 ranges.append((start, _ns(ev, "end"), int(name[len(_CALL):])))
+            elif name == _FLUSH:
+                flushes.append((start, _ns(ev, "end")))
         elif _is_device_work(ev):
             device.append((ev.linked_correlation_id(), _ns(ev, "start"), _ns(ev, "duration"), ev.name()))
     ranges.sort()
+    flushes.sort()
     starts = [r[0] for r in ranges]
+    flush_starts = [f[0] for f in flushes]
 
-    def range_of(cpu_start: int):
-        j = bisect.bisect_right(starts, cpu_start) - 1
-        return j if j >= 0 and cpu_start <= ranges[j][1] else None
+    def enclosing(spans, span_starts, cpu_start: int):
+        j = bisect.bisect_right(span_starts, cpu_start) - 1
+        return j if j >= 0 and cpu_start <= spans[j][1] else None
 
     per_range: list[list[tuple[int, str, int]]] = [[] for _ in ranges]
-    marker_start: dict[int, int] = {}
+    marker_start: dict[int, int] = {}     # flush index -> GPU start of its first activity
     orphans = []
     for corr, gpu_start, dur, name in device:
         cpu_start = op_start.get(corr) if corr else None
         if cpu_start is None:
             orphans.append((gpu_start, dur, name))
             continue
-        j = range_of(cpu_start)
-        if j is None:
-            marker_start[corr] = min(gpu_start, marker_start.get(corr, gpu_start))
-        else:
+        j = enclosing(ranges, starts, cpu_start)
+        if j is not None:
             per_range[j].append((gpu_start, name, dur))
-    markers = sorted(marker_start.values())
-    if orphans and len(markers) != len(ranges):
-        raise MeasureError(f"cannot place {len(orphans)} GPU activities launched outside torch ops: "
-                           f"{len(markers)} markers for {len(ranges)} calls")
-    for gpu_start, dur, name in orphans:
-        k = bisect.bisect_right(markers, gpu_start) - 1
-        if k >= 0:
-            per_range[k].append((gpu_start, name, dur))
+            continue
+        f = enclosing(flushes, flush_starts, cpu_start)
+        if f is not None:
+            marker_start[f] = min(gpu_start, marker_start.get(f, gpu_start))
+    if orphans:
+        markers = []                      # (GPU start, index of the call range it precedes)
+        for f, gpu_start in marker_start.items():
+            j = bisect.bisect_left(starts, flushes[f][1])
+            if j < len(ranges):
+                markers.append((gpu_start, j))
+        markers.sort()
+        if len(markers) != len(ranges):
+            raise MeasureError(f"cannot place {len(orphans)} GPU activities launched outside torch ops: "
+                               f"{len(markers)} flush markers for {len(ranges)} calls")
+        marker_times = [m[0] for m in markers]
+        for gpu_start, dur, name in orphans:
+            k = bisect.bisect_right(marker_times, gpu_start) - 1
+            if k >= 0:
+                per_range[markers[k][1]].append((gpu_start, name, dur))
     calls: dict[int, list[list[tuple[str, int]]]] = {}
     for (_, _, index), acts in zip(ranges, per_range):
         calls.setdefault(index, []).append([(name, dur) for _, name, dur in sorted(acts)])
@@ -273,6 +290,8 @@ def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, t
     by its flush (warm mode: a 1-element fill, so every call still has its marker)."""
     import torch
 
+    from torch.profiler import record_function
+
     rng = random.Random(options.seed)
     marker = torch.zeros(1, device="cuda")
     before = flush if mode != "warm" else marker.zero_
@@ -280,7 +299,8 @@ def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, t
         order = [i for i, e in enumerate(entries) if rep < e.reps and e.error is None]
         rng.shuffle(order)
         for i in order:
-            before()
+            with record_function(_FLUSH):
+                before()
             if mode == "server":
                 torch.cuda.synchronize()
                 _gap(rng, options)
