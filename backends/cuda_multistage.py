@@ -1,0 +1,187 @@
+"""The multistage family: cp.async + ldmatrix + mma.sync m16n8k16 (sm_80 style, run on sm_90a).
+
+`rules` says what this family refuses (the validator reads it through
+SUPPORT.extra_rules), `defines` fixes the program's decisions for the C
+template, `geometry` is what the loader needs to launch it.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+from gemmgen.dsl.ir import Program
+from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
+
+MAX_SMEM = 227 * 1024
+MAX_ACC_PER_THREAD = 128      # fp32 accumulators per thread before ptxas spills
+ENTRY = "gemm_multistage"
+REDUCE_ENTRY = "splitk_reduce"
+
+
+def stages_of(program: Program) -> int:
+    """The program's stage count, or the deepest ring (<= 4) that fits when `auto`."""
+    if program.stages is not None:
+        return program.stages
+    per_stage = smem_per_stage(program)
+    return max(2, min(4, MAX_SMEM // per_stage))
+
+
+def smem_per_stage(program: Program) -> int:
+    t = program.tile
+    return (t.m + t.n) * t.k * 2
+
+
+def smem_bytes(program: Program) -> int:
+    return stages_of(program) * smem_per_stage(program)
+
+
+def rules(program: Program) -> list[tuple[str, str]]:
+    """What this family cannot build, as (program field, what to change)."""
+    out: list[tuple[str, str]] = []
+    t, (wm, wn) = program.tile, program.warps
+    p = program.problem
+    if program.instr is not None and (program.instr.kind, program.instr.m, program.instr.n, program.instr.k) != ("mma", 16, 8, 16):
+        out.append(("instr", "mainloop multistage issues mma.sync m16n8k16: write `instr mma 16x8x16` or `instr auto`"))
+    if program.scheduler != "tile":
+        out.append(("scheduler", "mainloop multistage launches one CTA per tile: write `scheduler tile`"))
+    if program.cluster != (1, 1):
+        out.append(("cluster", "mainloop multistage has no clusters: write `cluster 1x1`"))
+    if program.smem_swizzle is not None:
+        out.append(("smem_swizzle", "mainloop multistage always XOR-swizzles its 16-byte chunks: write `smem_swizzle auto`"))
+    if t.k not in (32, 64):
+        out.append(("tile", f"tile K must be 32 or 64 for mainloop multistage, not {t.k}"))
+    if wm * wn not in (4, 8):
+        out.append(("warps", f"mainloop multistage runs 4 or 8 warps; {wm}x{wn} is {wm * wn}"))
+    if wm < 1 or wn < 1 or t.m % (16 * wm) or t.n % (16 * wn):
+        out.append(("warps", f"each warp's tile must be a multiple of 16x16: tile {t.m}x{t.n} over warps {wm}x{wn} is not"))
+    elif (t.m // wm) * (t.n // wn) // 32 > MAX_ACC_PER_THREAD:
+        out.append(("warps", f"a {t.m // wm}x{t.n // wn} warp tile needs {(t.m // wm) * (t.n // wn) // 32} fp32 accumulators "
+                             f"per thread (at most {MAX_ACC_PER_THREAD}); use more warps or a smaller tile"))
+    if t.m % 64 or t.n % 64 or t.m > 256 or t.n > 256:
+        out.append(("tile", f"mainloop multistage takes tile M and N in 64, 128, 192, 256; not {t.m}x{t.n}"))
+    if program.stages is not None and program.stages < 2:
+        out.append(("stages", "mainloop multistage needs at least 2 stages"))
+    if smem_bytes(program) > MAX_SMEM:
+        out.append(("stages", f"{stages_of(program)} stages of a {t.m}x{t.n}x{t.k} tile need {smem_bytes(program)} bytes of "
+                              f"shared memory, over the {MAX_SMEM} an sm_90a CTA may use; use fewer stages"))
+    # 16-byte cp.async copies need every row of A and B to start 16-byte aligned.
+    if p.is_bound:
+        a_lead = p.k if p.a_major == "row" else p.m
+        b_lead = p.k if p.b_major == "col" else p.n
+        if a_lead % 8:
+            dim = "K" if p.a_major == "row" else "M"
+            out.append(("gemm", f"A is {p.a_major}-major so its rows are {dim}={a_lead} fp16 long; 16-byte cp.async needs "
+                                f"{dim} to be a multiple of 8 (pad {dim}, or use backend triton)"))
+        if b_lead % 8:
+            dim = "K" if p.b_major == "col" else "N"
+            out.append(("gemm", f"B is {p.b_major}-major so its rows are {dim}={b_lead} fp16 long; 16-byte cp.async needs "
+                                f"{dim} to be a multiple of 8 (pad {dim}, or use backend triton)"))
+        if program.split_k > 1 and program.split_k > math.ceil(p.k / t.k):
+            out.append(("split_k", f"split_k {program.split_k} exceeds the {math.ceil(p.k / t.k)} K tiles of K={p.k}"))
+    return out
+
+
+def defines(program: Program) -> dict[str, int]:
+    t = program.tile
+    d = {
+        "BM": t.m, "BN": t.n, "BK": t.k,
+        "WARPS_M": program.warps[0], "WARPS_N": program.warps[1],
+        "STAGES": stages_of(program),
+        "SPLIT_K": program.split_k,
+        "SPLIT_ATOMIC": int(program.split_k > 1 and program.split_k_reduce == "atomic"),
+    }
+    d.update(layout_defines(program))
+    d.update(epilogue_defines(program))
+    return d
+
+
+def lower_text(program: Program) -> str:
+    return assemble(program, defines(program), "multistage.cu")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Everything the launcher needs besides the problem's M, N, K."""
+
+    threads: int
+    smem: int
+    tile_m: int
+    tile_n: int
+    split_k: int
+    atomic: bool
+
+
+def geometry(program: Program) -> Geometry:
+    return Geometry(threads=32 * program.num_warps, smem=smem_bytes(program),
+                    tile_m=program.tile.m, tile_n=program.tile.n, split_k=program.split_k,
+                    atomic=program.split_k > 1 and program.split_k_reduce == "atomic")
+
+
+def entries(program: Program) -> tuple[str, ...]:
+    if program.split_k > 1 and program.split_k_reduce == "workspace":
+        return (ENTRY, REDUCE_ENTRY)
+    return (ENTRY,)
+
+
+class MultistageLauncher:
+    """Runs one multistage program: fn(a, b, out, *, bias, residual, c, alpha, beta)."""
+
+    def __init__(self, artifact, program: Program):
+        from gemmgen.backends import cuda_launch as L
+        import torch
+        self.program = program
+        self.geo = geometry(program)
+        self.check = L.OperandCheck(program)
+        self.device = torch.cuda.current_device()
+        names = entries(program)
+        self.funcs = L.load_functions(artifact.key, artifact.data, names, self.device, self.geo.smem)
+        self.gemm_args, self.epi_args = L.GemmArgs(), L.EpilogueArgs()
+        self.pack = L.ArgPack(self.gemm_args, self.epi_args)
+        self._reduce_m, self._reduce_n = ctypes.c_int(), ctypes.c_int()
+        self._reduce_ws = ctypes.c_void_p()
+        self.reduce_pack = L.ArgPack(self._reduce_ws, self._reduce_m, self._reduce_n, self.epi_args)
+        self._workspaces: dict = {}
+
+    def _workspace(self, M: int, N: int, device):
+        """fp32 partials (and arrival counters when atomic), made once per output shape."""
+        import torch
+        key = (M, N, device)
+        ws = self._workspaces.get(key)
+        if ws is None:
+            g = self.geo
+            if g.atomic:
+                tiles = math.ceil(M / g.tile_m) * math.ceil(N / g.tile_n)
+                ws = (torch.zeros(M * N, dtype=torch.float32, device=device),
+                      torch.zeros(tiles, dtype=torch.int32, device=device))
+            else:
+                ws = (torch.empty(g.split_k * M * N, dtype=torch.float32, device=device), None)
+            self._workspaces[key] = ws
+        return ws
+
+    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+        import torch
+        from gemmgen.backends import cuda_launch as L
+        M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
+        if M == 0 or N == 0:
+            return out
+        g, ga = self.geo, self.gemm_args
+        ga.a, ga.ld_a, ga.b, ga.ld_b = a.data_ptr(), ld_a, b.data_ptr(), ld_b
+        ga.M, ga.N, ga.K = M, N, K
+        if g.split_k > 1:
+            ws, counters = self._workspace(M, N, a.device)
+            ga.workspace = ws.data_ptr()
+            ga.counters = counters.data_ptr() if counters is not None else None
+        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        tiles = math.ceil(M / g.tile_m) * math.ceil(N / g.tile_n)
+        L.launch(self.funcs[ENTRY], (tiles, 1, g.split_k), g.threads, g.smem, stream, self.pack)
+        if g.split_k > 1 and not g.atomic:
+            self._reduce_ws.value, self._reduce_m.value, self._reduce_n.value = ga.workspace, M, N
+            blocks = min(math.ceil(M * N / 256), 132 * 16)
+            L.launch(self.funcs[REDUCE_ENTRY], (blocks, 1, 1), 256, 0, stream, self.reduce_pack)
+        return out
+
+
+def launcher(artifact, program: Program) -> MultistageLauncher:
+    return MultistageLauncher(artifact, program)

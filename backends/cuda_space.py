@@ -1,0 +1,140 @@
+"""The search space an expert would enumerate for the raw CUDA backend, best first.
+
+A coarse cost model orders the candidates (waves, tile efficiency, K-loop
+latency, split-K traffic); it only ranks, the GPU measurement decides. The
+model's rates are leads from the H200 notes (CUDA_NOTES.md), not measurements
+of these kernels.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from gemmgen.dsl.ir import Instr, Problem, Program, Tile
+
+SMS = 132
+MMA_SYNC_RATE = 620e12        # what mma.sync kernels reach on Hopper at best
+WGMMA_RATE = 800e12           # best hand-written wgmma GEMMs
+DRAM_RATE = 4.0e12
+L2_RATE = 10e12             # operand bytes per second L2 feeds all SMs together
+LAUNCH_S = 2.5e-6
+MAX_SMEM = 227 * 1024
+
+# (tile M, tile N) -> fraction of the instruction rate a CTA of that tile sustains
+_MS_TILE_EFF = {(64, 64): 0.45, (64, 128): 0.62, (128, 64): 0.62, (128, 128): 0.82, (128, 256): 0.92,
+                (256, 128): 0.9}
+_WS_TILE_EFF = {("ws_cooperative", 128, 128): 0.78, ("ws_cooperative", 128, 256): 0.95,
+                ("ws_cooperative", 256, 128): 0.93, ("ws_pingpong", 128, 128): 0.9, ("ws_pingpong", 64, 256): 0.88}
+
+
+def _bound(problem: Problem) -> Problem:
+    if not problem.is_bound:
+        return problem.with_shape(problem.m or 4096, problem.n or 4096, problem.k or 4096)
+    return problem
+
+
+def _multistage(problem: Problem) -> list[Program]:
+    from gemmgen.backends import cuda_multistage as ms
+    p = _bound(problem)
+    out = []
+    k_tiles_64 = math.ceil(p.k / 64)
+    splits = [1]
+    tiles_min = math.ceil(p.m / 128) * math.ceil(p.n / 128)
+    if tiles_min < SMS // 2 and p.k >= 1024:     # small M*N, long K: fill the machine along K
+        splits += [s for s in (2, 3, 4, 6, 8, 12, 16) if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
+    for (tm, tn) in ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128)):
+        for tk in (32, 64):
+            for warps in ((2, 2), (2, 4), (4, 2)):
+                for stages in (3, 4, 5):
+                    for split in splits:
+                        prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
+                                       mainloop="multistage", instr=Instr("mma", 16, 8, 16), stages=stages,
+                                       scheduler="tile", raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
+                                       split_k=split, split_k_reduce="workspace")
+                        if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
+                            out.append(prog)
+    return out
+
+
+def _hopper(problem: Problem) -> list[Program]:
+    try:
+        from gemmgen.backends import cuda_hopper as hop
+    except ImportError:
+        return []
+    p = _bound(problem)
+    out = []
+    shapes = [("ws_cooperative", tm, tn, (8, 1)) for tm, tn in ((128, 128), (128, 256), (256, 128))]
+    shapes += [("ws_pingpong", tm, tn, (4, 1)) for tm, tn in ((128, 128), (64, 256))]
+    for mainloop, tm, tn, warps in shapes:
+        wg_n = tn // warps[1]
+        for stages in (3, 4, 5, 6):
+            for cluster in ((1, 1), (2, 1)):
+                prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, 64), warps=warps,
+                               mainloop=mainloop, instr=Instr("wgmma", 64, wg_n, 16),
+                               cluster=cluster, stages=stages, scheduler="persistent", raster="m",
+                               swizzle=8 if p.m >= p.n else 4, smem_swizzle=128)
+                if not hop.rules(prog.bind(p) if not problem.is_bound else prog):
+                    out.append(prog)
+    return out
+
+
+def estimate_seconds(program: Program, problem: Problem) -> float:
+    """A ranking model: time of the waves of CTAs plus start-up and K-loop latency."""
+    p, t = problem, program.tile
+    ws = program.mainloop != "multistage"
+    tiles = math.ceil(p.m / t.m) * math.ceil(p.n / t.n)
+    ctas = tiles * program.split_k
+    k_iters = math.ceil(math.ceil(p.k / t.k) / program.split_k)
+    eff = _WS_TILE_EFF.get((program.mainloop, t.m, t.n), 0.6) if ws else _MS_TILE_EFF.get((t.m, t.n), 0.6)
+    rate_per_sm = (WGMMA_RATE if ws else MMA_SYNC_RATE) * eff / SMS
+    if ws:   # persistent: tiles spread over the SMs, the last partial wave costs what it holds
+        waves = tiles / SMS
+        waves = math.floor(waves) + (1.0 if waves % 1 else 0.0)
+    else:
+        waves = math.ceil(ctas / SMS)
+    compute = waves * 2 * t.m * t.n * k_iters * t.k / rate_per_sm
+    moved = p.bytes + (program.split_k > 1) * program.split_k * p.m * p.n * 4 * 2
+    memory = moved / DRAM_RATE
+    stages = program.stages or 3
+    latency = LAUNCH_S + (stages + 2) * 0.25e-6 + (program.split_k > 1) * 2.5e-6
+    # Each K step streams (tile M + tile N) x tile K operands through L2 into the SM;
+    # small tiles are bound by that feed rather than by the tensor cores.
+    feed = k_iters * waves * (t.m + t.n) * t.k * 2 / (L2_RATE / SMS)
+    # A shallow ring exposes load latency; multicast halves B traffic once tiles fill the chip.
+    factor = {2: 1.12, 3: 1.04}.get(program.stages or 4, 1.0)
+    if program.cluster[0] > 1:
+        factor *= 0.97 if tiles >= 2 * SMS else 1.03
+    return max(compute, memory, feed) * factor + latency
+
+
+def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
+    """Ranked, but alternating between (family, tile, split) groups so near-ties stay diverse."""
+    groups: dict[tuple, list[Program]] = {}
+    for q in sorted(programs, key=lambda q: (estimate_seconds(q.bind(problem), problem), _tiebreak(q))):
+        groups.setdefault((q.mainloop, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append(q)
+    ordered = list(groups.values())
+    out = []
+    for depth in range(max((len(g) for g in ordered), default=0)):
+        out += [g[depth] for g in ordered if depth < len(g)]
+    return out
+
+
+def _tiebreak(q: Program) -> tuple:
+    """Among equal estimates: 4 stages, then 3, then 5; wider K tiles; 8 warps for big tiles, 4 for small."""
+    warps = -q.num_warps if q.tile.m * q.tile.n >= 128 * 128 else q.num_warps
+    return ({4: 0, 3: 1, 5: 2}.get(q.stages or 4, 3), -q.tile.k, warps, q.cluster)
+
+
+def space(problem: Problem, limit: int = 40) -> list[Program]:
+    """Both families' candidates for `problem`, best first, at most `limit`.
+
+    Half the slots go to each family when both have candidates, so a search
+    always measures some of both.
+    """
+    p = _bound(problem)
+    ms = _round_robin(_multistage(problem), p)
+    hop = _round_robin(_hopper(problem), p)
+    half = limit // 2
+    take_hop = min(len(hop), max(half, limit - len(ms)))
+    chosen = ms[: limit - take_hop] + hop[:take_hop]
+    return [replace(q, spans={}) for q in chosen]

@@ -1,0 +1,189 @@
+// ---------------------------------------------------------------------------
+// Shared device helpers of the gemmgen raw CUDA backend. Self-contained: no
+// CUDA headers, so NVRTC and nvcc compile it the same way. The per-program
+// constants (tile, epilogue, majors) are defined above this text.
+// ---------------------------------------------------------------------------
+typedef unsigned short f16_bits;   // one fp16 value, as raw bits
+
+// ---- shared-memory addresses and async copies -------------------------------
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// ---- conversions between fp32 and the output/auxiliary dtype -----------------
+__device__ __forceinline__ float f16_to_f32(f16_bits h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ float bf16_to_f32(f16_bits h) {
+  float f; asm("mov.b32 %0, %1;" : "=f"(f) : "r"(((unsigned)h) << 16)); return f;
+}
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ f16_bits f32_to_f16(float f) {
+  f16_bits h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ f16_bits f32_to_bf16(float f) {
+  f16_bits h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+// Two fp32 values packed as one 32-bit pair, x0 at the lower address.
+__device__ __forceinline__ unsigned pack_f16x2(float x0, float x1) {
+  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0)); return r;
+}
+__device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0)); return r;
+}
+
+#if OUT_DTYPE_F32
+typedef float out_t;
+__device__ __forceinline__ float out_to_f32(out_t v) { return v; }
+__device__ __forceinline__ out_t f32_to_out(float v) { return v; }
+#elif OUT_DTYPE_BF16
+typedef f16_bits out_t;
+__device__ __forceinline__ float out_to_f32(out_t v) { return bf16_to_f32(v); }
+__device__ __forceinline__ out_t f32_to_out(float v) { return f32_to_bf16(v); }
+#else
+typedef f16_bits out_t;
+__device__ __forceinline__ float out_to_f32(out_t v) { return f16_to_f32(v); }
+__device__ __forceinline__ out_t f32_to_out(float v) { return f32_to_f16(v); }
+#endif
+
+// ---- the epilogue chain: out = cast(act(alpha*acc + beta*C + bias) + residual)
+struct EpilogueArgs {
+  out_t* __restrict__ out;  long long ld_out;
+  const out_t* __restrict__ c; long long ld_c;
+  const out_t* __restrict__ bias;
+  const out_t* __restrict__ residual; long long ld_residual;
+  float alpha, beta;
+};
+
+__device__ __forceinline__ float activate(float x) {
+#if ACT_RELU
+  return x > 0.f ? x : 0.f;
+#elif ACT_GELU
+  return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+#elif ACT_SILU
+  return x / (1.f + __expf(-x));
+#else
+  return x;
+#endif
+}
+
+// The value written at (row, col) for accumulator value `acc` (no bounds check).
+__device__ __forceinline__ float epilogue_value(const EpilogueArgs& e, float acc, int row, int col) {
+  float v = e.alpha * acc;
+#if HAS_BETA
+  v += e.beta * out_to_f32(e.c[(long long)row * e.ld_c + col]);
+#endif
+#if BIAS_N
+  v += out_to_f32(e.bias[col]);
+#elif BIAS_M
+  v += out_to_f32(e.bias[row]);
+#endif
+  v = activate(v);
+#if HAS_RESIDUAL
+  v += out_to_f32(e.residual[(long long)row * e.ld_residual + col]);
+#endif
+  return v;
+}
+
+// Store the epilogue of two horizontally adjacent accumulators (row, col), (row, col+1),
+// bounds-checked against M x N; one 4- or 8-byte store when both are in and aligned.
+__device__ __forceinline__ void epilogue_store_pair(const EpilogueArgs& e, float acc0, float acc1,
+                                                    int row, int col, int M, int N, bool pair_aligned) {
+  if (row >= M || col >= N) return;
+  float v0 = epilogue_value(e, acc0, row, col);
+  out_t* dst = e.out + (long long)row * e.ld_out + col;
+  if (col + 1 < N) {
+    float v1 = epilogue_value(e, acc1, row, col + 1);
+    if (pair_aligned) {
+#if OUT_DTYPE_F32
+      asm volatile("st.global.v2.f32 [%0], {%1, %2};" :: "l"(dst), "f"(v0), "f"(v1) : "memory");
+#elif OUT_DTYPE_BF16
+      *reinterpret_cast<unsigned*>(dst) = pack_bf16x2(v0, v1);
+#else
+      *reinterpret_cast<unsigned*>(dst) = pack_f16x2(v0, v1);
+#endif
+      return;
+    }
+    dst[1] = f32_to_out(v1);
+  }
+  dst[0] = f32_to_out(v0);
+}
+
+// Store 4 consecutive 8-column blocks of one output row that the 4 lanes of a quad
+// hold as tensor-core accumulators (lane q: columns 8b + 2q, 8b + 2q + 1 of block b).
+// The epilogue is applied per element, the fp16/bf16 pairs are transposed across the
+// quad with shuffles so that lane q owns all 8 columns of block q, and each lane
+// writes them as one 16-byte store (element stores at the right edge of N, or when
+// the row start is not 16-byte aligned). `col0` is the first column of block 0.
+__device__ __forceinline__ void epilogue_store_quad(const EpilogueArgs& e, const float (&acc)[4][2],
+                                                    int row, int col0, int M, int N, bool row_aligned16) {
+#if OUT_DTYPE_F32
+  const int q0 = (threadIdx.x & 3) * 2;
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+    epilogue_store_pair(e, acc[b][0], acc[b][1], row, col0 + 8 * b + q0, M, N, row_aligned16);
+#else
+  const unsigned lane = threadIdx.x & 31, q = lane & 3;
+  unsigned pair[4];  // pair[b]: this lane's two columns of block b, packed
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const int col = col0 + 8 * b + 2 * (int)q;
+    float v0 = 0.f, v1 = 0.f;
+    if (row < M && col < N) v0 = epilogue_value(e, acc[b][0], row, col);
+    if (row < M && col + 1 < N) v1 = epilogue_value(e, acc[b][1], row, col + 1);
+#if OUT_DTYPE_BF16
+    pair[b] = pack_bf16x2(v0, v1);
+#else
+    pair[b] = pack_f16x2(v0, v1);
+#endif
+  }
+  // 4x4 transpose inside the quad: in round s lane q reads lane (q+s)%4's pair of block q.
+  unsigned mine[4];  // mine[l]: columns 2l, 2l+1 of block q
+#pragma unroll
+  for (int l = 0; l < 4; ++l) mine[l] = pair[l];        // placeholder, overwritten below
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const unsigned send_block = (q - s) & 3;             // the reader (q_src - s) wants its block
+    unsigned send = pair[0];
+#pragma unroll
+    for (int b = 1; b < 4; ++b) send = (send_block == (unsigned)b) ? pair[b] : send;
+    const unsigned src = (q + s) & 3;
+    const unsigned got = __shfl_sync(0xffffffffu, send, (lane & ~3u) | src);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) mine[l] = (src == (unsigned)l) ? got : mine[l];
+  }
+  if (row >= M) return;
+  const int col = col0 + 8 * (int)q;
+  out_t* dst = e.out + (long long)row * e.ld_out + col;
+  if (row_aligned16 && col + 7 < N) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(dst), "r"(mine[0]), "r"(mine[1]), "r"(mine[2]), "r"(mine[3]) : "memory");
+    return;
+  }
+#pragma unroll
+  for (int l = 0; l < 4; ++l) {
+    if (col + 2 * l < N) dst[2 * l] = (out_t)(mine[l] & 0xffffu);
+    if (col + 2 * l + 1 < N) dst[2 * l + 1] = (out_t)(mine[l] >> 16);
+  }
+#endif
+}
+
+// ---- CTA rasterization: linear tile id -> (tile_m, tile_n) -------------------
+// RASTER_M: consecutive ids walk down M inside bands of SWIZZLE tile columns
+// (n fastest inside the band, so SWIZZLE=1 is plain column order); RASTER_N is
+// the mirror image. Banding keeps the A and B panels of neighbouring CTAs in L2.
+__device__ __forceinline__ void raster_tile(int id, int tiles_m, int tiles_n, int& tm, int& tn) {
+#if RASTER_M
+  int band_size = SWIZZLE * tiles_m;
+  int band = id / band_size, r = id - band * band_size;
+  int width = imin(SWIZZLE, tiles_n - band * SWIZZLE);
+  tm = r / width; tn = band * SWIZZLE + (r - (r / width) * width);
+#else
+  int band_size = SWIZZLE * tiles_n;
+  int band = id / band_size, r = id - band * band_size;
+  int width = imin(SWIZZLE, tiles_m - band * SWIZZLE);
+  tn = r / width; tm = band * SWIZZLE + (r - (r / width) * width);
+#endif
+}

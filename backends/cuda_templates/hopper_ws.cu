@@ -1,0 +1,284 @@
+// ---------------------------------------------------------------------------
+// Warp-specialized Hopper mainloops: one producer warpgroup
+// issues TMA loads of the A and B tiles (K- or MN-contiguous, 128B-swizzled)
+// into a STAGES-deep ring guarded by full/empty mbarriers; CONSUMERS warpgroups run wgmma m64nINSTR_Nk16 from the
+// 128B-swizzled tiles and apply the epilogue from registers. Persistent: each
+// CTA walks tiles blockIdx.x, +gridDim.x, ... in the program's raster order.
+// With CLUSTER_M == 2 the two CTAs of a cluster take vertically adjacent tiles
+// and each loads half of their shared B tile, multicast to both.
+// ---------------------------------------------------------------------------
+#define CONSUMER_THREADS (CONSUMERS * 128)
+#define THREADS (CONSUMER_THREADS + 128)
+#define WG_TILE_M (BM / WGS_M)                 // rows one consumer warpgroup owns
+#define WG_TILE_N (BN / WGS_N)                 // columns one consumer warpgroup owns
+#define M_BLOCKS (WG_TILE_M / 64)              // wgmma m64 blocks per warpgroup
+#define N_BLOCKS (WG_TILE_N / INSTR_N)         // wgmma n blocks per warpgroup
+#define ACC_PER_BLOCK (INSTR_N / 2)            // fp32 accumulators per thread per wgmma
+#define A_STAGE_BYTES (BM * BK * 2)
+#define B_STAGE_BYTES (BN * BK * 2)
+#define B_LOAD_ROWS (BN / CLUSTER_M)           // rows of B this CTA loads (and multicasts)
+#define READERS_PER_STAGE (PINGPONG ? 1 : CONSUMERS)   // consumer warpgroups reading each slot
+
+struct __align__(64) TmaDescriptor { unsigned long long opaque[16]; };
+
+struct ProblemArgs { int M, N, K; };
+
+// ---- mbarriers --------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+// Spin until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+// Arrive on the barrier at the same offset in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n"
+      " mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n"
+      :: "r"(bar), "r"(cta) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+// A consumer warp is done reading a ring slot: tell the producer of every CTA that
+// writes into it (with multicast, both CTAs of the cluster write into each other).
+__device__ __forceinline__ void release_stage(unsigned empty) {
+#if CLUSTER_M > 1
+#pragma unroll
+  for (int c = 0; c < CLUSTER_M; ++c) mbar_arrive_cluster(empty, (unsigned)c);
+#else
+  mbar_arrive(empty);
+#endif
+}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// ---- TMA: one box at (inner, outer) element coordinates, completing on `bar` -----
+__device__ __forceinline__ void tma_load(unsigned dst, const TmaDescriptor* map, unsigned bar, int inner, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar) : "memory");
+}
+// The same box written at the same offset into every CTA of `cta_mask`, completing on
+// each destination CTA's barrier at offset `bar`.
+__device__ __forceinline__ void tma_load_multicast(unsigned dst, const TmaDescriptor* map, unsigned bar,
+                                                   int inner, int outer, unsigned short cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;"
+      :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "h"(cta_mask) : "memory");
+}
+
+// ---- wgmma ------------------------------------------------------------------------
+// Shared-memory matrix descriptor (128-byte swizzle): start address >> 4 in bits
+// 0-13, leading byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45,
+// base offset 0 (every swizzle atom is 1024-byte aligned), layout 1 = 128B swizzle
+// in bits 62-63.
+__device__ __forceinline__ unsigned long long smem_descriptor(unsigned addr, unsigned lbo, unsigned sbo) {
+  unsigned long long desc = (unsigned long long)((addr & 0x3FFFF) >> 4);
+  desc |= (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16;
+  desc |= (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32;
+  desc |= 1ull << 62;
+  return desc;
+}
+
+// How one operand tile (TILE_MN x BK) sits in shared memory, and its TMA boxes.
+//  K-contiguous: one box of BK x TILE_MN; row mn is 128 bytes (BK fp16) at mn*128,
+//    8-row core groups 1024 B apart (SBO); LBO unused. Step kk*16 along K = +32 B
+//    inside the swizzle atom.
+//  MN-contiguous: TILE_MN/64 boxes of 64 (MN) x BK (K), each 64*BK*2 bytes; inside a
+//    box k row r is 128 bytes at r*128; 8-row groups along K are 1024 B apart (SBO),
+//    64-wide MN blocks are one box apart (LBO). Step kk*16 along K = +16 rows.
+template <int TILE_MN, bool K_CONTIG>
+struct OperandTile {
+  static constexpr unsigned BOX_BYTES = 64u * BK * 2u;
+  __device__ static __forceinline__ unsigned long long descriptor(unsigned stage, int mn_offset, int kk) {
+    if (K_CONTIG) return smem_descriptor(stage + mn_offset * (BK * 2) + kk * 32, 16, 1024);
+    return smem_descriptor(stage + (mn_offset / 64) * BOX_BYTES + kk * 16 * 128, BOX_BYTES, 1024);
+  }
+  // Load rows [mn0 + first_row, + rows) of the tile at k0 into the same rows of `stage`.
+  __device__ static __forceinline__ void load(unsigned stage, const TmaDescriptor* map, unsigned bar,
+                                              int mn0, int k0, int first_row, int rows, unsigned short mcast) {
+    if (K_CONTIG) {
+      unsigned dst = stage + first_row * (BK * 2);
+      if (mcast) tma_load_multicast(dst, map, bar, k0, mn0 + first_row, mcast);
+      else tma_load(dst, map, bar, k0, mn0 + first_row);
+    } else {
+      for (int blk = first_row / 64; blk < (first_row + rows) / 64; ++blk) {
+        unsigned dst = stage + blk * BOX_BYTES;
+        if (mcast) tma_load_multicast(dst, map, bar, mn0 + blk * 64, k0, mcast);
+        else tma_load(dst, map, bar, mn0 + blk * 64, k0);
+      }
+    }
+  }
+};
+using TileA = OperandTile<BM, A_K_CONTIG>;
+using TileB = OperandTile<BN, B_K_CONTIG>;
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+
+WGMMA_FUNCTION
+
+// ---- register budget of the two roles (setmaxnreg needs __launch_bounds__(.., 1))
+__device__ __forceinline__ void producer_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
+}
+__device__ __forceinline__ void consumer_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(CONSUMER_REGS));
+}
+
+// Tile `t` of this CTA's walk -> (tile_m, tile_n). Clusters walk tiles in vertical pairs.
+__device__ __forceinline__ bool tile_coords(int t, int tiles_m, int tiles_n, unsigned rank, int& tm, int& tn) {
+  const int pairs_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  if (t >= pairs_m * tiles_n) return false;
+  int pm;
+  raster_tile(t, pairs_m, tiles_n, pm, tn);
+  tm = pm * CLUSTER_M + (int)rank;
+  return true;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
+               const ProblemArgs args, const EpilogueArgs epi) {
+  extern __shared__ unsigned char smem_raw[];
+  // 128B-swizzled TMA boxes and wgmma descriptors both assume 1024-byte aligned tiles.
+  const unsigned smem_base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const unsigned smem_a = smem_base;
+  const unsigned smem_b = smem_a + STAGES * A_STAGE_BYTES;
+  const unsigned full_bar = smem_b + STAGES * B_STAGE_BYTES;   // STAGES x 8 bytes
+  const unsigned empty_bar = full_bar + STAGES * 8;             // STAGES x 8 bytes
+
+  const int M = args.M, N = args.N, K = args.K;
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int k_tiles = (K + BK - 1) / BK;
+  const unsigned rank = CLUSTER_M > 1 ? cluster_rank() : 0u;
+  const int walk_start = CLUSTER_M > 1 ? (int)(blockIdx.x / CLUSTER_M) : (int)blockIdx.x;
+  const int walk_step = CLUSTER_M > 1 ? (int)(gridDim.x / CLUSTER_M) : (int)gridDim.x;
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, 1);                                  // the producer's expect_tx
+      mbar_init(empty_bar + 8 * s, READERS_PER_STAGE * 4 * CLUSTER_M);  // each reading warp, cluster-wide
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (CLUSTER_M > 1) cluster_sync();   // peers' barriers exist before anyone multicasts into them
+
+  if (warpgroup == 0) {
+    // ------------------------------- producer -----------------------------------
+    producer_registers();
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];" :: "l"(&tmap_a) : "memory");
+      asm volatile("prefetch.tensormap [%0];" :: "l"(&tmap_b) : "memory");
+      int stage = 0; unsigned phase = 0;
+      int tm, tn;
+      for (int t = walk_start; tile_coords(t, tiles_m, tiles_n, rank, tm, tn); t += walk_step) {
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          mbar_wait(empty_bar + 8 * stage, phase ^ 1);       // slot free in every CTA of the cluster
+          mbar_expect_tx(full_bar + 8 * stage, A_STAGE_BYTES + B_STAGE_BYTES);
+          TileA::load(smem_a + stage * A_STAGE_BYTES, &tmap_a, full_bar + 8 * stage, tm * BM, kt * BK, 0, BM, 0);
+          TileB::load(smem_b + stage * B_STAGE_BYTES, &tmap_b, full_bar + 8 * stage, tn * BN, kt * BK,
+                      (int)rank * B_LOAD_ROWS, B_LOAD_ROWS,
+                      CLUSTER_M > 1 ? (unsigned short)((1u << CLUSTER_M) - 1) : (unsigned short)0);
+          if (++stage == STAGES) { stage = 0; phase ^= 1; }
+        }
+      }
+    }
+  } else {
+    // ------------------------------- consumers ----------------------------------
+    consumer_registers();
+    const int consumer = warpgroup - 1;
+    const int wg_m = PINGPONG ? 0 : consumer % WGS_M, wg_n = PINGPONG ? 0 : consumer / WGS_M;
+    const int warp_in_group = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const bool pair_aligned = (epi.ld_out % 2) == 0;
+    const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
+    float acc[M_BLOCKS][N_BLOCKS][ACC_PER_BLOCK];
+    // Position in the producer's sequence of ring slots: slot = pos % STAGES, and the
+    // slot's full barrier completes its (pos / STAGES)-th phase for this use.
+    int pos = PINGPONG ? consumer * k_tiles : 0;
+    int tm, tn, walked = 0;
+    for (int t = walk_start; tile_coords(t, tiles_m, tiles_n, rank, tm, tn); t += walk_step, ++walked) {
+      if (PINGPONG && (walked & 1) != consumer) continue;
+      int prev_stage = -1;
+      for (int kt = 0; kt < k_tiles; ++kt, ++pos) {
+        const int stage = pos % STAGES;
+        mbar_wait(full_bar + 8 * stage, (unsigned)(pos / STAGES) & 1u);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+#pragma unroll
+          for (int i = 0; i < M_BLOCKS; ++i) {
+            unsigned long long da = TileA::descriptor(smem_a + stage * A_STAGE_BYTES, wg_m * WG_TILE_M + i * 64, kk);
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j) {
+              unsigned long long db = TileB::descriptor(smem_b + stage * B_STAGE_BYTES,
+                                                        wg_n * WG_TILE_N + j * INSTR_N, kk);
+              wgmma_tile(acc[i][j], da, db, (kt > 0 || kk > 0) ? 1 : 0);
+            }
+          }
+        }
+        wgmma_commit();
+        // Keep one k tile of wgmma in flight; the one before it has read its slot.
+        wgmma_wait<1>();
+        if (prev_stage >= 0 && lane == 0) release_stage(empty_bar + 8 * prev_stage);
+        prev_stage = stage;
+      }
+      wgmma_wait<0>();
+      if (prev_stage >= 0 && lane == 0) release_stage(empty_bar + 8 * prev_stage);
+      if (PINGPONG) pos += k_tiles;   // the other warpgroup's tile
+
+      // Epilogue from registers. wgmma accumulator e of block (i, j): row 16*warp + lane/4
+      // (+8 when e%4 >= 2), column 8*(e/4) + 2*(lane%4) + e%2. Four 8-column blocks at a
+      // time go out as one 16-byte store per lane (epilogue_store_quad).
+      const int row0 = tm * BM + wg_m * WG_TILE_M + warp_in_group * 16 + lane / 4;
+      const int col_base = tn * BN + wg_n * WG_TILE_N;
+#pragma unroll
+      for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j) {
+#if (INSTR_N / 8) % 4 == 0
+#pragma unroll
+          for (int g = 0; g < INSTR_N / 32; ++g)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float v[4][2];
+#pragma unroll
+              for (int b = 0; b < 4; ++b) {
+                v[b][0] = acc[i][j][4 * (4 * g + b) + 2 * h];
+                v[b][1] = acc[i][j][4 * (4 * g + b) + 2 * h + 1];
+              }
+              epilogue_store_quad(epi, v, row0 + i * 64 + 8 * h, col_base + j * INSTR_N + 32 * g, M, N,
+                                  row_aligned16);
+            }
+#else
+#pragma unroll
+          for (int e = 0; e < ACC_PER_BLOCK; e += 2)
+            epilogue_store_pair(epi, acc[i][j][e], acc[i][j][e + 1], row0 + i * 64 + ((e % 4) >= 2 ? 8 : 0),
+                                col_base + j * INSTR_N + (e / 4) * 8 + 2 * (lane % 4), M, N, pair_aligned);
+#endif
+        }
+    }
+  }
+  __syncwarp();
+  if (CLUSTER_M > 1) cluster_sync();   // no CTA leaves while its peer may still signal it
+}

@@ -1,0 +1,289 @@
+// ---------------------------------------------------------------------------
+// Multistage mainloop: cp.async global->shared copies into a STAGES-deep ring
+// of XOR-swizzled tiles, ldmatrix to registers, mma.sync m16n8k16 with fp32
+// accumulators, the epilogue chain in registers. Split-K either writes fp32
+// partials that a second kernel reduces in slice order (deterministic), or adds
+// them atomically into a workspace whose last-arriving CTA applies the epilogue.
+// ---------------------------------------------------------------------------
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define WARP_TILE_M (BM / WARPS_M)
+#define WARP_TILE_N (BN / WARPS_N)
+#define MMA_M_TILES (WARP_TILE_M / 16)
+#define MMA_N_TILES (WARP_TILE_N / 8)
+
+// A shared tile of ROWS rows x COLS fp16; its 16-byte chunks are XOR-swizzled
+// so that the 8 row addresses of one ldmatrix phase hit 8 distinct bank groups.
+template <int ROWS, int COLS>
+struct SwizzledTile {
+  static constexpr int CHUNKS = COLS / 8;                       // 16-byte chunks per row
+  static constexpr int ROWS_PER_LINE = CHUNKS >= 8 ? 1 : 8 / CHUNKS;  // rows per 128-byte line
+  static constexpr int PHASES = CHUNKS >= 8 ? 8 : CHUNKS;
+  static constexpr int ELEMS = ROWS * COLS;
+  // Offset in fp16 elements of (row, col); col is a multiple of 8 for chunk accesses.
+  __device__ static __forceinline__ int offset(int row, int col) {
+    int chunk = (col >> 3) ^ ((row / ROWS_PER_LINE) & (PHASES - 1));
+    return row * COLS + chunk * 8 + (col & 7);
+  }
+};
+
+// One operand (A or B) seen as MN x K. K_CONTIG: stored with K contiguous
+// (element (mn, k) at mn*ld + k), kept in shared memory as [MN][K] rows;
+// otherwise MN contiguous (at k*ld + mn), kept as [K][MN] rows.
+template <int TILE_MN, bool K_CONTIG>
+struct Operand {
+  using Tile = SwizzledTile<K_CONTIG ? TILE_MN : BK, K_CONTIG ? BK : TILE_MN>;
+
+  // Issue the cp.async copies of the (mn0, k0) tile into `stage`; chunks past
+  // MN or k_end are zero-filled (src-size 0), which adds nothing to the product.
+  __device__ static __forceinline__ void load(f16_bits* stage, const f16_bits* __restrict__ g, long long ld,
+                                              int mn0, int k0, int MN, int k_end, int tid) {
+    constexpr int CHUNKS = Tile::ELEMS / 8;
+    constexpr int ROW_CHUNKS = Tile::CHUNKS;
+#pragma unroll
+    for (int i = tid; i < CHUNKS; i += THREADS) {
+      int row = i / ROW_CHUNKS, col = (i % ROW_CHUNKS) * 8;
+      int mn = K_CONTIG ? mn0 + row : mn0 + col;
+      int k = K_CONTIG ? k0 + col : k0 + row;
+      bool valid = mn < MN && k < k_end;
+      const f16_bits* src = valid ? g + (K_CONTIG ? (long long)mn * ld + k : (long long)k * ld + mn) : g;
+      unsigned dst = smem_u32(stage + Tile::offset(row, col));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                   :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    }
+  }
+};
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if IN_DTYPE_BF16
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment (16 x 16, rows m) of the warp at (m_base, k_base) of an A stage.
+// ldmatrix lane l addresses row l%8 of 8x8 matrix q=l/8; the four matrices are
+// a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
+__device__ __forceinline__ void load_a_fragment(unsigned (&a)[4], const f16_bits* stage, int m_base, int k_base, int lane) {
+  using T = Operand<BM, A_K_CONTIG>::Tile;
+  int q = lane >> 3, r = lane & 7;
+#if A_K_CONTIG
+  ldmatrix_x4(a, smem_u32(stage + T::offset(m_base + r + (q & 1) * 8, k_base + (q >> 1) * 8)));
+#else
+  ldmatrix_x4_trans(a, smem_u32(stage + T::offset(k_base + r + (q >> 1) * 8, m_base + (q & 1) * 8)));
+#endif
+}
+
+// B fragments of two n8 blocks at (n_base, k_base): b[0], b[1] for n 0-7 and
+// b[2], b[3] for n 8-15, each pair being (k 0-7, k 8-15).
+__device__ __forceinline__ void load_b_fragments(unsigned (&b)[4], const f16_bits* stage, int n_base, int k_base, int lane) {
+  using T = Operand<BN, B_K_CONTIG>::Tile;
+  int q = lane >> 3, r = lane & 7;
+#if B_K_CONTIG
+  ldmatrix_x4(b, smem_u32(stage + T::offset(n_base + r + (q >> 1) * 8, k_base + (q & 1) * 8)));
+#else
+  ldmatrix_x4_trans(b, smem_u32(stage + T::offset(k_base + r + (q & 1) * 8, n_base + (q >> 1) * 8)));
+#endif
+}
+
+struct GemmArgs {
+  const f16_bits* __restrict__ a; long long ld_a;
+  const f16_bits* __restrict__ b; long long ld_b;
+  int M, N, K;
+  float* __restrict__ workspace;      // split-K: fp32 partials (SPLIT_K x M x N, or M x N when atomic)
+  unsigned* __restrict__ counters;    // split-K atomic: arrivals per output tile, left at zero
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  using OpA = Operand<BM, A_K_CONTIG>;
+  using OpB = Operand<BN, B_K_CONTIG>;
+  constexpr int A_STAGE = OpA::Tile::ELEMS, B_STAGE = OpB::Tile::ELEMS;
+  f16_bits* smem_a = reinterpret_cast<f16_bits*>(smem_raw);
+  f16_bits* smem_b = smem_a + STAGES * A_STAGE;
+
+  const int M = args.M, N = args.N, K = args.K;
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  int tile_m, tile_n;
+  raster_tile(blockIdx.x, tiles_m, tiles_n, tile_m, tile_n);
+  const int m0 = tile_m * BM, n0 = tile_n * BN;
+
+  // This CTA's K range: whole BK tiles split evenly over the SPLIT_K slices.
+  const int k_tiles_all = (K + BK - 1) / BK;
+  const int k_tiles_per_slice = (k_tiles_all + SPLIT_K - 1) / SPLIT_K;
+  const int kt_begin = imin(k_tiles_all, blockIdx.z * k_tiles_per_slice);
+  const int kt_end = imin(k_tiles_all, kt_begin + k_tiles_per_slice);
+  const int k_tiles = kt_end - kt_begin;
+  const int k_end = imin(K, kt_end * BK);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+
+  float acc[MMA_M_TILES][MMA_N_TILES][4];
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+
+  auto load_stage = [&](int kt) {  // k tile kt (relative to this slice) into its ring slot
+    if (kt < k_tiles) {
+      int slot = kt % STAGES, k0 = (kt_begin + kt) * BK;
+      OpA::load(smem_a + slot * A_STAGE, args.a, args.ld_a, m0, k0, M, k_end, tid);
+      OpB::load(smem_b + slot * B_STAGE, args.b, args.ld_b, n0, k0, N, k_end, tid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) load_stage(s);
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    // Tile kt has landed once at most STAGES-2 younger groups are in flight.
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
+    __syncthreads();  // also: every warp is done reading the slot refilled next
+    load_stage(kt + STAGES - 1);
+
+    const f16_bits* sa = smem_a + (kt % STAGES) * A_STAGE;
+    const f16_bits* sb = smem_b + (kt % STAGES) * B_STAGE;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      unsigned af[MMA_M_TILES][4];
+      unsigned bf[MMA_N_TILES / 2][4];
+#pragma unroll
+      for (int i = 0; i < MMA_M_TILES; ++i)
+        load_a_fragment(af[i], sa, warp_m * WARP_TILE_M + i * 16, kk, lane);
+#pragma unroll
+      for (int j = 0; j < MMA_N_TILES / 2; ++j)
+        load_b_fragments(bf[j], sb, warp_n * WARP_TILE_N + j * 16, kk, lane);
+#pragma unroll
+      for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+        for (int j = 0; j < MMA_N_TILES; ++j)
+          mma_16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+  // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
+  const int row_base = m0 + warp_m * WARP_TILE_M + (lane >> 2);
+  const int col_base = n0 + warp_n * WARP_TILE_N + (lane & 3) * 2;
+
+#if SPLIT_K == 1 && MMA_N_TILES % 4 == 0
+  // Four 8-column blocks at a time: one 16-byte store per lane (epilogue_store_quad).
+  const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int g = 0; g < MMA_N_TILES / 4; ++g)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[4][2];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          v[b][0] = acc[i][4 * g + b][2 * h];
+          v[b][1] = acc[i][4 * g + b][2 * h + 1];
+        }
+        epilogue_store_quad(epi, v, row_base + i * 16 + h * 8, n0 + warp_n * WARP_TILE_N + 32 * g, M, N,
+                            row_aligned16);
+      }
+#elif SPLIT_K == 1
+  const bool pair_aligned = (epi.ld_out % 2) == 0;
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        epilogue_store_pair(epi, acc[i][j][2 * h], acc[i][j][2 * h + 1],
+                            row_base + i * 16 + h * 8, col_base + j * 8, M, N, pair_aligned);
+#elif !SPLIT_ATOMIC
+  // Workspace split-K: this slice's fp32 partial tile; splitk_reduce finishes.
+  float* part = args.workspace + (long long)blockIdx.z * M * N;
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+        if (row < M && col < N) {
+          part[(long long)row * N + col] = acc[i][j][2 * h];
+          if (col + 1 < N) part[(long long)row * N + col + 1] = acc[i][j][2 * h + 1];
+        }
+      }
+#else
+  // Atomic split-K: add into the workspace; the last CTA of this tile to arrive
+  // reads the sums, applies the epilogue and leaves workspace and counter at zero.
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+        if (row < M && col < N) {
+          atomicAdd(args.workspace + (long long)row * N + col, acc[i][j][2 * h]);
+          if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, acc[i][j][2 * h + 1]);
+        }
+      }
+  __threadfence();
+  __syncthreads();
+  __shared__ unsigned is_last;
+  const int tile_id = tile_m * tiles_n + tile_n;
+  if (tid == 0) is_last = atomicAdd(args.counters + tile_id, 1u) == SPLIT_K - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+        if (row < M && col < N) {
+          float* w = args.workspace + (long long)row * N + col;
+          float s0, s1 = 0.f;
+          asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s0) : "l"(w));
+          w[0] = 0.f;
+          if (col + 1 < N) {
+            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s1) : "l"(w + 1));
+            w[1] = 0.f;
+          }
+          epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
+        }
+      }
+  if (tid == 0) args.counters[tile_id] = 0u;
+#endif
+}
+
+#if SPLIT_K > 1 && !SPLIT_ATOMIC
+// Sum the SPLIT_K partials of each element in slice order, then the epilogue.
+extern "C" __global__ void __launch_bounds__(256)
+splitk_reduce(const float* __restrict__ workspace, int M, int N, const EpilogueArgs epi) {
+  long long total = (long long)M * N;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (long long)gridDim.x * blockDim.x) {
+    float s = 0.f;
+#pragma unroll
+    for (int z = 0; z < SPLIT_K; ++z) s += workspace[z * total + idx];
+    int row = (int)(idx / N), col = (int)(idx - (long long)row * N);
+    epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, s, row, col));
+  }
+}
+#endif

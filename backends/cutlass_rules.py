@@ -1,0 +1,133 @@
+"""What the CUTLASS backend refuses, and why: each rule returns (field, message) pairs.
+
+Three kinds of rule: CUTLASS's own compile-time constraints (a static_assert
+would stop nvcc after a minute of work, so say it in a millisecond instead),
+TMA's alignment rules (checked against the bound shape), and configurations
+judged unsafe to run (hangs), each with the reason. docs/backends.md has the
+hang analysis; benchmarks/cutlass_hang_probe.py checks it on the GPU.
+"""
+from __future__ import annotations
+
+from gemmgen.dsl.ir import DTYPE_BYTES, Program
+
+SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
+MAX_ACCUMULATORS_PER_THREAD = 128  # fp32 accumulator registers per consumer thread
+SWIZZLES = (1, 2, 4, 8)  # CUTLASS rounds max_swizzle_size down to a power of two <= 8
+
+
+def _consumer_threads(program: Program) -> int:
+    # Cooperative: two consumer warpgroups share one tile; ping-pong: one per tile.
+    return 256 if program.mainloop == "ws_cooperative" else 128
+
+
+def schedule_rules(p: Program) -> list[tuple[str, str]]:
+    """Kernel-schedule constraints CUTLASS enforces with static_asserts, and sound register use."""
+    out = []
+    t = p.tile
+    cooperative = p.mainloop == "ws_cooperative"
+    if cooperative and t.m % 128:
+        out.append(("tile", f"ws_cooperative splits the tile's M over two consumer warpgroups of 64 rows "
+                            f"each, so tile M must be a multiple of 128 (got {t.m}): use tile 128x{t.n}x{t.k} "
+                            f"or mainloop ws_pingpong"))
+    if not cooperative and t.m not in (64, 128):
+        out.append(("tile", f"ws_pingpong gives each consumer warpgroup a whole tile; tile M must be 64 or 128 "
+                            f"(got {t.m}): use tile 64x{t.n}x{t.k} or mainloop ws_cooperative"))
+    if t.n % 64 or not 64 <= t.n <= 256:
+        out.append(("tile", f"tile N must be 64, 128, 192 or 256 (one wgmma spans the tile's N; got {t.n})"))
+    if t.k not in (32, 64, 128):
+        out.append(("tile", f"tile K must be 32, 64 or 128 (got {t.k}); 64 gives 128-byte swizzled rows"))
+    accumulators = t.m * t.n // _consumer_threads(p)
+    if accumulators > MAX_ACCUMULATORS_PER_THREAD:
+        out.append(("tile", f"a {t.m}x{t.n} tile gives each {'cooperative' if cooperative else 'ping-pong'} "
+                            f"consumer thread {accumulators} fp32 accumulators (over {MAX_ACCUMULATORS_PER_THREAD}: "
+                            f"the 232-register budget spills); use a smaller tile"
+                            + ("" if cooperative else " or mainloop ws_cooperative")))
+    expected = (8, 1) if cooperative else (4, 1)
+    if tuple(p.warps) != expected:
+        out.append(("warps", f"{p.mainloop} fixes its consumer warps: write `warps {expected[0]}x{expected[1]}` "
+                             f"({'two warpgroups stacked along M' if cooperative else 'one warpgroup per tile'})"))
+    if p.instr is not None and (p.instr.kind, p.instr.m, p.instr.n, p.instr.k) != ("wgmma", 64, t.n, 16):
+        out.append(("instr", f"the collective builder derives the instruction from the tile: write "
+                             f"`instr wgmma 64x{t.n}x16` or `instr auto`"))
+    if not cooperative and (p.scheduler == "stream_k" or p.split_k > 1):
+        out.append(("scheduler", "ws_pingpong has no stream-K or split-K tile scheduler (CUTLASS static_asserts "
+                                 "it): use scheduler persistent with split_k 1, or mainloop ws_cooperative"))
+    if p.swizzle not in SWIZZLES:
+        out.append(("swizzle", f"swizzle must be one of {', '.join(map(str, SWIZZLES))} "
+                               f"(CUTLASS rounds it to a power of two of at most 8; got {p.swizzle})"))
+    if p.stages is not None:
+        stage_bytes = (t.m + t.n) * t.k * DTYPE_BYTES[p.problem.in_dtype]
+        # TMA epilogue: 2 stages of D (and 2 of C when read) of a (64 or 128) x 32 sub-tile.
+        epilogue_rows = 128 if cooperative else 64
+        reads_c = p.problem.epilogue.beta != 0.0 or p.problem.epilogue.residual
+        epilogue_bytes = epilogue_rows * 32 * DTYPE_BYTES[p.problem.epilogue.out_dtype] * (4 if reads_c else 2)
+        need = p.stages * stage_bytes + epilogue_bytes
+        if p.stages < 2 or need > SMEM_BYTES:
+            fit = max(2, (SMEM_BYTES - epilogue_bytes) // stage_bytes)
+            out.append(("stages", f"{p.stages} stages of a {t.m}x{t.n}x{t.k} tile need about {need // 1024} KiB "
+                                  f"of shared memory (at most {SMEM_BYTES // 1024} KiB, at least 2 stages): "
+                                  f"use stages {fit} or `stages auto`"))
+    return out
+
+
+def epilogue_rules(p: Program) -> list[tuple[str, str]]:
+    e = p.problem.epilogue
+    if e.residual and e.beta != 0.0:
+        return [("epilogue", "the CUTLASS epilogue reads one source tensor, used either as beta*C or as the "
+                             "residual: drop beta or residual (add the residual into C and keep beta)")]
+    return []
+
+
+def alignment_rules(p: Program) -> list[tuple[str, str]]:
+    """TMA needs 16-byte aligned leading dimensions; checked once M, N, K are bound."""
+    pr = p.problem
+    if not pr.is_bound:
+        return []
+    per_16_bytes = 16 // DTYPE_BYTES[pr.in_dtype]
+    out_per_16 = 16 // DTYPE_BYTES[pr.epilogue.out_dtype]
+    leading = {
+        "a": ("K" if pr.a_major == "row" else "M", pr.k if pr.a_major == "row" else pr.m, per_16_bytes),
+        "b": ("N" if pr.b_major == "row" else "K", pr.n if pr.b_major == "row" else pr.k, per_16_bytes),
+        "c": ("N" if pr.c_major == "row" else "M", pr.n if pr.c_major == "row" else pr.m, out_per_16),
+    }
+    out = []
+    for operand, (name, size, multiple) in leading.items():
+        if size % multiple:
+            major = getattr(pr, f"{operand}_major")
+            out.append(("problem", f"TMA loads and stores need 16-byte aligned rows: with {operand}={major} the "
+                                   f"leading dimension is {name}={size}, not a multiple of {multiple}; pad {name} "
+                                   f"to {size + multiple - size % multiple} or use the triton backend"))
+    if pr.epilogue.bias == "n" and pr.n % out_per_16:
+        out.append(("bias", f"bias=n is read in 16-byte vectors: N={pr.n} must be a multiple of {out_per_16}"))
+    return out
+
+
+def split_rules(p: Program) -> list[tuple[str, str]]:
+    if p.split_k > 1 and p.problem.is_bound:
+        k_tiles = -(-p.problem.k // p.tile.k)
+        if p.split_k > k_tiles:
+            return [("split_k", f"split_k {p.split_k} exceeds the {k_tiles} K-tiles of K={p.problem.k} at tile K "
+                                f"{p.tile.k}: use split_k {k_tiles} or fewer")]
+    return []
+
+
+def hang_rules(p: Program) -> list[tuple[str, str]]:
+    """Configurations judged unsafe to run: a hang costs the whole GPU session.
+
+    Stream-K and split-K fix-up make a CTA spin on a flag a peer CTA raises; that
+    is safe only if every CTA of the grid is co-resident. With clusters, how many
+    can be resident depends on how 2- or 4-CTA clusters pack into the H200's GPCs,
+    and a grid sized by SM count (CUTLASS's fallback when it is not told the
+    occupancy) can exceed it, leaving a spinning CTA waiting on one never started.
+    The wrapper asks cudaOccupancyMaxActiveClusters, but until the probe has shown
+    stream-K with clusters finishing on the H200 it stays refused.
+    """
+    size = p.cluster[0] * p.cluster[1]
+    if (p.scheduler == "stream_k" or p.split_k > 1) and size > 1:
+        return [("cluster", f"stream-K/split-K with a {p.cluster[0]}x{p.cluster[1]} cluster is refused as unsafe: "
+                            "its fix-up spins on peer CTAs and needs the whole grid co-resident, which clusters "
+                            "do not guarantee; use cluster 1x1 or scheduler persistent")]
+    return []
+
+
+RULES = (schedule_rules, epilogue_rules, alignment_rules, split_rules, hang_rules)

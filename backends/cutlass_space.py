@@ -1,0 +1,162 @@
+"""The CUTLASS search space: what an expert would try for one problem, best first.
+
+A small fixed library of builds (per operand majors and epilogue), reused for
+every shape through runtime arguments:
+
+    ws_cooperative  128x128, 128x256, 256x128 (K 64)  clusters 1x1, 2x1, 1x2  persistent
+    ws_cooperative  128x128, 128x256, 256x128 (K 64)  cluster 1x1              stream-K scheduler
+    ws_pingpong      64x128,  64x256, 128x128 (K 64)  clusters 1x1, 2x1, 1x2  persistent
+
+That is 21 builds; stages are automatic (the builder fills shared memory after
+the epilogue's carve-out). Per shape the runtime choices vary for free: raster
+order, swizzle 1/2/4/8, and on the stream-K builds the decomposition (stream-K,
+or split-K with 2-16 splits).
+
+Ordered by a waves-and-efficiency estimate (`estimate_us`): each output tile
+costs its MACs at the tensor-core peak scaled by a per-tile efficiency
+(bigger tiles reuse operands more; ping-pong hides its epilogue); tiles run in
+waves of the co-resident CTAs; stream-K spreads the last wave's work evenly at
+a fix-up cost; DRAM traffic gives a floor. It only orders; the timer decides.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from gemmgen.dsl.ir import Problem, Program, Tile
+
+SMS = 132
+PEAK_FLOPS = 989e12 * 0.80  # what a good SM90 GEMM sustains
+DRAM_BYTES_PER_S = 3.6e12
+LAUNCH_US = 3.0
+FIXUP_US = 2.0  # one stream-K/split-K partial tile written and read back
+MIN_SK_ITERS = 8  # K-iterations a stream-K unit takes at least
+
+# (mainloop, tile M, tile N) -> relative efficiency of the tile at full occupancy.
+TILES = {
+    ("ws_cooperative", 128, 256): 1.00,
+    ("ws_cooperative", 256, 128): 1.00,
+    ("ws_cooperative", 128, 128): 0.90,
+    ("ws_pingpong", 64, 256): 0.93,
+    ("ws_pingpong", 128, 128): 0.92,
+    ("ws_pingpong", 64, 128): 0.80,
+}
+CLUSTERS = ((1, 1), (2, 1), (1, 2))
+SPLITS = (2, 4, 8, 16)
+SWIZZLES = (1, 2, 4, 8)
+TILE_K = 64
+SPACE_SIZE = 40
+NEAR_BEST = 1.25  # estimates within 25 % of the best are ties
+
+
+def library(problem: Problem) -> list[Program]:
+    """The builds (one program per build key) for a problem's majors and epilogue."""
+    programs = []
+    for (mainloop, tm, tn) in TILES:
+        warps = (8, 1) if mainloop == "ws_cooperative" else (4, 1)
+        base = Program(problem=problem, backend="cutlass", tile=Tile(tm, tn, TILE_K), warps=warps,
+                       mainloop=mainloop, scheduler="persistent")
+        programs += [replace(base, cluster=c) for c in CLUSTERS]
+        if mainloop == "ws_cooperative":
+            programs.append(replace(base, scheduler="stream_k"))
+    return programs
+
+
+def _tiles(p: Program) -> tuple[int, int]:
+    pr = p.problem
+    return math.ceil(pr.m / p.tile.m), math.ceil(pr.n / p.tile.n)
+
+
+def estimate_us(p: Program) -> float:
+    """A rough time for ordering candidates (not a prediction to report)."""
+    pr = p.problem
+    tm_count, tn_count = _tiles(p)
+    tiles = tm_count * tn_count
+    eff = TILES[(p.mainloop, p.tile.m, p.tile.n)]
+    k_tiles = math.ceil(pr.k / p.tile.k)
+    # Short K leaves the pipeline no time to fill: prologue and epilogue dominate.
+    eff *= k_tiles / (k_tiles + 2.0)
+    cluster = p.cluster[0] * p.cluster[1]
+    if cluster > 1:
+        # Multicast halves one operand's L2 traffic: worth it with long K and many tiles;
+        # a grid of fewer tiles than cluster slots wastes CTAs.
+        eff *= 1.03 if k_tiles >= 16 and tiles >= SMS else 0.97
+        span_m, span_n = p.cluster
+        padded = math.ceil(tm_count / span_m) * span_m * math.ceil(tn_count / span_n) * span_n
+        tiles_eff = padded
+    else:
+        tiles_eff = tiles
+    tile_us = 2 * p.tile.m * p.tile.n * pr.k / (PEAK_FLOPS / SMS) / eff * 1e6
+    if p.split_k > 1:
+        units = tiles_eff * p.split_k
+        compute = math.ceil(units / SMS) * tile_us / p.split_k + FIXUP_US * (1 + p.split_k / 8)
+    elif p.scheduler == "stream_k":
+        # Full waves stay whole tiles; the remainder's K-iterations are spread over at most
+        # one unit per SM, each unit at least MIN_SK_ITERS long (CUTLASS's floor), and
+        # every partial tile is fixed up by its peers in turn.
+        full, rest = divmod(tiles_eff, SMS)
+        compute = full * tile_us
+        if rest:
+            iters = rest * k_tiles
+            units = max(1, min(SMS, iters // MIN_SK_ITERS))
+            peers = math.ceil(units / rest)
+            compute += math.ceil(iters / units) * tile_us / k_tiles + FIXUP_US * (1 + peers / 8)
+    else:
+        compute = math.ceil(tiles_eff / SMS) * tile_us
+    # Padding: the tile grid computes MACs beyond M and N that nobody asked for (in tile_us).
+    dram = pr.bytes / DRAM_BYTES_PER_S * 1e6
+    return max(compute, dram) + LAUNCH_US
+
+
+def _runtime_variants(p: Program) -> list[Program]:
+    """Raster and swizzle (and splits on stream-K builds) for one build: free to vary."""
+    pr = p.problem
+    tm_count, tn_count = _tiles(p)
+    raster = "m" if tm_count >= tn_count else "n"  # walk the long side within a swizzle band
+    out = [replace(p, raster=raster, swizzle=s) for s in SWIZZLES if s == 1 or min(tm_count, tn_count) >= 2 * s]
+    if p.scheduler == "stream_k":
+        k_tiles = math.ceil(pr.k / p.tile.k)
+        out += [replace(p, split_k=s, scheduler="persistent", raster=raster)
+                for s in SPLITS if s * 2 <= k_tiles and tm_count * tn_count * s <= 4 * SMS]
+    return out
+
+
+def space(problem: Problem) -> list[Program]:
+    """CUTLASS candidates for a bound problem, best first (unvalidated; see backends/cutlass.py)."""
+    from gemmgen.backends.cutlass import SUPPORT
+    from gemmgen.backends.cutlass_rules import RULES
+
+    e = problem.epilogue
+    if (problem.in_dtype not in SUPPORT.in_dtypes or e.out_dtype not in SUPPORT.out_dtypes
+            or problem.a_major not in SUPPORT.majors_a or problem.b_major not in SUPPORT.majors_b
+            or problem.c_major not in SUPPORT.majors_c or problem.acc_dtype != "f32"):
+        return []
+    if not problem.is_bound:
+        return library(problem)
+    candidates = []
+    for build in library(problem):
+        for p in _runtime_variants(build):
+            if not any(rule(p) for rule in RULES):
+                candidates.append(p)
+    candidates.sort(key=estimate_us)
+    # Near-best families first (the estimate cannot tell them apart, the timer can), then
+    # the best runtime variant of every other build, then second variants.
+    best = estimate_us(candidates[0]) if candidates else 0.0
+    leaders, families, builds = [], set(), set()
+    for p in candidates:
+        family = (p.mainloop, p.tile, "split_k" if p.split_k > 1 else p.scheduler)
+        if family not in families and estimate_us(p) <= NEAR_BEST * best:
+            leaders.append(p)
+            families.add(family)
+            builds.add(_build_of(p))
+    firsts, rest = [], []
+    for p in candidates:
+        if p in leaders:
+            continue
+        (rest if _build_of(p) in builds else firsts).append(p)
+        builds.add(_build_of(p))
+    return (leaders + firsts + rest)[:SPACE_SIZE]
+
+
+def _build_of(p: Program) -> tuple:
+    return (p.mainloop, p.tile, p.cluster, p.scheduler == "stream_k" or p.split_k > 1)

@@ -1,0 +1,153 @@
+"""CPU tests of the raw CUDA backend: lowering, sm_90a compilation, SASS, refusals, space.
+
+Compiles take seconds each on the CPU machine, so the compiled set is small:
+the shipped examples plus one program per family, cached on disk by build.py.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from gemmgen.backends import cuda
+from gemmgen.backends.cuda_compile import nvrtc_usable
+from gemmgen.dsl import diagnose, examples, parse
+from gemmgen.dsl.ir import Epilogue, Problem
+
+from cuda_backend_cases import hopper, multistage, random_multistage
+
+needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_usable(),
+                                    reason="needs nvcc or NVRTC to compile CUDA C")
+
+
+def _cuda_examples():
+    out = {}
+    for name, path in examples().items():
+        program = parse(path.read_text(), filename=path.name)
+        if program.backend == "cuda":
+            out[name] = program
+    return out
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", sorted(_cuda_examples()))
+def test_every_cuda_example_compiles_to_sm90a(name):
+    program = _cuda_examples()[name]
+    assert diagnose(program) == []
+    artifact = cuda.compile_program(program)
+    assert artifact.meta["arch"] == "sm_90a" and artifact.data[:4] == b"\x7fELF"
+    for entry in cuda.lower(program).meta["entries"]:
+        res = artifact.meta["resources"][entry]
+        assert res["spill_stores"] == 0 and res["spill_loads"] == 0, (entry, res)
+
+
+@needs_compiler
+def test_multistage_sass_has_hmma_and_no_local_memory():
+    program = multistage(Problem(4096, 4096, 4096, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+                         tile=(128, 256, 32), warps=(2, 4), stages=3)
+    report = cuda.kernel_report(cuda.compile_program(program))
+    sass, res = report["sass"], report["resources"]["gemm_multistage"]
+    # 64x64 warp tile, K32 per stage: 4 x 8 mma per 16-wide k step, 2 steps per tile.
+    assert sass["HMMA"] >= 64 and sass["LDSM"] > 0 and sass["LDGSTS"] > 0
+    assert sass["HGMMA"] == 0
+    assert sass["LDL"] == 0 and sass["STL"] == 0
+    assert res["stack_bytes"] == 0 and res["spill_stores"] == 0
+
+
+@needs_compiler
+def test_hopper_sass_has_hgmma_tma_and_no_spills():
+    program = hopper(Problem(4096, 4096, 4096, b_major="col", epilogue=Epilogue(residual=True)),
+                     tile=(128, 256, 64), stages=4, cluster=(2, 1))
+    report = cuda.kernel_report(cuda.compile_program(program))
+    sass, res = report["sass"], report["resources"]
+    assert sass["HGMMA"] > 0, sass
+    assert sass["UTMALDG"] > 0, sass
+    assert sass["LDL"] == 0 and sass["STL"] == 0
+    for entry, r in res.items():
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0 and r["stack_bytes"] == 0, (entry, r)
+
+
+@needs_compiler
+def test_pingpong_compiles_with_hgmma_and_setmaxnreg():
+    program = hopper(Problem(4096, 4096, 4096, a_major="col", b_major="row"), tile=(128, 128, 64),
+                     mainloop="ws_pingpong", warps=(4, 1), stages=5)
+    assert diagnose(program) == []
+    report = cuda.kernel_report(cuda.compile_program(program))
+    assert report["sass"]["HGMMA"] > 0 and report["sass"]["LDL"] == 0
+    assert report["resources"]["gemm_hopper_ws"]["spill_stores"] == 0
+
+
+def test_lowering_is_pure_and_carries_every_decision():
+    p = multistage(Problem(1000, 1000, 1000, a_major="col", b_major="row", epilogue=Epilogue(bias="m", activation="silu")),
+                   tile=(64, 128, 64), warps=(2, 4), stages=5, split_k=2, raster="n", swizzle=4)
+    text = cuda.lower(p).text
+    assert text == cuda.lower(p).text
+    for define in ("BM 64", "BN 128", "BK 64", "WARPS_M 2", "WARPS_N 4", "STAGES 5", "SPLIT_K 2",
+                   "A_K_CONTIG 0", "B_K_CONTIG 0", "RASTER_M 0", "SWIZZLE 4", "BIAS_M 1", "ACT_SILU 1"):
+        assert "#define " + define.split()[0] in text
+        line = next(l for l in text.splitlines() if l.startswith("#define " + define.split()[0] + " "))
+        assert line.split()[-1] == define.split()[-1], line
+    other = multistage(p.problem, tile=(64, 128, 64), warps=(2, 4), stages=4, split_k=2, raster="n", swizzle=4)
+    assert cuda.lower(other).digest != cuda.lower(p).digest
+
+
+def test_validator_refuses_misaligned_cp_async_rows_with_a_location():
+    text = "\n".join([
+        "gemm 1000x1001x512 a=row b=row c=row in=f16 acc=f32", "epilogue out=f16", "backend cuda",
+        "tile 128x128x32", "warps 2x2", "instr mma 16x8x16", "cluster 1x1", "stages 4", "mainloop multistage",
+        "scheduler tile", "raster m swizzle=8", "smem_swizzle auto", "split_k 1"])
+    found = diagnose(parse(text, filename="bad.gemm"))
+    msgs = [d for d in found if "multiple of 8" in d.message]
+    assert msgs and msgs[0].line == 1, found
+
+
+def test_validator_refuses_unaligned_tma_rows_with_a_location():
+    text = "\n".join([
+        "gemm 1001x4096x4096 a=col b=row c=row in=f16 acc=f32", "epilogue out=f16", "backend cuda",
+        "tile 128x128x64", "warps 8x1", "instr wgmma 64x128x16", "cluster 1x1", "stages 4",
+        "mainloop ws_cooperative", "scheduler persistent", "raster m swizzle=8", "smem_swizzle 128", "split_k 1"])
+    found = diagnose(parse(text, filename="tma.gemm"))
+    assert any("M=1001" in d.message and d.line > 0 for d in found), found
+
+
+@pytest.mark.parametrize("majors", [("col", "row"), ("row", "row")])
+def test_hopper_mn_contiguous_operands_lower_with_the_transpose_bits(majors):
+    a_major, b_major = majors
+    p = hopper(Problem(4096, 4096, 4096, a_major=a_major, b_major=b_major), tile=(128, 256, 64), stages=4)
+    assert cuda._family_rules(p) == []
+    text = cuda.lower(p).text
+    assert f"p, 1, 1, {int(a_major == 'col')}, {int(b_major == 'row')};" in text
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (dict(tile=(128, 128, 128)), "tile", "tile K must be 32 or 64"),
+    (dict(tile=(128, 256, 32), warps=(2, 2)), "warps", "accumulators"),
+    (dict(stages=5, tile=(128, 256, 64), warps=(2, 4)), "stages", "shared memory"),
+])
+def test_multistage_rules_refuse_what_the_template_cannot_build(change, field, words):
+    p = multistage(Problem(4096, 4096, 4096), **change)
+    found = cuda._family_rules(p)
+    assert any(f == field and words in m for f, m in found), found
+    with pytest.raises(cuda.BackendError):
+        cuda.lower(p)
+
+
+def test_space_is_ranked_valid_and_bounded():
+    for shape in ((4096, 4096, 4096), (256, 256, 8192), (1000, 1000, 1000), (16, 4096, 4096)):
+        problem = Problem(*shape, b_major="col")
+        programs = cuda.space(problem)
+        assert 10 <= len(programs) <= 40
+        for p in programs:
+            assert p.backend == "cuda" and not cuda._family_rules(p), p
+            assert diagnose(p) == [], (p, diagnose(p))
+        if shape == (256, 256, 8192):
+            assert any(p.split_k > 1 for p in programs[:5])
+        if shape == (4096, 4096, 4096):
+            assert {p.mainloop for p in programs} == {"multistage", "ws_cooperative", "ws_pingpong"}
+
+
+def test_random_cases_are_valid_programs():
+    programs = random_multistage(24)
+    assert sum(1 for p in programs if cuda._family_rules(p) == [] and diagnose(p) == []) >= 20
+    assert {p.problem.a_major for p in programs} == {"row", "col"}
+    assert any(p.split_k > 1 for p in programs) and any(p.problem.m % 8 for p in programs)

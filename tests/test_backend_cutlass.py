@@ -1,0 +1,245 @@
+"""CPU tests of the CUTLASS backend: lowering, build keys, refusals, the search space,
+and one real nvcc build of one instance to a library that loads (no GPU needed)."""
+from __future__ import annotations
+
+import ctypes
+import csv
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gemmgen.backends import cutlass
+from gemmgen.backends.cutlass_emit import instance_spec, runtime_args
+from gemmgen.dsl import diagnose, examples, parse, validate
+from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "benchmarks" / "shapes" / "cudal2_sample100.csv"
+
+
+def _program(problem=None, **kw) -> Program:
+    defaults = dict(backend="cutlass", tile=Tile(128, 256, 64), warps=(8, 1), mainloop="ws_cooperative",
+                    scheduler="persistent")
+    defaults.update(kw)
+    return Program(problem=problem or Problem(4096, 4096, 4096, "row", "col"), **defaults)
+
+
+def _collective(text: str, which: str) -> str:
+    """The text of the epilogue or mainloop CollectiveBuilder instantiation."""
+    m = re.search(rf"_{which} =\s*typename (.*?)>::CollectiveOp;", text, re.S)
+    assert m, f"no {which} collective in the source"
+    return m.group(1)
+
+
+CUTLASS_EXAMPLES = {name: path for name, path in examples().items()
+                    if parse(path.read_text(), filename=name).backend == "cutlass"}
+
+
+def test_there_are_cutlass_examples():
+    assert len(CUTLASS_EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize("name", sorted(CUTLASS_EXAMPLES))
+def test_every_cutlass_example_validates_and_lowers(name):
+    program = validate(parse(CUTLASS_EXAMPLES[name].read_text(), filename=name))
+    source = cutlass.lower(program)
+    t = program.tile
+    mainloop = _collective(source.text, "mainloop")
+    assert f"cute::Shape<cute::_{t.m}, cute::_{t.n}, cute::_{t.k}>" in mainloop
+    assert f"cute::Shape<cute::_{program.cluster[0]}, cute::_{program.cluster[1]}, cute::_1>" in mainloop
+    schedule = {"ws_cooperative": "KernelTmaWarpSpecializedCooperative",
+                "ws_pingpong": "KernelTmaWarpSpecializedPingpong"}[program.mainloop]
+    assert f"cutlass::gemm::{schedule}" in mainloop
+    scheduler = "StreamKScheduler" if program.scheduler == "stream_k" else "PersistentScheduler"
+    assert f"cutlass::gemm::{scheduler}>" in source.text
+    if program.stages is None:
+        assert "StageCountAutoCarveout" in mainloop
+    else:
+        assert f"StageCount<{program.stages}>" in mainloop
+    assert 'extern "C" int gg_run(' in source.text
+    assert source.entry == "gg_run"
+
+
+def test_tile_is_per_cta_and_cluster_multiplies_the_grid():
+    # The SM90 builders read TileShape as one CTA's tile; a 2x1 cluster must not double it.
+    text = cutlass.lower(_program(cluster=(2, 1))).text
+    for which in ("mainloop", "epilogue"):
+        body = _collective(text, which)
+        assert "cute::Shape<cute::_128, cute::_256, cute::_64>" in body
+        assert "cute::Shape<cute::_256, cute::_256" not in body
+        assert "cute::Shape<cute::_2, cute::_1, cute::_1>" in body
+
+
+@pytest.mark.parametrize("a_major,b_major,layout_a,layout_b", [
+    ("row", "col", "RowMajor", "ColumnMajor"),    # x @ W.T
+    ("row", "row", "RowMajor", "RowMajor"),
+    ("col", "row", "ColumnMajor", "RowMajor"),
+    ("col", "col", "ColumnMajor", "ColumnMajor"),
+])
+def test_majors_map_to_cutlass_layouts(a_major, b_major, layout_a, layout_b):
+    text = cutlass.lower(_program(Problem(None, None, None, a_major, b_major))).text
+    mainloop = _collective(text, "mainloop")
+    element_layouts = re.findall(r"cutlass::half_t, cutlass::layout::(\w+), 8", mainloop)
+    assert element_layouts == [layout_a, layout_b]
+
+
+@pytest.mark.parametrize("epilogue,expect", [
+    (Epilogue(), ["fusion::LinearCombination<", "void,\n"]),
+    (Epilogue(alpha=2.0, beta=0.5), ["fusion::LinearCombination<", "cutlass::half_t,\n      float\n"]),
+    (Epilogue(bias="n", activation="gelu"),
+     ["LinCombPerColBiasEltAct<cutlass::epilogue::thread::GELU, cutlass::half_t, float, cutlass::half_t, void"]),
+    (Epilogue(bias="m"), ["LinCombPerRowBias<cutlass::half_t, float, cutlass::half_t, void, float, 1>"]),
+    (Epilogue(activation="relu"), ["LinCombEltAct<cutlass::epilogue::thread::ReLu"]),
+    (Epilogue(bias="n", residual=True),  # residual = C with beta 1, added before any activation
+     ["LinCombPerColBias<cutlass::half_t, float, cutlass::half_t, cutlass::half_t, float, 8>"]),
+    (Epilogue(bias="n", activation="silu", residual=True),  # act(...) + residual: a visitor tree
+     ["Sm90Compute<cutlass::plus, cutlass::half_t, float,", "Sm90Compute<cutlass::epilogue::thread::SiLu",
+      "Sm90RowBroadcast<0", "Sm90SrcFetch<cutlass::half_t>"]),
+])
+def test_epilogues_map_to_fusion_operations(epilogue, expect):
+    text = cutlass.lower(_program(Problem(None, None, None, "row", "col", epilogue=epilogue))).text
+    body = _collective(text, "epilogue")
+    for fragment in expect:
+        assert fragment in body, (fragment, body)
+
+
+def test_runtime_choices_share_one_build():
+    base = _program(scheduler="stream_k")
+    key = cutlass.build_key(base)
+    variants = [replace(base, raster="n"), replace(base, swizzle=8), replace(base, split_k=4),
+                base.bind((1000, 3000, 512)),
+                replace(base, problem=replace(base.problem, epilogue=Epilogue(alpha=3.0)))]
+    assert {cutlass.build_key(v) for v in variants} == {key}
+    assert runtime_args(replace(base, split_k=4)).splits == 4
+    assert runtime_args(replace(base, raster="n")) != runtime_args(base)
+    # Build-time choices do change the key.
+    for other in (replace(base, cluster=(2, 1)), replace(base, stages=4), replace(base, scheduler="persistent"),
+                  replace(base, problem=replace(base.problem, epilogue=Epilogue(beta=1.0)))):
+        assert cutlass.build_key(other) != key
+
+
+def _findings(program):
+    return [(d.statement, d.message) for d in diagnose(program)]
+
+
+@pytest.mark.parametrize("program,statement,phrase", [
+    (_program(tile=Tile(64, 128, 64), warps=(4, 1)), "tile", "multiple of 128"),
+    (_program(mainloop="ws_pingpong", warps=(4, 1), tile=Tile(64, 128, 64), scheduler="stream_k"),
+     "scheduler", "no stream-K"),
+    (_program(scheduler="stream_k", cluster=(2, 1)), "cluster", "unsafe"),
+    (_program(split_k=4, cluster=(1, 2)), "cluster", "unsafe"),
+    (_program(mainloop="ws_pingpong", warps=(4, 1), tile=Tile(128, 256, 64)), "tile", "accumulators"),
+    (_program(warps=(4, 2)), "warps", "warps 8x1"),
+    (_program(instr=Instr("wgmma", 64, 128, 16)), "instr", "wgmma 64x256x16"),
+    (_program(swizzle=16), "swizzle", "power of two"),
+    (_program(stages=6), "stages", "shared memory"),
+    (_program(Problem(4096, 4096, 4096, epilogue=Epilogue(beta=1.0, residual=True))), "epilogue", "one source"),
+    (_program(Problem(1000, 1001, 1000, "row", "row")), "problem", "N=1001"),
+    (_program(Problem(1000, 1000, 1001, "row", "col")), "problem", "K=1001"),
+])
+def test_refusals_are_located_and_say_why(program, statement, phrase):
+    # The backend's rule says why; the validator refuses the program (the DSL's own
+    # checks may speak first for what every backend shares, such as TMA alignment).
+    from gemmgen.backends.cutlass_rules import RULES
+    mine = [(field, message) for rule in RULES for field, message in rule(program)]
+    assert any(field == statement and phrase in m for field, m in mine), mine
+    assert _findings(program)
+
+
+def test_unsupported_scheduler_is_refused_by_support():
+    found = _findings(_program(scheduler="tile"))
+    assert any(s == "scheduler" and "persistent" in m for s, m in found), found
+
+
+def test_refusal_in_text_points_at_the_line():
+    text = CUTLASS_EXAMPLES["cutlass_stream_k"].read_text().replace("cluster 1x1", "cluster 2x1")
+    program = parse(text, filename="k.gemm")
+    (d,) = [d for d in diagnose(program) if "unsafe" in d.message]
+    assert text.splitlines()[d.line - 1].startswith("cluster")
+
+
+def test_unaligned_m_is_fine_when_it_is_not_a_leading_dimension():
+    assert _findings(_program(Problem(1000, 1000, 1000, "row", "col"))) == []
+    assert _findings(_program(Problem(999, 1000, 1000, "row", "col"))) == []
+
+
+def _sample_shapes():
+    with open(SAMPLE) as f:
+        return [tuple(int(r[k]) for k in ("M", "N", "K")) for r in csv.DictReader(f)]
+
+
+def test_space_is_valid_small_and_reuses_builds_across_shapes():
+    specs = set()
+    for shape in _sample_shapes():  # all TMA-aligned for a=row, b=row
+        programs = cutlass.space(Problem(*shape, "row", "row"))
+        assert programs, shape
+        for p in programs[:12]:
+            assert diagnose(p) == [], (shape, p)
+        per_shape = {instance_spec(p) for p in programs}
+        assert len(per_shape) <= 21
+        specs |= per_shape
+    assert 10 <= len(specs) <= 60  # one library for the whole benchmark
+
+
+def test_space_orders_big_tiles_first_on_big_shapes_and_splits_on_thin_ones():
+    big = cutlass.space(Problem(8192, 8192, 8192))[0]
+    assert big.tile.m * big.tile.n >= 128 * 256
+    thin = cutlass.space(Problem(128, 128, 16384))[:3]
+    assert all(p.scheduler == "stream_k" or p.split_k > 1 for p in thin)
+
+
+def test_space_of_unsupported_problem_is_empty_rather_than_wrong():
+    assert cutlass.space(Problem(1000, 1001, 1000, "row", "row")) == []  # N not 16-byte aligned
+    assert cutlass.space(Problem(1024, 1024, 1024, c_major="col")) == []
+    assert cutlass.space(Problem(1024, 1024, 1024, in_dtype="bf16")) == []
+
+
+# ------------------------------------------------------------------ one real build
+
+
+@pytest.mark.slow  # about 2 minutes of one core (runs in CI all the same)
+def test_one_nvcc_build_gives_a_loadable_library(tmp_path, monkeypatch):
+    import shutil
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
+    program = _program(Problem(None, None, None, "row", "col"), mainloop="ws_pingpong", warps=(4, 1),
+                       tile=Tile(64, 128, 64))
+    artifact = cutlass.build(cutlass.lower(program))
+    lib = ctypes.CDLL(artifact.path)
+    for symbol in ("gg_initialize", "gg_run", "gg_workspace_size"):
+        assert hasattr(lib, symbol)
+    assert artifact.meta["threads"] == 384
+    assert 2 <= artifact.meta["stages"] and artifact.meta["smem_bytes"] <= 232448
+    assert artifact.meta["spec"] == instance_spec(program).as_meta
+    # Nothing spills; the second build of the same source is a cache hit.
+    assert all(r["spill_stores"] == 0 for r in artifact.meta["resources"].values())
+    assert cutlass.build(cutlass.lower(program)).path == artifact.path
+
+
+def test_hang_probe_covers_the_27_and_the_validator_refuses_only_stream_k_with_clusters():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cutlass_hang_probe", ROOT / "benchmarks" / "cutlass_hang_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    programs = probe.instances()
+    assert len(programs) == 27 and len({probe.name_of(p) for p in programs}) == 27
+    assert not any(p.mainloop == "ws_pingpong" and p.scheduler == "stream_k" for p in programs)
+    refused = {probe.name_of(p) for p in programs if diagnose(p.bind((4096, 4096, 4096)))}
+    assert refused == {probe.name_of(p) for p in programs if p.scheduler == "stream_k" and p.cluster != (1, 1)}
+    assert len(refused) == 6
+
+
+def test_a_moved_cache_still_finds_its_library(tmp_path, monkeypatch):
+    from gemmgen.backends.base import Artifact, BackendError
+
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
+    so = tmp_path / "work" / "cutlass" / "k123" / "instance.so"
+    so.parent.mkdir(parents=True)
+    so.write_bytes(b"")
+    assert cutlass.library_path(Artifact("cutlass", "k123", path="/elsewhere/instance.so")) == str(so)
+    with pytest.raises(BackendError, match="rebuild"):
+        cutlass.library_path(Artifact("cutlass", "other", path="/elsewhere/instance.so"))
