@@ -1,0 +1,236 @@
+"""The Triton backend: DSL programs lowered to Triton kernels for Hopper (sm_90a).
+
+    lower(program) -> Source     pure: readable Triton module text (triton_lower.py)
+    build(source)  -> Artifact   CPU: ahead-of-time triton.compile to a cubin, no GPU needed
+    load(artifact, program)      GPU: the cubin loaded, a thin launcher on torch's current stream
+    space(problem) -> [Program]  the candidates an expert would try, best first (triton_space.py)
+
+What maps and what is refused (docs/backends.md, "Triton"):
+mainloop multistage only. Triton 3.6 ignores `warp_specialize` on Hopper (its
+automatic warp specialization is a Blackwell feature), so ws_cooperative and
+ws_pingpong cannot be expressed honestly and are refused. scheduler tile is a
+pointer kernel pipelined with cp.async; scheduler persistent is one CTA per SM
+loading through TMA tensor descriptors. Triton picks the instruction (wgmma),
+the shared-memory swizzle and the warp layout itself: `instr auto`,
+`smem_swizzle auto`, `cluster 1x1`; `warps WMxWN` counts warps (WM*WN), the
+arrangement is Triton's.
+
+This module imports without triton or a GPU; triton is imported inside build/load.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from gemmgen.backends.base import Artifact, BackendError, Source, Support
+from gemmgen.backends.triton_lower import epilogue_staging_bytes, num_stages
+from gemmgen.backends.triton_lower import lower  # noqa: F401  (this module's API)
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import DTYPE_BYTES, Problem, Program
+
+NAME = "triton"
+ARCH = "sm_90a"
+TARGET = ("cuda", 90, 32)   # triton's GPUTarget for sm_90a; compiles without a GPU
+WARP_COUNTS = (4, 8, 16)
+MAX_TILE = {"m": 256, "n": 256, "k": 128}
+MAX_STAGES = 6
+MAX_SPLIT_K = 32
+MAX_ACC_REGS = 128           # fp32 accumulator registers per thread before spills dominate
+INT32_LIMIT = 2**31
+
+
+def _pow2(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def _tile_rules(p: Program) -> list[tuple[str, str]]:
+    out = []
+    t = p.tile
+    for dim, value in (("m", t.m), ("n", t.n), ("k", t.k)):
+        if not (_pow2(value) and 16 <= value <= MAX_TILE[dim]):
+            out.append(("tile", f"tile {dim.upper()}={value} must be a power of two from 16 to {MAX_TILE[dim]} "
+                                "(Triton block shapes are powers of two): try "
+                                f"{min(MAX_TILE[dim], max(16, 1 << (max(value, 1) - 1).bit_length()))}"))
+    if p.num_warps not in WARP_COUNTS:
+        out.append(("warps", f"{p.num_warps} warps: Triton on Hopper needs whole warpgroups, "
+                             f"write warps 4x1, 8x1 or 16x1 ({', '.join(map(str, WARP_COUNTS))} warps)"))
+    elif t.m * t.n // (32 * p.num_warps) > MAX_ACC_REGS:
+        need = t.m * t.n // (32 * MAX_ACC_REGS)
+        out.append(("warps", f"a {t.m}x{t.n} fp32 accumulator over {p.num_warps} warps is "
+                             f"{t.m * t.n // (32 * p.num_warps)} registers per thread (most {MAX_ACC_REGS}): "
+                             f"use {need} warps or a smaller tile"))
+    if p.stages is not None and not 1 <= p.stages <= MAX_STAGES:
+        out.append(("stages", f"stages {p.stages}: Triton pipelines 1 to {MAX_STAGES} stages; write stages 3"))
+    if p.swizzle < 1:
+        out.append(("raster", f"swizzle={p.swizzle}: the group width must be at least 1"))
+    stages = num_stages(p)
+    staging = epilogue_staging_bytes(p)
+    smem = stages * (t.m * t.k + t.k * t.n) * 2 + staging
+    if smem > SM90A.max_smem_per_block:
+        what = f" plus {staging} B to stage the TMA-stored output" if staging else ""
+        out.append(("stages", f"{stages} stages of a {t.m}x{t.n}x{t.k} tile{what} need {smem} B of shared memory "
+                              f"(most {SM90A.max_smem_per_block}): use fewer stages or a smaller tile K"))
+    return out
+
+
+def _problem_rules(p: Program) -> list[tuple[str, str]]:
+    out = []
+    pr = p.problem
+    if pr.acc_dtype != "f32":
+        out.append(("gemm", f"acc={pr.acc_dtype}: the Triton backend accumulates in fp32; write acc=f32"))
+    if p.split_k > MAX_SPLIT_K:
+        out.append(("split_k", f"split_k {p.split_k}: at most {MAX_SPLIT_K} slices"))
+    if not pr.is_bound:
+        return out
+    k_tiles = -(-pr.k // p.tile.k)
+    if p.split_k > k_tiles:
+        out.append(("split_k", f"split_k {p.split_k} leaves slices without work: K={pr.k} has only {k_tiles} "
+                               f"K tiles of {p.tile.k}; use split_k {max(1, k_tiles)} or less"))
+    largest = max(pr.m * pr.k, pr.k * pr.n, pr.m * pr.n * max(1, p.split_k if p.split_k > 1 else 1))
+    if largest >= INT32_LIMIT:
+        out.append(("gemm", "an operand or the split-K workspace has 2^31 elements or more; the Triton "
+                            "kernels index with int32: split the problem"))
+    return out
+
+
+def tma_misaligned(problem: Problem) -> list[str]:
+    """Operands whose row stride is not a multiple of 16 bytes (TMA cannot describe them)."""
+    bad = []
+    for operand, major, stride in (("A", problem.a_major, problem.k if problem.a_major == "row" else problem.m),
+                                   ("B", problem.b_major, problem.n if problem.b_major == "row" else problem.k)):
+        if stride is not None and stride * DTYPE_BYTES[problem.in_dtype] % 16:
+            bad.append(f"{operand} ({major}-major, leading dimension {stride})")
+    return bad
+
+
+def _tma_rules(p: Program) -> list[tuple[str, str]]:
+    if p.scheduler != "persistent":
+        return []
+    bad = tma_misaligned(p.problem)
+    if bad:
+        return [("scheduler", "scheduler persistent loads operands by TMA, which needs every row stride to be a "
+                              f"multiple of 16 bytes (8 fp16 elements); {' and '.join(bad)} is not: "
+                              "use scheduler tile (the cp.async pointer kernel, mainloop multistage)")]
+    return []
+
+
+SUPPORT = Support(
+    mainloops=frozenset({"multistage"}),
+    schedulers=frozenset({"tile", "persistent"}),
+    instr_kinds=frozenset({None}),
+    split_k_reduces=frozenset({"workspace", "atomic"}),
+    activations=frozenset({"relu", "gelu", "silu"}),
+    bias=True,
+    residual=True,
+    beta=True,
+    max_cluster=1,
+    smem_swizzles=frozenset({None}),
+    auto_stages=True,
+    majors_a=frozenset({"row", "col"}),
+    majors_b=frozenset({"row", "col"}),
+    majors_c=frozenset({"row"}),
+    out_dtypes=frozenset({"f16", "bf16", "f32"}),
+    in_dtypes=frozenset({"f16", "bf16"}),
+    extra_rules=(_tile_rules, _problem_rules, _tma_rules),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+
+def toolchain() -> str:
+    import triton
+
+    return f"triton-{triton.__version__}"
+
+
+def _import_text(text: str, name: str, directory: Path):
+    """Import generated text from a real file: triton's JIT reads kernel source through inspect."""
+    path = directory / f"{name}.py"
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # dataclass/inspect lookups inside triton expect a registered module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _json_metadata(compiled) -> dict:
+    meta = compiled.metadata._asdict()
+    meta["target"] = {"backend": meta["target"].backend, "arch": meta["target"].arch,
+                      "warp_size": meta["target"].warp_size}
+    return json.loads(json.dumps(meta, default=lambda o: list(o) if isinstance(o, (tuple, set)) else str(o)))
+
+
+def compile_kernels(source: Source, directory: Path, hinted: bool = True) -> list[dict]:
+    """triton.compile every kernel of the module for sm_90a; one dict (cubin, metadata) per kernel.
+
+    `hinted=False` drops the divisibility hints (the variant a shape-generic program
+    falls back to when called with unaligned strides).
+    """
+    os.environ.setdefault("TRITON_CACHE_DIR", str(directory.parent.parent / "triton-cache"))
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module = _import_text(source.text, f"gemmgen_triton_{source.digest}", directory)
+    built = []
+    for k in source.meta["kernels"]:
+        fn = getattr(module, k["name"])
+        signature = {name: ty for name, ty, _ in k["params"]}
+        hints = k["hints"] if hinted else {n: v for n, v in k["hints"].items() if n not in k["assumed"]}
+        attrs = {(i,): [["tt.divisibility", hints[name]]]
+                 for i, (name, _, _) in enumerate(k["params"]) if name in hints}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs=dict(k["constexprs"]), attrs=attrs),
+                                  target=GPUTarget(*TARGET),
+                                  options={"num_warps": k["num_warps"], "num_stages": k["num_stages"]})
+        shared = compiled.metadata.shared
+        if shared > SM90A.max_smem_per_block:
+            raise BackendError(f"{k['name']} needs {shared} B of shared memory, more than the "
+                               f"{SM90A.max_smem_per_block} B a CTA may use: use fewer stages or a smaller tile")
+        suffix = "" if hinted else ".unhinted"
+        (directory / f"{k['name']}{suffix}.ptx").write_text(compiled.asm["ptx"])
+        (directory / f"{k['name']}{suffix}.cubin").write_bytes(compiled.asm["cubin"])
+        built.append({"name": compiled.metadata.name, "cubin": compiled.asm["cubin"],
+                      "metadata": _json_metadata(compiled)})
+    return built
+
+
+def build(source: Source, arch: str = ARCH) -> Artifact:
+    """Compile ahead of time to sm_90a cubins (cached on disk; no GPU needed)."""
+    if source.backend != NAME:
+        raise BackendError(f"the triton backend cannot build a {source.backend} source")
+    if arch != ARCH:
+        raise BackendError(f"the triton backend targets {ARCH} only, not {arch}")
+    from gemmgen.backends import build as builds
+
+    def compile_fn(key: str, directory: Path) -> Artifact:
+        kernels = compile_kernels(source, directory)
+        return Artifact(backend=NAME, key=key, path=str(directory),
+                        meta={"kernels": tuple(kernels), "source": source, "arch": arch})
+
+    return builds.cached_build(source, arch, toolchain(), (), compile_fn)
+
+
+def load(artifact: Artifact, program: Program):
+    """A launcher for `program` on the current CUDA device (needs a GPU).
+
+    GEMMGEN_TRITON_LAUNCH=jit swaps in the JIT fallback (same kernels, Triton's own dispatch).
+    """
+    from gemmgen.backends.triton_launch import JitLauncher, TritonLauncher
+
+    if os.environ.get("GEMMGEN_TRITON_LAUNCH", "aot") == "jit":
+        return JitLauncher(artifact, program)
+    return TritonLauncher(artifact, program)
+
+
+def space(problem: Problem) -> list[Program]:
+    """Candidate programs for `problem`, best first (unvalidated)."""
+    from gemmgen.backends.triton_space import space as _space
+
+    return _space(problem)

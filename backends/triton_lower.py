@@ -1,0 +1,542 @@
+"""Program -> Triton source text: the pure half of the Triton backend.
+
+Two kernel shapes come out of here, both with the whole epilogue fused:
+
+* `scheduler tile`: a pointer kernel, one CTA per output tile (times split-K
+  slices); Triton pipelines its `tl.load`s with cp.async over `num_stages`.
+  Rows and columns past the matrix edge are wrapped (`% M`) so operand loads
+  need no M/N masks; K is masked unless `EVEN_K`.
+* `scheduler persistent`: one CTA per SM walking the output tiles, operands
+  loaded through host-built TMA tensor descriptors (out-of-bounds boxes read
+  zeros, so no masks at all), the tile loop flattened into the K loop so the
+  next tile's loads overlap this tile's epilogue.
+
+Split-K writes fp32 partials; a second kernel in the same module reduces them
+(in slice order for `workspace`, so results are deterministic) and applies the
+epilogue. `atomic` adds partials into one fp32 buffer with `tl.atomic_add`; the
+finalize kernel reads it and writes zeros back, so the buffer is clean for the
+next call without a memset.
+
+Everything a loader needs (kernel names, argument roles and types, constexprs,
+divisibility hints, grid recipe) travels in `Source.meta`, as plain data.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Optional
+
+from gemmgen.backends.base import Source
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import DTYPE_BYTES, Program
+
+TRITON_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
+SIGNATURE_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
+REDUCE_BLOCK = (32, 128)   # tile of the split-K reduce / finalize kernel
+REDUCE_WARPS = 4
+# A shape-generic kernel is compiled as triton's JIT would specialise it for the common case,
+# M, N, K and row strides multiples of 16; its launcher checks and falls back to an unhinted build.
+GENERIC_HINT = 16
+
+
+def auto_stages(program: Program) -> int:
+    """Deepest pipeline (2..4) whose operand buffers fit beside the epilogue scratch."""
+    t = program.tile
+    per_stage = (t.m * t.k + t.k * t.n) * 2
+    budget = SM90A.max_smem_per_block - epilogue_scratch_bytes(program)
+    return max(2, min(4, budget // per_stage))
+
+
+def epilogue_scratch_bytes(program: Program) -> int:
+    """Shared memory Triton uses to re-layout the accumulator for coalesced stores (upper bound)."""
+    return program.tile.m * program.tile.n * 2
+
+
+def num_stages(program: Program) -> int:
+    return program.stages if program.stages is not None else auto_stages(program)
+
+
+def kernel_name(program: Program) -> str:
+    p, t = program.problem, program.tile
+    kind = "persistent" if program.scheduler == "persistent" else "tile"
+    digest = hashlib.sha256(repr(program).encode()).hexdigest()[:8]
+    return f"gemm_{kind}_{t.m}x{t.n}x{t.k}_{p.a_major[0]}{p.b_major[0]}_{digest}"
+
+
+def _pow2_divisor(value: Optional[int], cap: int = 16) -> int:
+    """Largest power of two dividing `value` (at most `cap`); 1 when unknown."""
+    if not value:
+        return 1
+    d = 1
+    while d < cap and value % (d * 2) == 0:
+        d *= 2
+    return d
+
+
+class _Args:
+    """The kernel's parameter list, built once and shared by the text and the meta."""
+
+    def __init__(self):
+        self.params: list[tuple[str, str, str]] = []   # (name, signature type, role)
+        self.hints: dict[str, int] = {}                # name -> tt.divisibility the compiler may assume
+        self.assumed: list[str] = []                   # hints a shape-generic launcher must check per call
+
+    def add(self, name: str, ty: str, role: str, divisible: int = 1, assumed: bool = False) -> None:
+        self.params.append((name, ty, role))
+        if divisible > 1:
+            self.hints[name] = divisible
+            if assumed:
+                self.assumed.append(name)
+
+    def text(self, indent: str = "    ") -> str:
+        lines = []
+        for name, ty, _ in self.params:
+            lines.append(f"{indent}{name}: tl.constexpr," if ty == "constexpr" else f"{indent}{name},")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pieces of text shared by both kernels
+
+
+def _tile_coords_fn(raster: str) -> str:
+    """The rasterisation, as every gemmgen backend defines it (docs/backends.md).
+
+    raster m: consecutive tiles walk down M inside bands of GROUP tile columns (n fastest
+    inside a band), so swizzle=1 is plain column order; raster n is the mirror image.
+    Triton's classic GROUP_M ordering is `raster n swizzle=GROUP_M`.
+    """
+    band_dim, walk_dim = ("n", "m") if raster == "m" else ("m", "n")
+    return f'''@triton.jit
+def tile_coords(tile, num_pid_m, num_pid_n, GROUP: tl.constexpr):
+    """Raster {raster}: walk along {walk_dim.upper()} in bands of GROUP tile {'columns' if band_dim == 'n' else 'rows'}
+    ({band_dim} fastest inside a band), so a wave of CTAs shares operand panels in L2."""
+    per_band = GROUP * num_pid_{walk_dim}
+    band = tile // per_band
+    first_{band_dim} = band * GROUP
+    band_width = tl.minimum(num_pid_{band_dim} - first_{band_dim}, GROUP)
+    pid_{band_dim} = first_{band_dim} + (tile % per_band) % band_width
+    pid_{walk_dim} = (tile % per_band) // band_width
+    return pid_m, pid_n
+'''
+
+
+def _epilogue_fn(program: Program) -> tuple[str, list[str]]:
+    """One jit function applying out = cast(act(alpha*acc + beta*c + bias) + residual)."""
+    e = program.problem.epilogue
+    params = ["acc", "offs_m", "offs_n", "M", "N"]
+    body = ["    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)"] if (e.beta != 0.0 or e.residual) else []
+    if e.alpha != 1.0:
+        params.append("alpha")
+        body.append("    acc = acc * alpha")
+    if e.beta != 0.0:
+        params += ["c_ptr", "stride_cm", "beta"]
+        body.append("    c = tl.load(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], mask=mask, other=0.0)")
+        body.append("    acc = acc + beta * c.to(tl.float32)")
+    if e.bias == "n":
+        params.append("bias_ptr")
+        body.append("    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)")
+        body.append("    acc = acc + bias.to(tl.float32)[None, :]")
+    elif e.bias == "m":
+        params.append("bias_ptr")
+        body.append("    bias = tl.load(bias_ptr + offs_m, mask=offs_m < M, other=0.0)")
+        body.append("    acc = acc + bias.to(tl.float32)[:, None]")
+    if e.activation == "relu":
+        body.append("    acc = tl.maximum(acc, 0.0)")
+    elif e.activation == "gelu":
+        body.append("    acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # exact (erf) GELU")
+    elif e.activation == "silu":
+        body.append("    acc = acc * tl.sigmoid(acc)")
+    if e.residual:
+        params += ["res_ptr", "stride_rm"]
+        body.append("    res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)")
+        body.append("    acc = acc + res.to(tl.float32)")
+    out_ty = TRITON_DTYPE[e.out_dtype]
+    body.append(f"    return acc.to({out_ty})")
+    return ("@triton.jit\n"
+            f"def epilogue({', '.join(params)}):\n"
+            f'    """{e.signature}: fp32 math on the accumulator tile, one rounding to {e.out_dtype}; '
+            'the caller stores it."""\n'
+            + "\n".join(body) + "\n"), params
+
+
+def _epilogue_args(args: _Args, program: Program, bound: bool) -> None:
+    """Kernel parameters the epilogue reads, after the operands: pointers first, then strides, scalars."""
+    e = program.problem.epilogue
+    out = SIGNATURE_DTYPE[e.out_dtype]
+    if e.beta != 0.0:
+        args.add("c_ptr", f"*{out}", "c", 16)
+    if e.bias:
+        args.add("bias_ptr", f"*{out}", "bias", 16)
+    if e.residual:
+        args.add("res_ptr", f"*{out}", "residual", 16)
+
+
+def _epilogue_scalars(args: _Args, program: Program, bound: bool, out_stride: bool = True) -> None:
+    p, e = program.problem, program.problem.epilogue
+    n_div = _pow2_divisor(p.n) if bound else GENERIC_HINT
+    if out_stride:
+        args.add("stride_om", "i32", "stride_out", n_div, assumed=not bound)
+    if e.beta != 0.0:
+        args.add("stride_cm", "i32", "stride_c", n_div, assumed=not bound)
+    if e.residual:
+        args.add("stride_rm", "i32", "stride_residual", n_div, assumed=not bound)
+    if e.alpha != 1.0:
+        args.add("alpha", "fp32", "alpha")
+    if e.beta != 0.0:
+        args.add("beta", "fp32", "beta")
+
+
+def _epilogue_call(params: list[str], acc: str = "acc", offs_n: str = "offs_n") -> str:
+    names = {"acc": acc, "offs_n": offs_n}
+    return f"epilogue({', '.join(names.get(x, x) for x in params)})"
+
+
+def _pointer_store(params: list[str], indent: str) -> str:
+    """Masked store of the epilogue's tile through out's row stride."""
+    return (f"{indent}mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)\n"
+            f"{indent}tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], "
+            f"{_epilogue_call(params)}, mask=mask)")
+
+
+def tma_store(program: Program) -> bool:
+    """Does the persistent kernel store through a TMA descriptor? Needs a bound shape whose
+    output rows are 16-byte multiples; the tile is stored as two BLOCK_M x BLOCK_N/2 halves."""
+    p = program.problem
+    return (program.scheduler == "persistent" and program.split_k == 1 and p.is_bound
+            and p.n * DTYPE_BYTES[p.epilogue.out_dtype] % 16 == 0 and program.tile.n >= 32)
+
+
+def epilogue_staging_bytes(program: Program) -> int:
+    """Shared memory the TMA-store epilogue stages one output half-tile in."""
+    if not tma_store(program):
+        return 0
+    e = program.problem.epilogue
+    half = program.tile.m * program.tile.n // 2 * DTYPE_BYTES[e.out_dtype]
+    # Reading c or a residual in the TMA layout costs Triton one more staged half tile.
+    return half * (2 if e.residual or e.beta != 0.0 else 1)
+
+
+def _shape_args(args: _Args, program: Program, bound: bool) -> None:
+    p = program.problem
+    for dim, value in (("M", p.m), ("N", p.n), ("K", p.k)):
+        args.add(dim, "i32", dim, _pow2_divisor(value) if bound else GENERIC_HINT, assumed=not bound)
+
+
+# ----------------------------------------------------------------------------------------------
+# The pointer kernel (scheduler tile)
+
+
+def _operand_text(program: Program) -> dict[str, str]:
+    """Address arithmetic per major-ness: the contiguous dimension has stride 1 in the text itself."""
+    p = program.problem
+    if p.a_major == "row":   # A is (M, K), K contiguous
+        a_ptrs = "a_ptr + rows_a[:, None] * stride_a + offs_k[None, :]"
+        a_step = "BLOCK_K"
+    else:                    # A is a transposed view: K x M storage, M contiguous
+        a_ptrs = "a_ptr + rows_a[:, None] + offs_k[None, :] * stride_a"
+        a_step = "BLOCK_K * stride_a"
+    if p.b_major == "row":   # B is (K, N), N contiguous
+        b_ptrs = "b_ptr + offs_k[:, None] * stride_b + cols_b[None, :]"
+        b_step = "BLOCK_K * stride_b"
+    else:                    # B = W.T with W (N, K), K contiguous: the x @ W.T case
+        b_ptrs = "b_ptr + offs_k[:, None] + cols_b[None, :] * stride_b"
+        b_step = "BLOCK_K"
+    return {"a_ptrs": a_ptrs, "a_step": a_step, "b_ptrs": b_ptrs, "b_step": b_step}
+
+
+def _operand_stride_divisor(program: Program, bound: bool) -> tuple[int, int]:
+    """Divisibility of the operands' row strides: exact when bound, 8 (16 bytes) assumed when generic."""
+    p = program.problem
+    if not bound:
+        return GENERIC_HINT, GENERIC_HINT
+    a = p.k if p.a_major == "row" else p.m
+    b = p.n if p.b_major == "row" else p.k
+    return _pow2_divisor(a), _pow2_divisor(b)
+
+
+def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, _Args, dict, dict]:
+    p = program.problem
+    ind = SIGNATURE_DTYPE[p.in_dtype]
+    args = _Args()
+    args.add("a_ptr", f"*{ind}", "a", 16)
+    args.add("b_ptr", f"*{ind}", "b", 16)
+    args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
+    split = program.split_k > 1
+    if split:
+        args.add("ws_ptr", "*fp32", "workspace", 16)
+    else:
+        _epilogue_args(args, program, bound)
+    _shape_args(args, program, bound)
+    sa, sb = _operand_stride_divisor(program, bound)
+    args.add("stride_a", "i32", "stride_a", sa, assumed=not bound)
+    args.add("stride_b", "i32", "stride_b", sb, assumed=not bound)
+    if not split:
+        _epilogue_scalars(args, program, bound)
+    even_k = bound and p.k % program.tile.k == 0
+    m_exact = bound and p.m % program.tile.m == 0
+    n_exact = bound and p.n % program.tile.n == 0
+    constexprs = {"BLOCK_M": program.tile.m, "BLOCK_N": program.tile.n, "BLOCK_K": program.tile.k,
+                  "GROUP": program.swizzle, "SPLIT_K": program.split_k, "EVEN_K": even_k}
+    for c in constexprs:
+        args.add(c, "constexpr", "const")
+    ops = _operand_text(program)
+    rows = ("tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)" if m_exact
+            else "offs_m % M  # wrap past the edge: loads stay in bounds, the store is masked")
+    cols = ("tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)" if n_exact
+            else "offs_n % N")
+    if split:
+        tail = f"""    # fp32 partial of this K slice; the reduce kernel applies the epilogue
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    {_partial_store(program)}"""
+    else:
+        tail = _pointer_store(epi_params, "    ")
+    if split:
+        k_range = """    pid_k = tl.program_id(1)
+    k_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, k_tiles)
+    offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)"""
+    else:
+        k_range = """    k_begin = 0
+    k_end = k_tiles
+    offs_k = tl.arange(0, BLOCK_K)"""
+    text = f'''@triton.jit
+def {name}(
+{args.text()}
+):
+    """One BLOCK_M x BLOCK_N output tile (K slice pid_k of SPLIT_K) per CTA."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_a = {rows}
+    cols_b = {cols}
+    k_tiles = tl.cdiv(K, BLOCK_K)
+{k_range}
+    a_ptrs = {ops["a_ptrs"]}
+    b_ptrs = {ops["b_ptrs"]}
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_begin, k_end):
+        if EVEN_K:  # K is a multiple of BLOCK_K: no K mask
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.float32)
+        a_ptrs += {ops["a_step"]}
+        b_ptrs += {ops["b_step"]}
+{tail}
+'''
+    grid = {"kind": "tiles", "block_m": program.tile.m, "block_n": program.tile.n, "split_k": program.split_k}
+    return text, args, constexprs, grid
+
+
+def _partial_store(program: Program) -> str:
+    if program.split_k_reduce == "atomic":
+        return ("tl.atomic_add(ws_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask, sem=\"relaxed\")")
+    return ("tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)")
+
+
+# ----------------------------------------------------------------------------------------------
+# The persistent TMA kernel (scheduler persistent)
+
+
+def _tma_operands(program: Program) -> dict[str, str]:
+    """Descriptor boxes and loads per major-ness; a transposed box is transposed in shared memory."""
+    p = program.problem
+    if p.a_major == "row":
+        a_box, a_load = ("BLOCK_M", "BLOCK_K"), "a_desc.load([off_m, k * BLOCK_K])"
+    else:
+        a_box, a_load = ("BLOCK_K", "BLOCK_M"), "a_desc.load([k * BLOCK_K, off_m]).T"
+    if p.b_major == "row":
+        b_box, b_load = ("BLOCK_K", "BLOCK_N"), "b_desc.load([k * BLOCK_K, off_n])"
+    else:
+        b_box, b_load = ("BLOCK_N", "BLOCK_K"), "b_desc.load([off_n, k * BLOCK_K]).T"
+    return {"a_box": a_box, "a_load": a_load, "b_box": b_box, "b_load": b_load}
+
+
+def _persistent_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, _Args, dict, dict]:
+    p, t = program.problem, program.tile
+    ops = _tma_operands(program)
+    values = {"BLOCK_M": t.m, "BLOCK_N": t.n, "BLOCK_K": t.k}
+    ind = SIGNATURE_DTYPE[p.in_dtype]
+    box = lambda dims: ", ".join(str(values[d]) for d in dims)  # noqa: E731
+    args = _Args()
+    args.add("a_desc", f"tensordesc<{ind}[{box(ops['a_box'])}]>", "a_desc")
+    args.add("b_desc", f"tensordesc<{ind}[{box(ops['b_box'])}]>", "b_desc")
+    out_ty = SIGNATURE_DTYPE[p.epilogue.out_dtype]
+    by_tma = tma_store(program)
+    if by_tma:
+        args.add("out_desc", f"tensordesc<{out_ty}[{t.m}, {t.n // 2}]>", "out_desc")
+    else:
+        args.add("out_ptr", f"*{out_ty}", "out", 16)
+    split = program.split_k > 1
+    if split:
+        args.add("ws_ptr", "*fp32", "workspace", 16)
+    else:
+        _epilogue_args(args, program, bound)
+    _shape_args(args, program, bound)
+    if not split:
+        _epilogue_scalars(args, program, bound, out_stride=not by_tma)
+    constexprs = {"BLOCK_M": t.m, "BLOCK_N": t.n, "BLOCK_K": t.k, "GROUP": program.swizzle,
+                  "SPLIT_K": program.split_k, "NUM_SMS": SM90A.sms}
+    for c in constexprs:
+        args.add(c, "constexpr", "const")
+    if split:
+        tail = f"""        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        {_partial_store(program)}"""
+    elif by_tma:
+        half = "BLOCK_N // 2"
+        tail = f"""        # Two BLOCK_M x BLOCK_N/2 halves: half the staging shared memory, and the first
+        # half's TMA store overlaps the second half's epilogue math. TMA clips at the edges.
+        acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, {half})), (0, 2, 1)))
+        offs_n = pid_n * BLOCK_N + tl.arange(0, {half})
+        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], {_epilogue_call(epi_params, acc="acc_lo")})
+        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + {half}],
+                       {_epilogue_call(epi_params, acc="acc_hi", offs_n="offs_n + " + half)})"""
+    else:
+        tail = _pointer_store(epi_params, "        ")
+    if split:
+        k_range = """        k_begin = (work // num_tiles) * k_per_split
+        k_end = tl.minimum(k_begin + k_per_split, k_tiles)"""
+    else:
+        k_range = """        k_begin = 0
+        k_end = k_tiles"""
+    text = f'''@triton.jit
+def {name}(
+{args.text()}
+):
+    """NUM_SMS CTAs walk (tile, K slice) work items; operands arrive by TMA, zero-filled past the edges."""
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+{"    k_per_split = tl.cdiv(k_tiles, SPLIT_K)" + chr(10) if split else ""}    # A second counter for the epilogue keeps it independent of the next tile's prologue,
+    # so the flattened loop can issue the next loads before this tile's stores.
+    work_epi = start - NUM_SMS
+    for work in tl.range(start, num_tiles * SPLIT_K, NUM_SMS, flatten=True):
+        pid_m, pid_n = tile_coords(work % num_tiles, num_pid_m, num_pid_n, GROUP)
+{k_range}
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_begin, k_end):
+            a = {ops["a_load"]}
+            b = {ops["b_load"]}
+            acc = tl.dot(a, b, acc, out_dtype=tl.float32)
+        work_epi += NUM_SMS
+{"        pid_k = work_epi // num_tiles" + chr(10) if split else ""}        pid_m, pid_n = tile_coords(work_epi % num_tiles, num_pid_m, num_pid_n, GROUP)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+{"" if by_tma else "        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)" + chr(10)}{tail}
+'''
+    descs = {"a": tuple(values[d] for d in ops["a_box"]), "b": tuple(values[d] for d in ops["b_box"])}
+    if by_tma:
+        descs["out"] = (t.m, t.n // 2)
+    grid = {"kind": "persistent", "block_m": t.m, "block_n": t.n, "split_k": program.split_k,
+            "num_sms": SM90A.sms, "boxes": descs}
+    return text, args, constexprs, grid
+
+
+# ----------------------------------------------------------------------------------------------
+# The split-K reduce / finalize kernel
+
+
+def _reduce_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, _Args, dict, dict]:
+    p = program.problem
+    args = _Args()
+    args.add("ws_ptr", "*fp32", "workspace", 16)
+    args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
+    _epilogue_args(args, program, bound)
+    args.add("M", "i32", "M", _pow2_divisor(p.m) if bound else GENERIC_HINT, assumed=not bound)
+    args.add("N", "i32", "N", _pow2_divisor(p.n) if bound else GENERIC_HINT, assumed=not bound)
+    _epilogue_scalars(args, program, bound)
+    constexprs = {"BLOCK_M": REDUCE_BLOCK[0], "BLOCK_N": REDUCE_BLOCK[1], "SPLIT_K": program.split_k}
+    for c in constexprs:
+        args.add(c, "constexpr", "const")
+    if program.split_k_reduce == "atomic":
+        doc = "Reads the atomically summed fp32 buffer, applies the epilogue, and zeroes the buffer for the next call."
+        body = """    acc = tl.load(ws, mask=mask, other=0.0)
+    tl.store(ws, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=mask)"""
+    else:
+        doc = "Sums the SPLIT_K fp32 partials in slice order (deterministic), then applies the epilogue."
+        body = """    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws + s * M * N, mask=mask, other=0.0)"""
+    text = f'''@triton.jit
+def {name}(
+{args.text()}
+):
+    """{doc}"""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+{body}
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], {_epilogue_call(epi_params)}, mask=mask)
+'''
+    grid = {"kind": "elementwise", "block_m": REDUCE_BLOCK[0], "block_n": REDUCE_BLOCK[1], "split_k": 1}
+    return text, args, constexprs, grid
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _kernel_meta(name: str, args: _Args, constexprs: dict, grid: dict, warps: int, stages: int) -> dict:
+    return {"name": name, "params": tuple(args.params), "constexprs": constexprs, "hints": dict(args.hints),
+            "assumed": tuple(args.assumed), "num_warps": warps, "num_stages": stages, "grid": grid}
+
+
+def lower(program: Program) -> Source:
+    """The readable Triton module for `program`, plus the loader's recipe in `meta`."""
+    p = program.problem
+    bound = p.is_bound
+    name = kernel_name(program)
+    epi_text, epi_params = _epilogue_fn(program)
+    make = _persistent_kernel if program.scheduler == "persistent" else _tile_kernel
+    main_text, *main = make(program, name, bound, epi_params)
+    stages = num_stages(program)
+    kernels = [_kernel_meta(name, *main, program.num_warps, stages)]
+    texts = [main_text]
+    if program.split_k > 1:
+        reduce_text, *reduce = _reduce_kernel(program, name + "_reduce", bound, epi_params)
+        texts.append(reduce_text)
+        kernels.append(_kernel_meta(name + "_reduce", *reduce, REDUCE_WARPS, 1))
+    t = program.tile
+    header = (f'"""gemmgen Triton kernel for {p.key}\n\n'
+              f"tile {t.m}x{t.n}x{t.k}, {program.num_warps} warps, {stages} stages, scheduler {program.scheduler}, "
+              f"raster {program.raster} swizzle={program.swizzle}, split_k {program.split_k}"
+              f"{' ' + program.split_k_reduce if program.split_k > 1 else ''}.\n"
+              f"A {p.a_major}-major, B {p.b_major}-major; M, N, K are runtime arguments"
+              f"{' (divisibility hints from the bound shape)' if bound else ' (shape-generic)'}.\n"
+              '"""\n')
+    text = "\n\n".join([header + "import triton\nimport triton.language as tl",
+                        _tile_coords_fn(program.raster), epi_text, *texts]).rstrip() + "\n"
+    meta = {
+        "kernels": tuple(kernels),
+        "in_dtype": p.in_dtype,
+        "out_dtype": p.epilogue.out_dtype,
+        "shape": (p.m, p.n, p.k) if bound else None,
+        "majors": (p.a_major, p.b_major),
+        "split_k": program.split_k,
+        "split_k_reduce": program.split_k_reduce,
+        "persistent": program.scheduler == "persistent",
+        "alpha": p.epilogue.alpha,
+        "beta": p.epilogue.beta,
+    }
+    return Source(backend="triton", text=text, entry=name, meta=meta)
+
+
+def grid_size(grid: dict, m: int, n: int) -> tuple[int, int, int]:
+    """Launch grid for a kernel's recipe at a concrete M, N."""
+    tiles = math.ceil(m / grid["block_m"]) * math.ceil(n / grid["block_n"])
+    if grid["kind"] == "persistent":
+        return (min(grid["num_sms"], tiles * grid["split_k"]), 1, 1)
+    if grid["kind"] == "elementwise":
+        return (math.ceil(m / grid["block_m"]), math.ceil(n / grid["block_n"]), 1)
+    return (tiles, grid["split_k"], 1)

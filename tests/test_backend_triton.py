@@ -1,0 +1,291 @@
+"""The Triton backend on CPU: support and refusals, lowering, AOT compile to sm_90a, the cache,
+the search space, and the generated kernels' numbers under Triton's interpreter."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from gemmgen import dsl  # noqa: E402
+from gemmgen.backends import build as builds  # noqa: E402
+from gemmgen.backends import triton as tb  # noqa: E402
+from gemmgen.backends.base import BackendError  # noqa: E402
+from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile  # noqa: E402
+
+from strategies import valid_programs  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):
+    # One cache per session: examples built by one test are hits in the next.
+    root = tmp_path_factory.getbasetemp() / "gemmgen-cache"
+    monkeypatch.setenv(builds.CACHE_ENV, str(root))
+    return root
+
+
+def program(m=256, n=256, k=256, *, a="row", b="row", tile=(128, 128, 64), warps=(8, 1), epilogue=Epilogue(),
+            **kw) -> Program:
+    problem = Problem(m, n, k, a_major=a, b_major=b, epilogue=epilogue)
+    return Program(problem=problem, backend="triton", tile=Tile(*tile), warps=warps, mainloop="multistage", **kw)
+
+
+def triton_examples():
+    return {name: path for name, path in dsl.examples().items() if name.startswith("triton")}
+
+
+def text_of(p: Program) -> str:
+    return dsl.to_text(p)
+
+
+# -- support: what the validator refuses, located ----------------------------------------------
+
+REFUSED = {
+    "cluster 2x1": ("cluster 1x1", "cluster 2x1"),
+    "instr wgmma": ("instr auto", "instr wgmma 64x128x16"),
+    "stream_k": ("scheduler tile", "scheduler stream_k"),
+    "ws_pingpong": ("mainloop multistage", "mainloop ws_pingpong"),
+    "ws_cooperative": ("warps 4x1\ninstr auto\ncluster 1x1\nstages 4\nmainloop multistage",
+                       "warps 8x1\ninstr auto\ncluster 1x1\nstages 4\nmainloop ws_cooperative"),
+    "smem_swizzle": ("smem_swizzle auto", "smem_swizzle 128"),
+    "persistent unaligned": ("gemm 4096x4096x4096 a=row b=row c=row in=f16 acc=f32\nepilogue out=f16\n"
+                             "backend triton\ntile 128x128x64\nwarps 4x1\ninstr auto\ncluster 1x1\nstages 4\n"
+                             "mainloop multistage\nscheduler tile",
+                             "gemm 4096x4096x77 a=row b=row c=row in=f16 acc=f32\nepilogue out=f16\n"
+                             "backend triton\ntile 128x128x64\nwarps 4x1\ninstr auto\ncluster 1x1\nstages 4\n"
+                             "mainloop multistage\nscheduler persistent"),
+    "tile not a power of two": ("tile 128x128x64", "tile 128x96x64"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSED))
+def test_unsupported_features_are_refused_by_the_validator_with_a_location(what):
+    base = (triton_examples()["triton_generic"].read_text()
+            .replace("gemm *x*x*", "gemm 4096x4096x4096").replace("warps 2x2", "warps 4x1"))
+    dsl.validate(dsl.parse(base))
+    old, new = REFUSED[what]
+    text = base.replace(old, new)
+    assert text != base
+    with pytest.raises(dsl.ProgramError) as info:
+        dsl.validate(dsl.parse(text, filename="k.gemm"), filename="k.gemm")
+    err = info.value
+    assert err.line > 0 and err.column > 0
+    assert str(err).startswith("k.gemm:")
+    assert err.message and ("triton" in err.message or "Triton" in err.message)
+
+
+def test_support_lists_what_triton_can_do():
+    s = tb.SUPPORT
+    assert s.mainloops == {"multistage"}
+    assert s.schedulers == {"tile", "persistent"}
+    assert s.split_k_reduces == {"workspace", "atomic"}
+    assert s.max_cluster == 1 and s.instr_kinds == {None}
+    assert s.activations == {"relu", "gelu", "silu"}
+
+
+# -- lowering ------------------------------------------------------------------------------------
+
+def test_lower_is_pure_readable_and_keeps_majors_in_strides():
+    p = program(4096, 11008, 4096, b="col", tile=(128, 256, 64), warps=(2, 4), stages=3, swizzle=8,
+                epilogue=Epilogue(bias="n", activation="gelu"))
+    s1, s2 = tb.lower(p), tb.lower(p)
+    assert s1 == s2 and s1.digest == s2.digest
+    text = s1.text
+    assert text.count("@triton.jit") == 3          # tile_coords, epilogue, the kernel
+    assert "tl.dot(a, b, acc, out_dtype=tl.float32)" in text
+    assert "tl.math.erf" in text and "bias_ptr + offs_n" in text
+    # x @ W.T: B is read K-contiguous through its own strides, with no transpose copy.
+    assert "b_ptr + offs_k[:, None] + cols_b[None, :] * stride_b" in text
+    kernel = s1.meta["kernels"][0]
+    assert kernel["constexprs"]["BLOCK_N"] == 256 and kernel["constexprs"]["GROUP"] == 8
+    assert kernel["num_warps"] == 8 and kernel["num_stages"] == 3
+    assert kernel["constexprs"]["EVEN_K"] is True
+    compile(text, "<lowered>", "exec")
+
+
+def test_generic_program_takes_shape_at_runtime():
+    p = program(None, None, None)
+    src = tb.lower(p)
+    kernel = src.meta["kernels"][0]
+    roles = [role for _, _, role in kernel["params"]]
+    assert {"M", "N", "K"} <= set(roles)
+    assert kernel["constexprs"]["EVEN_K"] is False
+    assert set(kernel["assumed"]) >= {"M", "N", "K"}
+    assert src.meta["shape"] is None
+
+
+def test_split_k_lowers_a_second_kernel_that_reduces_in_order():
+    ws = tb.lower(program(64, 64, 4096, split_k=4, tile=(64, 64, 64), warps=(4, 1)))
+    names = [k["name"] for k in ws.meta["kernels"]]
+    assert len(names) == 2 and names[1].endswith("_reduce")
+    assert "tl.static_range(SPLIT_K)" in ws.text
+    atomic = tb.lower(program(64, 64, 4096, split_k=4, split_k_reduce="atomic", tile=(64, 64, 64), warps=(4, 1),
+                              epilogue=Epilogue(out_dtype="f32")))
+    assert "tl.atomic_add" in atomic.text and "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=mask" in atomic.text
+
+
+def test_persistent_lowers_to_tma_descriptors():
+    src = tb.lower(program(8192, 8192, 8192, b="col", scheduler="persistent", tile=(128, 256, 64), stages=3))
+    kernel = src.meta["kernels"][0]
+    types = dict((n, t) for n, t, _ in kernel["params"])
+    assert types["a_desc"] == "tensordesc<fp16[128, 64]>"
+    assert types["b_desc"] == "tensordesc<fp16[256, 64]>"
+    assert "flatten=True" in src.text and "b_desc.load([off_n, k * BLOCK_K]).T" in src.text
+    # Aligned output rows: the epilogue stores two half tiles through a TMA descriptor.
+    assert types["out_desc"] == "tensordesc<fp16[128, 128]>" and "out_desc.store(" in src.text
+    unaligned = tb.lower(program(8192, 8190, 8192, scheduler="persistent", tile=(128, 256, 64), stages=3))
+    assert "out_desc" not in unaligned.text and "tl.store(out_ptr" in unaligned.text
+
+
+# -- building ------------------------------------------------------------------------------------
+
+def _sass_facts(artifact) -> str:
+    from pathlib import Path
+
+    return "\n".join(p.read_text() for p in Path(artifact.path).glob("*.ptx"))
+
+
+@pytest.mark.parametrize("name", sorted(triton_examples()))
+def test_every_triton_example_lowers_and_compiles_to_sm_90a(name):
+    p = dsl.validate(dsl.parse(triton_examples()[name].read_text(), filename=name))
+    art = tb.build(tb.lower(p))
+    assert art.backend == "triton" and art.meta["arch"] == "sm_90a"
+    for k in art.meta["kernels"]:
+        assert k["cubin"][:4] == b"\x7fELF"
+        assert k["metadata"]["target"]["arch"] == 90
+    ptx = _sass_facts(art)
+    assert ".target sm_90a" in ptx
+    assert "wgmma.mma_async" in ptx or name == "triton_split_k"
+    if p.scheduler == "persistent":
+        assert "cp.async.bulk.tensor" in ptx        # TMA loads
+
+
+@settings(max_examples=5, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(valid_programs(backends=("triton",)))
+def test_valid_programs_compile(p):
+    art = tb.build(tb.lower(p))
+    assert all(k["metadata"]["shared"] <= dsl.SM90A.max_smem_per_block for k in art.meta["kernels"])
+
+
+def test_second_build_is_a_cache_hit(monkeypatch):
+    p = dsl.validate(dsl.parse(triton_examples()["triton_split_k"].read_text()))
+    first = tb.build(tb.lower(p))
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled again despite a cached artifact")
+
+    monkeypatch.setattr(tb, "compile_kernels", no_compile)
+    again = tb.build(tb.lower(p))
+    assert again.key == first.key and again.meta["kernels"][0]["cubin"] == first.meta["kernels"][0]["cubin"]
+
+
+def test_build_many_compiles_in_parallel_and_reports_failures():
+    good = program(512, 512, 512, tile=(64, 128, 64), warps=(4, 1), stages=3)
+    # Past the validator on purpose: 6 stages of 256x128x128 cannot fit in shared memory.
+    bad = program(512, 512, 512, tile=(256, 128, 128), warps=(8, 1), stages=6)
+    results = builds.build_many([tb.lower(good), tb.lower(bad)], jobs=2)
+    assert not isinstance(results[0], BackendError)
+    assert isinstance(results[1], BackendError)
+    assert "shared memory" in str(results[1]) or "triton" in str(results[1])
+
+
+# -- the search space ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(64, 64, 12288), (4096, 4096, 4096), (1000, 3000, 77), (64, 4096, 2048)])
+def test_space_is_valid_pruned_and_ordered(shape):
+    problem = Problem(*shape)
+    cands = tb.space(problem)
+    assert 1 <= len(cands) <= 60 and len(set(cands)) == len(cands)
+    for c in cands:
+        assert not dsl.diagnose(c), (c, dsl.diagnose(c))
+    m, n, k = shape
+    if m == 64:
+        assert all(c.tile.m == 64 for c in cands)
+    if k % 8:
+        assert all(c.scheduler == "tile" for c in cands)
+    if m * n <= 64 * 64 and k >= 4096:
+        assert any(c.split_k > 1 for c in cands[:12])
+    if m >= 4096 and n >= 4096:
+        assert cands[0].tile.m * cands[0].tile.n >= 128 * 256 and cands[0].scheduler == "persistent"
+
+
+def test_space_for_generic_problem():
+    cands = tb.space(Problem(None, None, None))
+    assert cands and all(not dsl.diagnose(c) for c in cands)
+
+
+# -- numbers: the generated text run by Triton's interpreter -----------------------------------
+
+def _operands(p: Program, m, n, k, seed):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    pr, e = p.problem, p.problem.epilogue
+    a = torch.randn(m, k, generator=g) if pr.a_major == "row" else torch.randn(k, m, generator=g).t()
+    b = torch.randn(k, n, generator=g) if pr.b_major == "row" else torch.randn(n, k, generator=g).t()
+    odt = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[e.out_dtype]
+    extra = {}
+    if e.bias:
+        extra["bias"] = torch.randn(n if e.bias == "n" else m, generator=g).to(odt)
+    if e.residual:
+        extra["residual"] = torch.randn(m, n, generator=g).to(odt)
+    if e.beta:
+        extra["c"] = torch.randn(m, n, generator=g).to(odt)
+    out = torch.full((m, n), float("nan"), dtype=odt)
+    return a.half(), b.half(), out, extra
+
+
+def _reference(p: Program, a, b, extra):
+    import torch
+    import torch.nn.functional as F
+
+    e = p.problem.epilogue
+    acc = e.alpha * (a.double() @ b.double())
+    if e.beta:
+        acc = acc + e.beta * extra["c"].double()
+    if e.bias == "n":
+        acc = acc + extra["bias"].double()[None, :]
+    elif e.bias == "m":
+        acc = acc + extra["bias"].double()[:, None]
+    acc = {"relu": torch.relu, "gelu": F.gelu, "silu": F.silu, None: lambda x: x}[e.activation](acc)
+    if e.residual:
+        acc = acc + extra["residual"].double()
+    return acc
+
+
+INTERPRETED = [
+    # (program, shape it runs at): unaligned shapes, both majors, every epilogue piece, each kernel shape
+    (program(37, 45, 77, b="col", tile=(32, 32, 16), warps=(4, 1),
+             epilogue=Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True)), None),
+    (program(33, 40, 50, a="col", tile=(16, 32, 16), warps=(4, 1), raster="n", swizzle=2,
+             epilogue=Epilogue(bias="m", activation="silu")), None),
+    (program(40, 48, 96, tile=(32, 16, 16), warps=(4, 1), split_k=3, epilogue=Epilogue(activation="relu")), None),
+    (program(40, 48, 96, tile=(32, 32, 16), warps=(4, 1), split_k=2, split_k_reduce="atomic",
+             epilogue=Epilogue(alpha=0.5, out_dtype="f32")), None),
+    (program(40, 48, 96, b="col", tile=(32, 32, 32), warps=(4, 1), scheduler="persistent", swizzle=2), None),
+    (program(48, 40, 88, a="col", tile=(32, 16, 16), warps=(4, 1), scheduler="persistent", split_k=2,
+             raster="n", swizzle=2, epilogue=Epilogue(bias="n", residual=True)), None),
+    (program(37, 64, 72, b="col", tile=(32, 32, 16), warps=(4, 1), scheduler="persistent",
+             epilogue=Epilogue(alpha=1.5, beta=0.5, bias="n", activation="silu", residual=True, out_dtype="f32")),
+     None),
+    (program(None, None, None, tile=(32, 32, 16), warps=(4, 1)), (33, 50, 70)),
+]
+
+
+def test_generated_kernels_compute_the_right_numbers_under_the_interpreter():
+    from gemmgen.backends.triton_launch import interpret_many
+
+    cases, refs = [], []
+    for i, (p, shape) in enumerate(INTERPRETED):
+        m, n, k = shape or (p.problem.m, p.problem.n, p.problem.k)
+        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=i)
+        cases.append((tb.lower(p), p, dict(a=a, b=b, out=out, **{x: extra.get(x) for x in ("bias", "residual", "c")}),
+                      None, None))
+        refs.append(_reference(p, a, b, extra))
+    outs = interpret_many(cases)
+    for (p, _), out, ref in zip(INTERPRETED, outs, refs):
+        assert not out.isnan().any(), p
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 2e-3, (p, err)
