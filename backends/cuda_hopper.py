@@ -211,9 +211,10 @@ def encode_tensor_map(dest: TensorMap, ptr: int, mn: int, k: int, ld: int, rows:
     from cuda.bindings import driver
     from gemmgen.backends.cuda_launch import check
     dims, box = ([k, mn], [BK, rows]) if k_contiguous else ([mn, k], [64, BK])
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t  # older cuda-bindings (13.3) take no plain ints
     tmap = check(driver.cuTensorMapEncodeTiled(
         driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, ptr,
-        dims, [ld * 2], box, [1, 1],
+        [u64(d) for d in dims], [u64(ld * 2)], [u32(b) for b in box], [u32(1), u32(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

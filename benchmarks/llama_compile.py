@@ -1,0 +1,351 @@
+"""A ~1 B-parameter Llama-style decoder under torch.compile: gemmgen against inductor.
+
+GPU only (an H200). Random weights, fp16, eval. Cases: prefill 1 x 2048 and 8 x 512 tokens,
+and one decode step for a batch of 8 over a static KV cache holding 512 tokens. Variants:
+eager, torch.compile default (inductor), torch.compile(backend="gemmgen"), and
+torch.compile(mode="max-autotune") while the time budget lasts.
+
+Per case and variant: max relative error of the logits against eager (max |out - ref| /
+max |ref|), compile time (the first call, wall clock), device time per call (CUDA events
+around a loop of calls after warm-up, median of repeats), and, unless --no-profile, where
+the device time goes (GEMM / attention / other kernels, from one profiled call).
+Writes results.json and llama_compile.png under --out and prints a table last.
+
+    python benchmarks/llama_compile.py --out benchmarks/results/llama_compile
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+CASES = (("prefill_b1_s2048", "prefill", 1, 2048), ("prefill_b8_s512", "prefill", 8, 512),
+         ("decode_b8_kv512", "decode", 8, 512))
+VARIANTS = ("eager", "inductor", "gemmgen", "max-autotune")
+GEMM_WORDS = ("gemm", "nvjet", "cutlass", "xmma", "wgmma", "triton_tem", "gemmgen", "matmul", "_mm_")
+ATTN_WORDS = ("flash", "fmha", "attention", "sdpa", "efficient")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="folder for results.json and the plot")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="wall-clock budget; max-autotune is skipped once it would overrun (default 300)")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--intermediate", type=int, default=5632)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=32)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--iters", type=int, default=20, help="calls per timed loop (decode: 5x this)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cases", default=",".join(c[0] for c in CASES))
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--db", default=None, help="gemmgen tuning database (default: GEMMGEN_DB or ~/.cache)")
+    p.add_argument("--baseline", choices=("stock", "op"), default="stock",
+                   help="gemmgen option: untuned matmuls stay with inductor (stock) or use gemmgen's fallback")
+    p.add_argument("--min-gain-us", type=float, default=5.0,
+                   help="gemmgen option: least device time a tuned kernel must save per call (default 5)")
+    p.add_argument("--tune-budget", type=int, default=0, metavar="N",
+                   help="before timing, tune the problems gemmgen lacks with N trials each (default 0: no tuning)")
+    p.add_argument("--tune-time-s", type=float, default=240.0, help="time budget of that tuning (default 240)")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke test of this script with a tiny --hidden/--layers model (wall-clock timing)")
+    return p.parse_args(argv)
+
+
+def build_model(args):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                      num_key_value_heads=args.kv_heads, max_position_embeddings=4096)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(cfg)
+    return model.to(torch.float16).eval(), cfg
+
+
+def compiled(model, variant: str, args):
+    import torch
+
+    if variant == "eager":
+        return model
+    if variant == "inductor":
+        return torch.compile(model, dynamic=False)
+    if variant == "max-autotune":
+        return torch.compile(model, mode="max-autotune", dynamic=False)
+    options = {"baseline": args.baseline, "min_gain_us": args.min_gain_us}
+    if args.device == "cpu":
+        options["devices"] = ("cuda", "cpu")     # the CPU reference op: exercises the rewrite only
+    if args.db:
+        options["db"] = args.db
+    return torch.compile(model, backend="gemmgen", dynamic=False, options=options)
+
+
+class Case:
+    """Inputs and the call for one case; decode re-prefills a fresh static cache per variant."""
+
+    def __init__(self, name, kind, batch, tokens, model, cfg, iters: int):
+        import torch
+
+        self.name, self.kind, self.batch, self.tokens = name, kind, batch, tokens
+        self.device = device = next(model.parameters()).device
+        g = torch.Generator(device=device).manual_seed(1)
+        self.ids = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device, generator=g)
+        self.step_ids = torch.randint(0, cfg.vocab_size, (batch, 1), device=device, generator=g)
+        self.model, self.cfg = model, cfg
+        self.iters = iters * (5 if kind == "decode" else 1)   # decode steps are short: time more of them
+        self.steps = self.iters + 4                           # cache slots a timed loop fills
+
+    def call_for(self, fn):
+        """(call, reset): reset puts a decode cache back at `tokens` cached tokens (not timed)."""
+        import torch
+
+        if self.kind == "prefill":
+            return (lambda: fn(input_ids=self.ids, use_cache=False).logits), (lambda: None)
+        from transformers import StaticCache
+
+        cache = StaticCache(config=self.cfg, max_cache_len=self.tokens + self.steps + 8)
+        with torch.no_grad():
+            self.model(input_ids=self.ids, past_key_values=cache, use_cache=True)   # eager prefill
+        pos = torch.full((self.batch, 1), self.tokens, device=self.device, dtype=torch.long)
+        cache_position = torch.tensor([self.tokens], device=self.device)
+
+        def reset():
+            for layer in getattr(cache, "layers", ()):
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                    layer.cumulative_length.fill_(self.tokens)   # transformers >= 5.x keeps a counter
+
+        return (lambda: fn(input_ids=self.step_ids, past_key_values=cache, use_cache=True, position_ids=pos,
+                           cache_position=cache_position).logits), reset
+
+
+def time_calls(call, reset, iters: int, repeats: int) -> tuple[float, float]:
+    """Median and spread (max-min over median) of device ms per call, CUDA events around loops."""
+    import torch
+
+    reset()
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        reset()
+        if not torch.cuda.is_available():            # the CPU smoke test: wall clock
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            times.append((time.perf_counter() - t0) * 1e3 / iters)
+            continue
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            call()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    med = statistics.median(times)
+    return med, (max(times) - min(times)) / med
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_split(call) -> dict:
+    """Device ms of one call by kernel family (GEMM, attention, other) and the kernel count."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    split = {"gemm_ms": 0.0, "attention_ms": 0.0, "other_ms": 0.0, "kernels": 0}
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = evt.name.lower()
+        family = ("gemm_ms" if any(w in name for w in GEMM_WORDS)
+                  else "attention_ms" if any(w in name for w in ATTN_WORDS) else "other_ms")
+        split[family] += evt.time_range.elapsed_us() / 1e3
+        split["kernels"] += 1
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in split.items()}
+
+
+def run_variant(case: Case, variant: str, args, ref):
+    import torch
+
+    from gemmgen import torch_backend
+
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch_backend.reset_stats()
+    fn = compiled(case.model, variant, args)
+    call, reset = case.call_for(fn)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = call().float().clone()
+        sync()
+        compile_s = time.perf_counter() - t0
+        ms, spread = time_calls(call, reset, case.iters, args.repeats)
+        reset()
+        split = None if args.no_profile or args.device == "cpu" else profile_split(call)
+    row = {"case": case.name, "variant": variant, "compile_s": round(compile_s, 2), "device_ms": ms,
+           "spread": round(spread, 4), "split": split,
+           "dynamo_graphs": counters["stats"]["unique_graphs"]}     # > 1 per graph break or recompile
+    row["max_rel_err"] = None if ref is None else ((out - ref).abs().max() / ref.abs().max()).item()
+    if not math.isfinite(row["max_rel_err"] or 0.0):
+        row["note"] = "non-finite error"
+    if variant == "gemmgen":
+        row["gemmgen"] = torch_backend.stats()
+        row["kernels"] = kernels_used()
+    return row, out
+
+
+def pretune(cases, args) -> dict:
+    """Compile each case with gemmgen once, collect the problems without a tuned kernel, tune them."""
+    import torch
+
+    from gemmgen import torch_backend
+
+    keys: dict = {}
+    for case in cases:
+        torch._dynamo.reset()
+        torch_backend.reset_stats()
+        with torch.no_grad():
+            case.call_for(compiled(case.model, "gemmgen", args))[0]()
+        keys.update(dict.fromkeys(torch_backend.missing_keys()))
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    report = torch_backend.tune_keys(list(keys), args.db, args.tune_budget, args.tune_time_s) if keys else None
+    from gemmgen import torch_ops
+
+    return {"problems": [torch_ops.problem_key(k) for k in keys], "tune_s": round(time.perf_counter() - t0, 1),
+            "report": report.summary() if report else "nothing to tune"}
+
+
+def kernels_used() -> list:
+    from gemmgen import torch_ops
+
+    return [{"problem": torch_ops.problem_key(key), "backend": k.backend, "via": k.provenance.how}
+            for key, k in torch_ops._KERNELS.items()]
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        base = {r["case"]: r["device_ms"] for r in rows if r["variant"] == "inductor"}
+        vals = [next((base[c] / r["device_ms"] for r in rows if r["case"] == c and r["variant"] == v
+                      and c in base), 0.0) for c in cases]
+        ax.bar([j + i * width for j in range(len(cases))], vals, width, label=v)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases)
+    ax.set_ylabel("speedup over torch.compile default")
+    ax.set_title("Llama-style ~1B decoder, fp16, H200 (higher is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    import transformers
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("llama_compile: needs a CUDA GPU (or --device cpu for a smoke test)", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, cfg = build_model(args)
+    n_params = sum(p.numel() for p in model.parameters())
+    variants = [v for v in args.variants.split(",") if v]
+    rows, notes, tuning = [], [], None
+    selected = [c for c in CASES if c[0] in args.cases.split(",")]
+    if args.tune_budget > 0 and "gemmgen" in variants:
+        tuning = pretune([Case(*c, model, cfg, iters=1) for c in selected], args)
+        print(f"tuned {len(tuning['problems'])} problems in {tuning['tune_s']} s: {tuning['report']}", flush=True)
+    cases = [Case(*c, model, cfg, iters=args.iters) for c in selected]
+    refs: dict = {}
+
+    def run(case, variant):
+        row, out = run_variant(case, variant, args, refs.get(case.name))
+        if variant == "eager":
+            refs[case.name] = out
+        rows.append(row)
+        print(f"  {case.name:18s} {variant:13s} {row['device_ms']:9.3f} ms  compile {row['compile_s']:7.1f} s",
+              flush=True)
+        return row
+
+    # The contest first (eager, default, gemmgen on every case), then max-autotune while the budget lasts.
+    for case in cases:
+        for variant in (v for v in variants if v != "max-autotune"):
+            run(case, variant)
+    if "max-autotune" in variants:
+        estimate = 120.0                   # seconds for one max-autotune case until one is measured
+        for case in cases:
+            elapsed = time.perf_counter() - start
+            if elapsed + estimate > args.budget_s:
+                notes.append(f"{case.name}: max-autotune skipped ({elapsed:.0f} s spent, about {estimate:.0f} s "
+                             f"more needed, budget {args.budget_s:.0f} s)")
+                continue
+            t0 = time.perf_counter()
+            run(case, "max-autotune")
+            estimate = time.perf_counter() - t0
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (smoke test)"
+    result = {"gpu": gpu, "torch": torch.__version__,
+              "transformers": transformers.__version__, "params": n_params, "args": vars(args),
+              "wall_s": round(time.perf_counter() - start, 1), "notes": notes, "tuning": tuning, "rows": rows}
+    (out_dir / "results.json").write_text(json.dumps(result, indent=2))
+    plot(rows, out_dir / "llama_compile.png")
+    print_table(result)
+    return 0
+
+
+def print_table(result) -> None:
+    order = {name: i for i, (name, *_rest) in enumerate(CASES)}
+    rows = sorted(result["rows"], key=lambda r: (order[r["case"]], VARIANTS.index(r["variant"])))
+    base = {r["case"]: r["device_ms"] for r in rows if r["variant"] == "inductor"}
+    print(f"\n{result['gpu']}, torch {result['torch']}, {result['params'] / 1e9:.2f} B params, "
+          f"{result['wall_s']} s")
+    for note in result["notes"]:
+        print("note:", note)
+    print(f"{'case':18s} {'variant':13s} {'ms/call':>9s} {'vs default':>10s} {'max rel err':>11s} "
+          f"{'compile s':>9s} {'gemm/attn/other ms (1 call)':>27s}  gemmgen")
+    for r in rows:
+        speed = f"{base[r['case']] / r['device_ms']:.3f}x" if r["case"] in base else "-"
+        err = "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.2e}"
+        sp = r["split"]
+        split = "-" if not sp else f"{sp['gemm_ms']:.3f}/{sp['attention_ms']:.3f}/{sp['other_ms']:.3f}"
+        rep = ""
+        if "gemmgen" in r:
+            g = r["gemmgen"]
+            rep = f"replaced {sum(g['replaced'].values())}, left {g['skipped']}"
+        print(f"{r['case']:18s} {r['variant']:13s} {r['device_ms']:9.3f} {speed:>10s} {err:>11s} "
+              f"{r['compile_s']:9.1f} {split:>27s}  {rep}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

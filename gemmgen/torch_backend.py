@@ -1,0 +1,139 @@
+"""`torch.compile(model, backend="gemmgen")`: inductor, with gemmgen kernels for fp16 matmuls.
+
+The backend is inductor's own compiler (`compile_fx`) with one post-grad graph pass
+added (gemmgen/torch_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because the pass is given to inductor as a config
+patch, it applies to the forward graph and to the backward graph inductor compiles
+later. Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
+
+    ops           which matmuls to take and which activations to fuse
+                  (subset of "mm", "addmm", "relu", "gelu", "silu"; default all)
+    devices       device types to rewrite on: ("cuda",) by default; add "cpu" to run the
+                  rewrite on CPU, where the op computes a torch reference (for testing)
+    baseline      "stock" (default): a CUDA matmul with no tuned kernel stays with inductor;
+                  "op": it goes through gemmgen's cuBLAS fallback anyway
+    tune_missing  tune shapes the database lacks at compile time (GPU; minutes); default False
+    tune_budget   trials per shape when tuning (default 8)
+    min_gain_us   take a tuned kernel only if it saves at least this much device time per call
+                  (default 5: the op's extra host cost; see docs/torch_compile.md)
+    db            tuning database path (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)
+    inductor      a dict of inductor config patches passed through unchanged
+
+`stats()` says what was rewritten and why the rest was not.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from gemmgen.errors import GemmgenError
+from gemmgen.torch_pass import OP_KINDS, PassOptions, missing_keys, reset_stats, stats
+
+__all__ = ["TorchBackendError", "gemmgen_backend", "make_backend", "missing_keys", "reset_stats", "stats",
+           "tune_keys"]
+
+_DEVICE_TYPES = ("cuda", "cpu")
+_BASELINES = ("stock", "op")
+#: Where the pass goes in inductor's config (the first of the post-grad passes).
+PASS_SLOT = "post_grad_custom_pre_pass"
+_OPTION_NAMES = ("ops", "devices", "baseline", "tune_missing", "tune_budget", "min_gain_us", "db", "inductor")
+
+
+class TorchBackendError(GemmgenError):
+    """Options of the gemmgen torch.compile backend that cannot be honoured."""
+
+
+def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
+                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0,
+                 db=None) -> PassOptions:
+    """Validated PassOptions from user values."""
+    ops = (ops,) if isinstance(ops, str) else tuple(ops)
+    devices = (devices,) if isinstance(devices, str) else tuple(devices)
+    bad = [o for o in ops if o not in OP_KINDS]
+    if bad:
+        raise TorchBackendError(f"ops {bad} not understood; choose from {', '.join(OP_KINDS)}")
+    bad = [d for d in devices if d not in _DEVICE_TYPES]
+    if bad:
+        raise TorchBackendError(f"devices {bad} not understood; choose from {', '.join(_DEVICE_TYPES)}")
+    if baseline not in _BASELINES:
+        raise TorchBackendError(f"baseline={baseline!r} not understood; choose 'stock' or 'op'")
+    if not isinstance(tune_budget, int) or tune_budget < 1:
+        raise TorchBackendError(f"tune_budget must be a positive integer, got {tune_budget!r}")
+    if not isinstance(min_gain_us, (int, float)) or min_gain_us < 0:
+        raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
+    return PassOptions(ops=ops, devices=devices, tune_missing=bool(tune_missing), tune_budget=tune_budget,
+                       db=None if db is None else str(db), baseline=baseline, min_gain_us=float(min_gain_us))
+
+
+def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
+                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0, db=None,
+                 inductor: Optional[Mapping[str, Any]] = None):
+    """A torch.compile backend with these options: torch.compile(m, backend=make_backend(...))."""
+    chosen = pass_options(ops, devices, baseline, tune_missing, tune_budget, min_gain_us, db)
+    patches = dict(inductor or {})
+
+    def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):
+        if options:
+            raise TorchBackendError("a make_backend() backend takes its options from make_backend(); "
+                                    "pass options= only with backend='gemmgen'")
+        return compile_with_pass(gm, example_inputs, chosen, mode=mode, inductor=patches)
+
+    backend.__name__ = "gemmgen"
+    return backend
+
+
+def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):
+    """The registered backend (entry point `gemmgen`): options arrive from torch.compile(options=...)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise TorchBackendError(f"unknown gemmgen backend options {unknown}; valid: {', '.join(_OPTION_NAMES)}")
+    inductor = options.pop("inductor", None) or {}
+    return compile_with_pass(gm, example_inputs, pass_options(**options), mode=mode, inductor=inductor)
+
+
+def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optional[str] = None,
+                      inductor: Optional[Mapping[str, Any]] = None):
+    """Inductor's compile_fx with the gemmgen pass patched in (forward and backward graphs)."""
+    import torch._inductor
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    from gemmgen import torch_ops
+    from gemmgen.torch_pass import GemmgenPass
+
+    torch_ops.set_lookup_db(options.db)
+    patches: dict = {}
+    if mode and mode != "default":
+        patches.update(torch._inductor.list_mode_options(mode))
+    patches.update(inductor or {})
+    # The pre slot of the post-grad passes: inductor's own post-grad patterns run after it, and
+    # on some versions they split a GPU addmm into mm + add before a post pass could see it.
+    existing = patches.get(PASS_SLOT, getattr(inductor_config, PASS_SLOT))
+    chained = None if isinstance(existing, GemmgenPass) else existing
+    patches[PASS_SLOT] = GemmgenPass(options, chained)
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Optional[float] = None):
+    """Tune the problems of these op keys (`missing_keys()`) into the database (GPU), then
+    forget cached kernels so the next compile sees the winners. Returns the TuneReport."""
+    from pathlib import Path
+
+    from gemmgen.compile import clear_cache
+    from gemmgen.policy.proposers import get_proposer
+    from gemmgen.torch_ops import clear_kernels, problem_of
+    from gemmgen.tune import tune
+    from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tuning_db import Database, default_db_path
+
+    problems = list(dict.fromkeys(problem_of(key) for key in keys))
+    path = Path(db) if db is not None else default_db_path()
+    with Database(path) as database, WorkerRunner(mode="offline") as runner:
+        report = tune(problems, proposer=get_proposer("heuristic"), builder=PoolBuilder(), runner=runner,
+                      db=database, budget=budget, time_budget_s=time_budget_s, progress=False)
+    import logging
+
+    logging.getLogger("gemmgen.torch").info("gemmgen: tuned %d missing problems: %s", len(problems),
+                                            report.summary())
+    clear_cache()
+    clear_kernels()
+    return report

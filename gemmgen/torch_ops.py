@@ -1,0 +1,149 @@
+"""The `gemmgen::gemm` torch operator: what the graph pass puts in place of a matmul.
+
+One op serves every rewritten node. Its arguments carry the static facts of the
+problem (operand majors, activation, alpha, beta; M, N, K are the operands' shapes),
+so at run time the kernel is one dict lookup away. Kernels are chosen by
+`gemmgen.compile` at graph-compile time (`resolve`) and again on a miss at run time
+(a graph served from inductor's cache never ran the pass in this process).
+
+On CUDA the op calls the gemmgen Kernel. On CPU it computes the reference in fp32
+torch: that path exists so that CPU-only CI can run rewritten models end to end
+(`devices=("cuda", "cpu")`); it is not a fast path.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+
+from gemmgen.dsl.ir import Epilogue
+
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+
+#: (m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device) -> Kernel
+_KERNELS: dict = {}
+_LOCK = threading.Lock()
+#: Where run-time misses look kernels up (set by the backend that compiled the graph).
+_LOOKUP = {"db": None}
+
+
+def set_lookup_db(db) -> None:
+    """The tuning database that run-time misses use (the last backend compiled wins)."""
+    _LOOKUP["db"] = db
+
+
+def epilogue_of(has_bias: bool, has_c: bool, activation: str, alpha: float, beta: float) -> Epilogue:
+    """The Epilogue a rewritten node computes: act(alpha * acc + beta * c + bias)."""
+    return Epilogue(alpha=float(alpha), beta=float(beta) if has_c else 0.0,
+                    bias="n" if has_bias else None,
+                    activation=None if activation == "none" else activation)
+
+
+def kernel_key(m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device) -> tuple:
+    return (m, n, k, a_major, b_major, has_bias, has_c, activation, float(alpha), float(beta), device)
+
+
+def problem_of(key: tuple):
+    """The gemmgen Problem an op key stands for."""
+    from gemmgen.dsl.ir import Problem
+
+    m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, _device = key
+    return Problem(m, n, k, a_major, b_major, epilogue=epilogue_of(has_bias, has_c, activation, alpha, beta))
+
+
+def problem_key(key: tuple) -> str:
+    """The gemmgen problem key (`Problem.key`) of an op key: what to tune for it."""
+    return problem_of(key).key
+
+
+def resolve(key: tuple, db=None):
+    """The gemmgen Kernel for a key, from the cache or `gemmgen.compile` (then cached)."""
+    kernel = _KERNELS.get(key)
+    if kernel is not None:
+        return kernel
+    from gemmgen.compile import compile as gemmgen_compile
+
+    m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device = key
+    epilogue = epilogue_of(has_bias, has_c, activation, alpha, beta)
+    kernel = gemmgen_compile((m, n, k), a_major=a_major, b_major=b_major, epilogue=epilogue,
+                             device=device, db=db if db is not None else _LOOKUP["db"])
+    with _LOCK:
+        _KERNELS.setdefault(key, kernel)
+    return _KERNELS[key]
+
+
+def clear_kernels() -> None:
+    """Forget the op's kernels (after tuning in this process, say)."""
+    with _LOCK:
+        _KERNELS.clear()
+        _LAUNCHERS.clear()
+
+
+def _stride_tag():
+    """Inductor must hand the op exactly the strides the pass saw (the majors depend on them)."""
+    tag = getattr(torch.Tag, "needs_exact_strides", None) or getattr(torch.Tag, "needs_fixed_stride_order")
+    return (tag,)
+
+
+# Defined through torch.library.Library rather than the @custom_op decorator: same dispatcher
+# op, but about half the per-call host overhead (no autograd wrapper; the op only ever appears
+# in post-grad graphs, after autograd), which is what decode-sized matmuls pay for.
+_LIB = torch.library.Library("gemmgen", "DEF")
+_LIB.define("gemm(Tensor a, Tensor b, Tensor? bias, Tensor? c, str a_major, str b_major, str activation, "
+            "float alpha, float beta) -> Tensor", tags=_stride_tag())
+#: key -> the kernel's launcher, once one checked call went through (the warm path).
+_LAUNCHERS: dict = {}
+
+
+def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta):
+    """out = act(alpha * a @ b + beta * c + bias), fp16 out, fp32 accumulation, by a gemmgen Kernel."""
+    m, k = a.shape
+    n = b.shape[1]
+    key = (m, n, k, a_major, b_major, bias is not None, c is not None, activation, alpha, beta,
+           a.device.index)
+    launch = _LAUNCHERS.get(key)
+    if launch is not None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        launch(a, b, out, bias=bias, residual=None, c=c, alpha=alpha, beta=beta)
+        return out
+    kernel = _KERNELS.get(key) or resolve(key)
+    out = kernel(a, b, bias=bias, c=c)            # the checked call: operands against the problem
+    # Inductor hands this op the same shapes and strides every call (needs_exact_strides), so
+    # later calls skip the checks. TODO(kernel room): a public Kernel.launcher would replace _launch.
+    launch = getattr(kernel, "_launch", None)
+    if callable(launch):
+        _LAUNCHERS[key] = launch
+    return out
+
+
+def gemm_cpu(a, b, bias, c, a_major, b_major, activation, alpha, beta):
+    """The fp32 torch reference: lets CPU-only CI run rewritten models (devices=("cuda", "cpu"))."""
+    return reference(a, b, bias, c, activation, alpha, beta)
+
+
+def gemm_fake(a, b, bias, c, a_major, b_major, activation, alpha, beta):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+_LIB.impl("gemm", gemm_cuda, "CUDA")
+_LIB.impl("gemm", gemm_cpu, "CPU")
+torch.library.register_fake("gemmgen::gemm", gemm_fake, lib=_LIB)
+
+
+def reference(a, b, bias, c, activation: str, alpha: float, beta: float) -> torch.Tensor:
+    """The epilogue semantics of dsl/ir.py in fp32 torch, cast to the operands' dtype."""
+    y = torch.mm(a.float(), b.float())
+    if alpha != 1.0:
+        y = y * alpha
+    if c is not None and beta != 0.0:
+        y = y + beta * c.float()
+    if bias is not None:
+        y = y + bias.float()
+    if activation == "relu":
+        y = torch.relu(y)
+    elif activation == "gelu":
+        y = torch.nn.functional.gelu(y)
+    elif activation == "silu":
+        y = torch.nn.functional.silu(y)
+    return y.to(a.dtype)

@@ -1,0 +1,307 @@
+"""The torch.compile backend on CPU: registration, the rewrite on real transformers models,
+numerics against eager, backward graphs, and what is left alone.
+
+What runs here: fp16 models on CPU with `devices=("cuda", "cpu")`, so the pass rewrites CPU
+matmuls too and the gemmgen op computes its fp32 torch reference (the CUDA kernels cannot run
+here). Eager runs the same fp16 model with torch's CPU fp16 matmuls. Each compile costs inductor
+a C++ build, so the models are tiny (2 layers, hidden 64) and each test compiles once.
+"""
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+from gemmgen import torch_backend
+from gemmgen.torch_pass import GemmgenPass, PassOptions, _act_graph, _match_activation, major_of
+
+transformers = pytest.importorskip("transformers")
+
+CPU = {"devices": ("cuda", "cpu")}
+LAYERS, HIDDEN, INTER, VOCAB = 2, 64, 128, 128
+
+
+@pytest.fixture
+def fresh():
+    """A clean dynamo, empty stats, and no inductor caches (a cache hit would skip the pass)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    torch_backend.reset_stats()
+    with inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+def tiny_llama():
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
+                                   num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).to(torch.float16)
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def test_registered_through_the_entry_point():
+    (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "gemmgen"]
+    assert ep.load() is torch_backend.gemmgen_backend
+    assert "gemmgen" in torch._dynamo.list_backends()
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("gemmgen") is torch_backend.gemmgen_backend
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(torch_backend.TorchBackendError, match="unknown gemmgen backend options"):
+        torch_backend.gemmgen_backend(None, [], options={"opz": ["mm"]})
+    with pytest.raises(torch_backend.TorchBackendError, match="choose from"):
+        torch_backend.make_backend(ops=("mm", "bmm"))
+    with pytest.raises(torch_backend.TorchBackendError, match="choose from"):
+        torch_backend.make_backend(devices=("tpu",))
+
+
+def test_pass_uuid_follows_the_options():
+    """Inductor's FX-graph cache keys on the uuid: different options must not share entries."""
+    plain = GemmgenPass(PassOptions()).uuid()
+    assert plain == GemmgenPass(PassOptions()).uuid()
+    assert plain != GemmgenPass(PassOptions(devices=("cuda", "cpu"))).uuid()
+    assert plain != GemmgenPass(PassOptions(ops=("mm",))).uuid()
+
+
+def test_majors_follow_the_strides():
+    w = torch.empty(48, 32)                      # an nn.Linear weight (N, K)
+    assert major_of(w.t().shape, w.t().stride()) == "col"
+    assert major_of(w.shape, w.stride()) == "row"
+    x = torch.empty(16, 64)[:, ::2]              # every other column: neither
+    assert major_of(x.shape, x.stride()) is None
+    padded = torch.empty(16, 40)[:, :32]         # a leading dimension wider than the row
+    assert major_of(padded.shape, padded.stride()) is None
+
+
+def test_activation_matching_needs_the_exact_decomposition():
+    """gelu(tanh) is not exact gelu: the constants differ, so it must not match."""
+    from torch._inductor.pattern_matcher import fwd_only
+
+    def graph_of(fn):
+        return fwd_only(fn, [torch.empty(8, dtype=torch.float16)]).graph
+
+    def head(graph):
+        return [n for n in graph.nodes if n.op == "placeholder"][0]
+
+    exact = graph_of(lambda x: torch.nn.functional.gelu(x))
+    tanh = graph_of(lambda x: torch.nn.functional.gelu(x, approximate="tanh"))
+    assert _match_activation(head(exact), _act_graph("gelu")) is not None
+    assert _match_activation(head(tanh), _act_graph("gelu")) is None
+    assert _match_activation(head(exact), _act_graph("silu")) is None
+
+
+def test_llama_inference_rewrites_every_projection(fresh):
+    model = tiny_llama().eval()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits
+        out = torch.compile(model, backend="gemmgen", options=CPU)(ids).logits
+    # By hand: q, k, v, o, gate, up, down per layer, plus lm_head; gate's silu fuses (eval: one user).
+    per_layer, fused = 7, 1
+    expected = {"mm": LAYERS * (per_layer - fused) + 1, "mm+silu": LAYERS * fused}
+    stats = torch_backend.stats()
+    assert stats["replaced"] == expected, stats
+    assert stats["skipped"] == {}
+    # Weights are x @ W.T: A row-major, B a transposed (N, K) weight, i.e. column-major.
+    assert all(":rcr:" in key for key in stats["problems"]), stats["problems"]
+    assert f"16x{INTER}x{HIDDEN}:rcr:f16:f32:silu+f16" in stats["problems"]
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_llama_training_forward_and_backward(fresh):
+    model = tiny_llama().train()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
+    model(ids, labels=ids).loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    compiled = torch.compile(model, backend="gemmgen", options=CPU)
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    # Forward: the 15 projections (silu's input is saved for backward, so no fusion).
+    # Backward: two matmuls per projection (grad of its input, grad of its weight).
+    projections = LAYERS * 7 + 1
+    assert torch_backend.stats()["replaced"] == {"mm": projections + 2 * projections}
+    problems = torch_backend.stats()["problems"]
+    assert any(":crr:" in key for key in problems), problems   # grad W = dY.T @ X: A is a transposed view
+    for name, p in model.named_parameters():
+        assert rel_err(p.grad, ref_grads[name]) < 2e-2, name
+
+
+def test_gpt2_conv1d_is_addmm_with_a_row_major_weight(fresh):
+    layers = 1                                 # one block shows every GPT-2 matmul; keeps CI short
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=HIDDEN, n_layer=layers, n_head=4,
+                                  activation_function="gelu", bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).to(torch.float16).eval()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids).logits
+        out = torch.compile(model, backend="gemmgen", options=CPU)(ids).logits
+    # Per layer: c_attn, attn c_proj, c_fc (+ exact gelu fused), mlp c_proj; lm_head is a plain mm.
+    assert torch_backend.stats()["replaced"] == {"addmm": 3 * layers, "addmm+gelu": layers, "mm": 1}
+    problems = torch_backend.stats()["problems"]
+    assert f"16x{3 * HIDDEN}x{HIDDEN}:rrr:f16:f32:bias_n+f16" in problems, problems
+    assert f"16x{4 * HIDDEN}x{HIDDEN}:rrr:f16:f32:bias_n+gelu+f16" in problems, problems
+    assert rel_err(out, ref) < 1e-2
+
+
+def mixed(x16, w16, b16, x32, w32, q, k, wide):
+    """Two matmuls gemmgen takes and three it must leave to inductor."""
+    taken = torch.relu(x16 @ w16.t()) + torch.nn.functional.gelu(torch.addmm(b16, x16, w16.t()))
+    fp32 = x32 @ w32.t()                       # not fp16
+    batched = torch.bmm(q, k.transpose(1, 2))  # a bmm
+    strided = wide[:, ::2] @ w16.t()           # A with strides (2K, 2): neither row nor col major
+    return taken, fp32, batched, strided
+
+
+def mixed_inputs(dtype=torch.float16):
+    g = torch.Generator().manual_seed(4)
+
+    def r(*shape, dt=dtype):
+        return torch.randn(*shape, generator=g).to(dt)
+
+    return (r(16, 32), r(24, 32), r(24), r(16, 32, dt=torch.float32), r(24, 32, dt=torch.float32),
+            r(2, 8, 16), r(2, 8, 16), r(16, 64))
+
+
+def test_unsupported_cases_are_left_alone_and_counted(fresh):
+    args = mixed_inputs()
+    ref = mixed(*args)
+    out = torch.compile(mixed, backend="gemmgen", options=CPU)(*args)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"mm+relu": 1, "addmm+gelu": 1}
+    assert stats["skipped"] == {"dtype": 1, "batched_matmul": 1, "layout": 1}
+    for o, r in zip(out, ref):
+        assert rel_err(o, r) < 1e-2
+
+
+def test_cpu_stays_on_the_stock_path_by_default(fresh):
+    args = mixed_inputs()
+    ref = mixed(*args)
+    out = torch.compile(mixed, backend=torch_backend.make_backend())(*args)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {}
+    assert stats["skipped"]["device_cpu"] == 3      # every fp16 CPU matmul, counted by its reason
+    assert rel_err(out[0], ref[0]) < 1e-2
+
+
+# -- the CUDA decision, on CPU: a graph of fake CUDA tensors through the pass ------------------------
+
+
+def cuda_graph():
+    """mm + relu and addmm(bias) of an nn.Linear-style weight, traced on fake CUDA tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, b):
+        return torch.relu(torch.mm(x, w.t())), torch.addmm(b, x, w.t())
+
+    with FakeTensorMode():
+        args = (torch.empty(64, 32, dtype=torch.float16, device="cuda"),
+                torch.empty(48, 32, dtype=torch.float16, device="cuda"),
+                torch.empty(48, dtype=torch.float16, device="cuda"))
+        return make_fx(f)(*args).graph
+
+
+def record_winner(path, problem, device_ms=0.010, baseline_ms=0.020):
+    """A measured winner for `problem` on the default GPU name, as a tuning run would record it."""
+    from gemmgen import backends
+    from gemmgen.dsl import to_text
+    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, BaselineTime, Database, Device, Trial
+
+    program = backends.get("triton").space(problem)[0]
+    with Database(path) as db:
+        db.record(Trial(problem=problem, device=Device(DEFAULT_DEVICE_NAME), program=to_text(program),
+                        backend=program.backend, status="ok", build_ok=True, check_passed=True,
+                        device_ms=device_ms, spread=0.01, baselines={"torch": BaselineTime(baseline_ms, 0.01)}))
+
+
+def gemm_nodes(graph):
+    return [n for n in graph.nodes if n.target is torch.ops.gemmgen.gemm.default]
+
+
+def test_cuda_matmuls_without_a_tuned_kernel_stay_with_inductor(tmp_path):
+    from gemmgen.compile import clear_cache
+    from gemmgen.torch_ops import clear_kernels
+
+    clear_cache(), clear_kernels(), torch_backend.reset_stats()
+    db = str(tmp_path / "tuning.sqlite")
+    graph = cuda_graph()
+    GemmgenPass(PassOptions(db=db))(graph)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {} and stats["skipped"] == {"no_tuned_kernel": 2}
+    assert set(stats["missing"]) == {"64x48x32:rcr:f16:f32:relu+f16", "64x48x32:rcr:f16:f32:bias_n+f16"}
+    assert len(torch_backend.missing_keys()) == 2 and not gemm_nodes(graph)
+    # baseline="op": through gemmgen's cuBLAS fallback anyway.
+    graph = cuda_graph()
+    GemmgenPass(PassOptions(db=db, baseline="op"))(graph)
+    (relu, bias) = gemm_nodes(graph)
+    assert relu.args[2:] == (None, None, "row", "col", "relu", 1.0, 0.0)
+    assert bias.args[4:7] == ("row", "col", "none") and bias.args[2] is not None
+
+
+def test_a_tuned_winner_is_taken(tmp_path):
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Epilogue, Problem
+    from gemmgen.torch_ops import clear_kernels
+
+    db = tmp_path / "tuning.sqlite"
+    record_winner(db, Problem(64, 48, 32, "row", "col", epilogue=Epilogue(activation="relu")))
+    clear_cache(), clear_kernels(), torch_backend.reset_stats()
+    graph = cuda_graph()
+    GemmgenPass(PassOptions(db=str(db)))(graph)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"mm+relu": 1}           # the winner, fused relu and all
+    assert stats["skipped"] == {"no_tuned_kernel": 1}    # the addmm has none
+    (node,) = gemm_nodes(graph)
+    assert not [n for n in graph.nodes if n.target is torch.ops.aten.relu.default]
+
+
+def test_a_winner_that_saves_less_than_the_op_costs_is_not_taken(tmp_path):
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Epilogue, Problem
+    from gemmgen.torch_ops import clear_kernels
+
+    db = tmp_path / "tuning.sqlite"
+    record_winner(db, Problem(64, 48, 32, "row", "col", epilogue=Epilogue(activation="relu")),
+                  device_ms=0.0040, baseline_ms=0.0042)        # 0.2 us saved per call
+    for min_gain_us, expected in ((5.0, {}), (0.0, {"mm+relu": 1})):
+        clear_cache(), clear_kernels(), torch_backend.reset_stats()
+        GemmgenPass(PassOptions(db=str(db), min_gain_us=min_gain_us))(cuda_graph())
+        assert torch_backend.stats()["replaced"] == expected
+    torch_backend.reset_stats()
+    GemmgenPass(PassOptions(db=str(db)))(cuda_graph())
+    assert torch_backend.stats()["skipped"] == {"gain_below_overhead": 1, "no_tuned_kernel": 1}
+
+
+def test_addmm_bias_c_alpha_beta_are_honoured():
+    """A (1, N) bias, C with alpha/beta, a scaled bias (left alone), beta = 0 (input ignored)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, b, c):
+        return (torch.addmm(b.view(1, -1), x, w.t()), torch.addmm(c, x, w.t(), beta=0.5, alpha=2.0),
+                torch.addmm(b, x, w.t(), beta=2.0), torch.addmm(b, x, w.t(), beta=0.0))
+
+    shapes = ((64, 32), (48, 32), (48,), (64, 48))
+    with FakeTensorMode():
+        gm = make_fx(f)(*(torch.empty(s, dtype=torch.float16) for s in shapes))
+    torch_backend.reset_stats()
+    GemmgenPass(PassOptions(devices=("cpu",)))(gm.graph)
+    gm.recompile()
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"addmm": 2, "mm": 1} and stats["skipped"] == {"scaled_bias": 1}
+    assert "64x48x32:rcr:f16:f32:alpha+beta+f16" in stats["problems"]
+    g = torch.Generator().manual_seed(5)
+    real = [torch.randn(s, generator=g).half() for s in shapes]
+    for out, ref in zip(gm(*real), f(*real)):
+        assert rel_err(out, ref) < 1e-2
