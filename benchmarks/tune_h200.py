@@ -1,4 +1,4 @@
-"""Tune a CSV of shapes on this GPU within a time budget, and ship the winners.
+"""Tune a CSV of shapes on this GPU within a time budget, and ship the trials.
 
     python benchmarks/tune_h200.py --shapes benchmarks/shapes/cudal2_sample100.csv \
         --time-budget 420 --out benchmarks/results/tune_h200
@@ -6,7 +6,9 @@
 Resumable across GPU sessions: OUT/trials.jsonl (every trial, the export format) is
 merged into the working database first, tuning skips every (problem, program) pair
 already measured on this GPU, and the script ends by writing OUT/trials.jsonl again and
-the winners into tuning_db/shipped/h200.jsonl (merged with what is there). Writes
+every trial into tuning_db/shipped/h200.jsonl (merged with what is there): winners are a
+query, and a problem tuned without a winner must be known as such, so that gemmgen.compile
+serves the baseline there rather than a neighbour's program. Writes
 OUT/summary.json and prints a per-FLOP-bucket table last.
 """
 from __future__ import annotations
@@ -78,7 +80,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         getattr(runner, "close", lambda: None)()
     written = export(db, out / "trials.jsonl")
     if args.ship:
-        shipped = export(db, args.ship, winners_only=True)
+        shipped = export(db, args.ship)
     clear_cache()
 
     rows = []

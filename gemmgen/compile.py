@@ -2,11 +2,13 @@
 
 Lookup, in order:
 1. the winner for this exact problem on this GPU (by GPU name);
-2. the winner of the nearest tuned problem with the same majors, dtypes and epilogue
+2. for a problem tuned on this GPU that no program won: the baseline (the measurement
+   said so; a neighbour's program is not a better guess than that);
+3. the winner of the nearest tuned problem with the same majors, dtypes and epilogue
    signature (Euclidean distance of log M, log N, log K, at most NEAREST_MAX_DISTANCE,
    and a winner by at least NEAREST_MIN_SPEEDUP), its program re-bound to this shape and
    re-validated;
-3. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
+4. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
 
 A winner is a trial that passed its check and satisfies the never-slower rule
     device_ms * (1 + spread) < best_baseline_ms
@@ -187,6 +189,10 @@ def _lookup(problem: Problem, gpu: str, index) -> Kernel:
         except ProgramError as exc:  # written by an older DSL: say so, then look further
             warnings.warn(f"gemmgen: the tuned program of trial #{found.trial.id} ({found.layer} database) "
                           f"no longer parses ({exc}); re-tune {problem.key}", RuntimeWarning)
+    if problem.key in index.tuned:
+        return Kernel(problem, None, Provenance(
+            "baseline", gpu, note="tuned on this GPU and no program beat the best baseline by more than "
+            "its noise; torch.matmul (cuBLAS) with the epilogue in torch"))
     candidates = (near for near in index.nearest(problem) if near.trial.best_baseline is not None and
                   near.trial.best_baseline[1].device_ms >= NEAREST_MIN_SPEEDUP * near.trial.device_ms)
     for tries, near in enumerate(candidates):

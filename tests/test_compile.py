@@ -74,6 +74,18 @@ def test_nearest_gives_way_to_baseline_when_far_or_invalid(db):
     assert "torch.matmul" in odd.source
 
 
+def test_a_problem_tuned_without_winner_gets_the_baseline_not_a_neighbour(db):
+    # 3000x4096x5000 is near the 4096^3 winner (the test above re-binds it there) ...
+    near = Problem(3000, 4096, 5000)
+    assert gemmgen.compile(near, device=GPU, db=db).provenance.how == "nearest"
+    # ... but once it was measured there and lost, the measurement decides: the baseline
+    db.record(trial(near, device_ms=1.5, spread=0.01, baseline_ms=1.0))
+    clear_cache()
+    k = gemmgen.compile(near, device=GPU, db=db)
+    assert k.provenance.how == "baseline" and k.program is None
+    assert "no program beat the best baseline" in k.provenance.note
+
+
 def test_never_slower_at_compile_time(tmp_path):
     clear_cache()
     db = Database(tmp_path / "slow.sqlite")

@@ -1,5 +1,5 @@
 """benchmarks/tune_h200.py on CPU with the fake builder and runner: resume from its own
-record, ship winners only, summarise per FLOP bucket."""
+record, ship every trial (winners are a query), summarise per FLOP bucket."""
 import importlib.util
 import json
 from pathlib import Path
@@ -31,9 +31,10 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[-1].split()[:2] == ["all", "3"]
     trials = list(read_jsonl(out / "trials.jsonl"))
-    winners = list(read_jsonl(ship))
-    assert len(trials) == 6 and 0 < len(winners) <= 3
-    assert all(w.beats_baseline() for w in winners)
+    shipped = list(read_jsonl(ship))
+    assert len(trials) == 6 and len(shipped) == 6
+    winners = [t for t in shipped if t.beats_baseline()]
+    assert 0 < len({t.problem.key for t in winners}) <= 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials_exported"] == 6 and set(summary["by_bucket"]) <= {r["bucket"] for r in summary["rows"]}
     # a fresh machine: a new working database resumes from OUT/trials.jsonl, measures nothing again

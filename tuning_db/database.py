@@ -240,6 +240,11 @@ class Database:
         return [trial_from_row(r) for r in rows]
 
     @_sql_errors
+    def tuned_problems(self, device_name: str) -> set[str]:
+        """Keys of the problems measured on this kind of GPU, whether a program won or not."""
+        return {row[0] for row in self.conn.execute(queries.SELECT_TUNED, (device_name,))}
+
+    @_sql_errors
     def winner(self, problem: Problem, device_name: str) -> Optional[Trial]:
         row = self.conn.execute(queries.SELECT_WINNER, (problem.key, device_name)).fetchone()
         return trial_from_row(row) if row else None

@@ -82,6 +82,7 @@ class WinnerIndex:
         for layer, db in reversed(layers):  # later (upper) layers overwrite lower ones
             for trial in db.winners(device_name):
                 self.exact[trial.problem.key] = (layer, trial)
+        self.tuned: set[str] = set().union(*(db.tuned_problems(device_name) for _, db in layers))
         for layer, trial in self.exact.values():
             self.by_family.setdefault(family(trial.problem), []).append((layer, trial))
 
