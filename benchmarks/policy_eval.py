@@ -1,0 +1,199 @@
+"""Held-out evaluation of the policy on the H200: speedup over torch.matmul of five ways to pick a kernel.
+
+Problems: the fixed held-out 20 % of benchmarks/shapes/cudal2_1000.csv (seeded hash, never
+trained on) and the off-grid x @ W.T problems M in {1, 7, 33, 1000, 3000}, N = 11008, K = 4096
+(gemmgen.policy.data). With a short --time-budget, a fixed subset: the off-grid five first, then
+held-out grid shapes spread over sizes.
+
+Per problem, every candidate of every method is built and measured once through the tuning loop
+(pairs the database already holds are read back, not timed again), then each method scores the
+best checked time among its own candidates:
+  policy_b1      the policy's greedy program
+  policy_b8      the policy's 8 programs (greedy first, then samples)
+  random_b8      8 valid programs of the RandomProposer
+  heuristic_b8   the HeuristicProposer's top 8
+  db_best        the fastest checked program the database holds for the problem (prior tuning runs
+                 and this run together); db_prior is the same before this run
+Speedup = torch.matmul time / kernel time, both from the same run (offline, cold L2).
+
+    python benchmarks/policy_eval.py --out benchmarks/results/policy_eval --time-budget 150
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "db_prior", "db_best")
+
+
+def pick_problems(limit: int | None):
+    from gemmgen.policy.data import OFFGRID_M, heldout_problems
+
+    problems = heldout_problems()
+    offgrid = [p for p in problems if p.b_major == "col" and p.m in OFFGRID_M]
+    grid = sorted((p for p in problems if p not in offgrid), key=lambda p: p.flops)
+    if limit is None or limit >= len(problems):
+        return offgrid + grid
+    n_grid = max(0, limit - len(offgrid))
+    step = len(grid) / max(1, n_grid)
+    return (offgrid + [grid[int(i * step)] for i in range(n_grid)])[:limit]
+
+
+def best_times(db, problem, device_name):
+    """program text -> (device_ms, torch_ms) of its checked trials in the database."""
+    out = {}
+    for t in db.trials(problem.key, device_name):
+        if t.status == "ok" and t.check_passed and t.device_ms:
+            torch_ms = t.baselines.get("torch").device_ms if t.baselines.get("torch") else None
+            prev = out.get(t.program)
+            if prev is None or t.device_ms < prev[0]:
+                out[t.program] = (t.device_ms, torch_ms)
+    return out
+
+
+def method_speedup(texts, times):
+    """torch / best kernel among `texts` that has a checked time (None if none)."""
+    best = [times[t] for t in texts if t in times and times[t][1]]
+    if not best:
+        return None
+    ms, torch_ms = min(best)
+    return torch_ms / ms
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--time-budget", type=float, default=300.0, metavar="S",
+                        help="stop measuring new problems after S seconds (default 300)")
+    parser.add_argument("--max-problems", type=int, default=None,
+                        help="how many held-out problems (default: as many as the budget allows, about 1 per 15 s)")
+    parser.add_argument("--checkpoint", default=None, help="policy to evaluate (default: the shipped one)")
+    parser.add_argument("--db", default=None, help="tuning database (default: GEMMGEN_DB or the user's)")
+    parser.add_argument("--backends", default="triton,cutlass,cuda")
+    parser.add_argument("-k", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from gemmgen.dsl import parse, to_text
+    from gemmgen.policy.lm_proposer import PolicyProposer
+    from gemmgen.policy.proposers import HeuristicProposer, RandomProposer
+    from gemmgen.policy.reward import BaselinesOnce, FixedProposal
+    from gemmgen.tune import tune
+    from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tuning_db import Database, default_db_path
+
+    warnings.simplefilter("ignore")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    backends = tuple(b for b in args.backends.split(",") if b)
+    limit = args.max_problems if args.max_problems is not None else max(5, int(args.time_budget // 15))
+    problems = pick_problems(limit)
+    policy = PolicyProposer(args.checkpoint, backends=backends)
+    proposers = {"policy": policy, "random": RandomProposer(backends), "heuristic": HeuristicProposer(backends)}
+    rows = []
+    with Database(args.db or default_db_path()) as db, WorkerRunner() as raw_runner:
+        device = raw_runner.device.name
+        plans = []
+        for problem in problems:               # proposing is CPU work: all of it first
+            t0 = time.monotonic()
+            policy_programs = policy.propose(problem, args.k, seed=args.seed)
+            propose_s = time.monotonic() - t0
+            candidates = {
+                "policy_b1": [to_text(p) for p in policy_programs[:1]],
+                "policy_b8": [to_text(p) for p in policy_programs],
+                "random_b8": [to_text(p) for p in proposers["random"].propose(problem, args.k, seed=args.seed)],
+                "heuristic_b8": [to_text(p) for p in proposers["heuristic"].propose(problem, args.k)],
+            }
+            plans.append((problem, candidates, propose_s, dict(policy.last_stats), best_times(db, problem, device)))
+        fresh = {problem.key: [parse(t) for t in dict.fromkeys(t for texts in cands.values() for t in texts)]
+                 for problem, cands, *_ in plans}
+        left = args.time_budget - (time.monotonic() - started)
+        # One loop call for every problem: builds of the next shapes overlap measuring this one.
+        tune([p for p, *_ in plans], proposer=FixedProposal(fresh, name="policy_eval"), builder=PoolBuilder(),
+             runner=BaselinesOnce(raw_runner), db=db, budget=max(len(v) for v in fresh.values()),
+             time_budget_s=max(1.0, left), progress=False)
+        for problem, candidates, propose_s, stats, prior in plans:
+            tried = {t.program for t in db.trials(problem.key, device)}
+            if not all(t in tried for texts in candidates.values() for t in texts):
+                continue                       # the time budget ended before this problem was measured
+            times = best_times(db, problem, device)
+            row = {"problem": problem.key, "m": problem.m, "n": problem.n, "k": problem.k,
+                   "b_major": problem.b_major, "gflop": problem.gflop, "policy_propose_s": round(propose_s, 3),
+                   "policy_stats": stats, "candidates": candidates}
+            for method, texts in candidates.items():
+                row[method] = method_speedup(texts, times)
+            row["db_prior"] = method_speedup(list(prior), prior)
+            row["db_best"] = method_speedup(list(times), times)
+            rows.append(row)
+            print(f"{problem.key}: " + "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS),
+                  flush=True)
+    summary = summarize(rows)
+    summary.update({"wall_s": round(time.monotonic() - started, 1), "problems_planned": len(problems),
+                    "checkpoint": args.checkpoint or "shipped", "policy_version": policy.version,
+                    "backends": list(backends), "k": args.k})
+    (out / "policy_eval.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
+    plot(rows, out / "policy_eval.png")
+    print_table(summary)
+    return 0
+
+
+def summarize(rows):
+    summary = {"problems": len(rows)}
+    for m in METHODS:
+        values = [r[m] for r in rows if r[m]]
+        summary[m] = {"geomean_speedup_vs_torch": geomean(values), "measured": len(values)}
+    pairs = [(r["policy_b8"], r["db_best"]) for r in rows if r["policy_b8"] and r["db_best"]]
+    summary["policy_b8_over_db_best"] = geomean([a / b for a, b in pairs]) if pairs else None
+    pairs = [(r["policy_b8"], r["random_b8"]) for r in rows if r["policy_b8"] and r["random_b8"]]
+    summary["policy_b8_over_random_b8"] = geomean([a / b for a, b in pairs]) if pairs else None
+    return summary
+
+
+def plot(rows, path):
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows) + 3), 4))
+    width = 0.8 / len(METHODS)
+    for i, m in enumerate(METHODS):
+        ax.bar([x + i * width for x in range(len(rows))], [r[m] or 0 for r in rows], width, label=m)
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks([x + 0.4 for x in range(len(rows))])
+    ax.set_xticklabels([f"{r['m']}x{r['n']}x{r['k']}{'T' if r['b_major'] == 'col' else ''}" for r in rows],
+                       rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("speedup over torch.matmul")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(summary):
+    print(f"\nheld-out problems measured: {summary['problems']} (wall {summary.get('wall_s')} s)")
+    print(f"{'method':<14}{'geomean speedup vs torch':>26}{'problems':>10}")
+    for m in METHODS:
+        s = summary[m]
+        value = f"{s['geomean_speedup_vs_torch']:.3f}" if s["geomean_speedup_vs_torch"] else "-"
+        print(f"{m:<14}{value:>26}{s['measured']:>10}")
+    for key in ("policy_b8_over_db_best", "policy_b8_over_random_b8"):
+        v = summary[key]
+        print(f"{key}: {v:.3f}" if v else f"{key}: -")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""`PolicyProposer`: the language model as a Proposer (registered as "policy").
+
+It samples answers under the grammar (constrained.py), parses each with the
+prompt into a program, drops what the validator rejects and repeats, and returns
+up to k programs: the greedy answer first (the model's best-of-1), then samples by
+their log-probability. It never compiles or times; the tuning loop does that.
+"""
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+from gemmgen.dsl.ir import Problem, Program
+from gemmgen.errors import GemmgenError
+
+
+class PolicyProposer:
+    name = "policy"
+
+    def __init__(self, checkpoint: Optional[str | Path] = None, *, base_model: Optional[str | Path] = None,
+                 backends: Optional[Sequence[str]] = None, temperature: float = 1.0, top_p: float = 0.95,
+                 oversample: int = 3, rounds: int = 5, max_new_tokens: Optional[int] = None,
+                 device: Optional[str] = None, model=None, tokenizer=None):
+        self.checkpoint = checkpoint
+        self.base_model = base_model
+        self.backends = tuple(backends) if backends else None
+        self.temperature = temperature
+        self.top_p = top_p
+        self.oversample = max(1, oversample)
+        self.rounds = max(1, rounds)
+        self.max_new_tokens = max_new_tokens
+        self.device = device
+        self._model, self._tokenizer = model, tokenizer
+        self._sampler = None
+        self.last_stats: dict = {}
+
+    # -- loading ------------------------------------------------------------------
+    def _load(self):
+        if self._model is None:
+            from gemmgen.policy import model as policy_model
+
+            if self.base_model and not self.checkpoint:
+                self._model, self._tokenizer = policy_model.load_base_model(self.base_model)
+            else:
+                self._model, self._tokenizer = policy_model.load_policy(self.checkpoint)
+            if self.device:
+                self._model.to(self.device)
+        if self._sampler is None:
+            from gemmgen.policy.constrained import GrammarSampler
+
+            self._sampler = GrammarSampler(self._tokenizer, self._model.get_output_embeddings().weight.shape[0])
+        return self._model, self._tokenizer, self._sampler
+
+    @property
+    def version(self) -> str:
+        """Which weights: the checkpoint's recorded digest, else the path."""
+        from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
+
+        source = Path(self.checkpoint) if self.checkpoint else (None if self.base_model else CHECKPOINT_DIR)
+        if source is not None:
+            digest = read_meta(source).get("weights_sha256", "")
+            if digest:
+                return digest[:12]
+        text = str(self.checkpoint or self.base_model or CHECKPOINT_DIR)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def _default_max_new_tokens(self) -> int:
+        from gemmgen.policy.tokenizer import is_dsl_tokenizer
+
+        return 96 if is_dsl_tokenizer(self._tokenizer) else 192
+
+    # -- proposing -----------------------------------------------------------------
+    def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]:
+        if k <= 0:
+            return []
+        if not problem.is_bound:
+            raise GemmgenError("the policy proposes for a concrete shape; bind M, N and K first")
+        from gemmgen.policy.constrained import sample
+        from gemmgen.policy.prompt import prompt_text
+
+        model, tokenizer, sampler = self._load()
+        prompt = prompt_text(problem)
+        max_new = self.max_new_tokens or self._default_max_new_tokens()
+        base_seed = 0 if seed is None else int(seed)
+        found: list[Program] = []
+        seen: set[Program] = set()
+        stats = {"sampled": 0, "incomplete": 0, "unparsed": 0, "invalid": 0, "duplicate": 0, "other_backend": 0}
+
+        def take(samples):
+            ranked = sorted(samples, key=lambda s: -sum(s.logprobs)) if len(samples) > 1 else samples
+            for s in ranked:
+                stats["sampled"] += 1
+                outcome, program = judge(problem, s, self.backends)
+                if outcome != "ok":
+                    stats[outcome] += 1
+                elif program in seen:
+                    stats["duplicate"] += 1
+                else:
+                    seen.add(program)
+                    found.append(program)
+
+        take(sample(model, tokenizer, sampler, prompt, 1, greedy=True, max_new_tokens=max_new))
+        for round_ in range(self.rounds):
+            if len(found) >= k:
+                break
+            n = (k - len(found)) * self.oversample
+            take(sample(model, tokenizer, sampler, prompt, n, temperature=self.temperature, top_p=self.top_p,
+                        seed=base_seed * 1000 + round_, max_new_tokens=max_new))
+        self.last_stats = stats
+        return found[:k]
+
+
+def judge(problem: Problem, s, backends: Optional[Sequence[str]] = None) -> tuple[str, Optional[Program]]:
+    """('ok', program) or (why not, None): incomplete, unparsed, invalid, other_backend."""
+    from gemmgen.dsl import ProgramError, validate
+    from gemmgen.policy.prompt import program_from_answer
+
+    if not s.complete:
+        return "incomplete", None
+    try:
+        program = program_from_answer(problem, s.text)
+    except ProgramError:
+        return "unparsed", None
+    if backends and program.backend not in backends:
+        return "other_backend", None
+    program = replace(program, spans={})  # spans point into the prompt text; drop them
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            validate(program)
+    except ProgramError:
+        return "invalid", None
+    return "ok", program

@@ -1,0 +1,94 @@
+"""The shipped policy as a Proposer and as `gemmgen propose`: valid, distinct, reproducible programs."""
+import pytest
+
+from gemmgen.cli import main
+from gemmgen.dsl import parse, validate
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.policy.lm_proposer import PolicyProposer
+from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
+from gemmgen.policy.proposers import Proposer, get_proposer
+
+PROBLEMS = [Problem(4096, 11008, 4096, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+            Problem(33, 4096, 4096), Problem(2048, 2048, 512)]
+
+
+@pytest.fixture(scope="module")
+def proposer():
+    import torch
+
+    torch.set_num_threads(1)
+    return get_proposer("policy")
+
+
+def test_the_shipped_checkpoint_is_small_and_described():
+    files = list(CHECKPOINT_DIR.iterdir())
+    assert sum(f.stat().st_size for f in files) < 10 * 2**20
+    meta = read_meta(CHECKPOINT_DIR)
+    assert meta["stage"] in ("sft", "grpo") and meta["model"]["parameters"] < 5_000_000
+    assert "not measurements" in meta["data_note"]
+
+
+def test_registered_as_a_proposer(proposer):
+    assert isinstance(proposer, PolicyProposer) and isinstance(proposer, Proposer)
+    assert proposer.name == "policy" and proposer.version
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
+def test_proposes_valid_distinct_programs_for_the_problem(proposer, problem):
+    programs = proposer.propose(problem, 4, seed=1)
+    assert programs, proposer.last_stats
+    assert len(set(programs)) == len(programs)
+    for program in programs:
+        assert program.problem == problem
+        validate(program)
+
+
+def test_same_seed_same_programs_and_greedy_first(proposer):
+    a = proposer.propose(PROBLEMS[2], 3, seed=5)
+    b = proposer.propose(PROBLEMS[2], 3, seed=5)
+    assert a == b
+    c = proposer.propose(PROBLEMS[2], 3, seed=6)
+    assert a[0] == c[0]          # the greedy answer does not depend on the seed
+
+
+def test_backends_filter(proposer):
+    only = PolicyProposer(backends=("triton",), model=proposer._model, tokenizer=proposer._tokenizer)
+    for program in only.propose(PROBLEMS[1], 3, seed=2):
+        assert program.backend == "triton"
+
+
+def test_propose_command_prints_parseable_programs(capsys):
+    assert main(["propose", "--shape", "1024x4096x4096", "--b-major", "col", "-k", "3", "--stats"]) == 0
+    out = capsys.readouterr().out
+    chunks = [c for c in out.split("# program ") if c.strip() and not c.startswith("#")]
+    assert 1 <= len(chunks) <= 3
+    for chunk in chunks:
+        program = parse(chunk.split("\n", 1)[1].split("# samples")[0])
+        assert (program.problem.m, program.problem.n, program.problem.k) == (1024, 4096, 4096)
+        assert program.problem.b_major == "col"
+    assert "# samples:" in out
+
+
+def test_propose_command_errors_are_one_line(capsys):
+    assert main(["propose", "--shape", "12x", "-k", "2"]) == 2
+    assert "MxNxK" in capsys.readouterr().err
+    assert main(["propose", "--shape", "64x64x64", "--checkpoint", "/nonexistent/policy"]) == 2
+    assert "no policy checkpoint" in capsys.readouterr().err
+
+
+def test_plugs_into_the_tuning_loop(proposer):
+    from tuning_fakes import FakeBuilder, FakeRunner
+
+    from gemmgen.tune import tune
+    from gemmgen.tuning_db import Database
+
+    runner = FakeRunner()
+    with Database(":memory:") as db:
+        report = tune([PROBLEMS[2]], proposer=proposer, builder=FakeBuilder(), runner=runner, db=db, budget=4,
+                      progress=False)
+        assert report.recorded >= 1 and report.shapes_done == 1
+        trials = list(db.trials(PROBLEMS[2].key))
+        assert all(t.proposer == "policy" and t.proposer_version == proposer.version for t in trials)
+        again = tune([PROBLEMS[2]], proposer=proposer, builder=FakeBuilder(), runner=runner, db=db, budget=4,
+                     progress=False)
+        assert again.recorded == 0                     # same seed, same programs: nothing re-timed
