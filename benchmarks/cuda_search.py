@@ -18,66 +18,29 @@ Writes --out/cuda_search.json (every program's check and timing) and cuda_search
 """
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import search_common as common  # noqa: E402 - from this script's folder
+
 FAMILIES = ("multistage", "ws_cooperative", "ws_pingpong")
-ANCHORS = ((4096, 4096, 4096), (8192, 8192, 8192))
-
-
-# ---- run in the worker (module level, so jobs pickle by reference) -------------------------
-
-def measure_shape(entries, problem, seed: int, result_path: str):
-    """A no-argument job: check each (name, artifact, program text), time the passing ones with torch."""
-    def run():
-        from gemmgen import dsl
-        from gemmgen.backends import cuda
-        from gemmgen.measure.baselines import make as make_baseline
-        from gemmgen.measure.cases import make_cases
-        from gemmgen.measure.checking import check
-        from gemmgen.measure.timing import TimingOptions, time_many
-
-        cases = make_cases(problem, seed, "cuda")
-        report, timed = {}, [("torch", make_baseline("torch", problem).fn, problem)]
-        for name, artifact, text in entries:
-            try:
-                fn = cuda.load(artifact, dsl.parse(text))
-                verdict = check(fn, problem, cases=cases).to_dict()
-            except Exception as exc:  # noqa: BLE001 - a failed candidate is a row, not the end
-                verdict = {"passed": False, "failures": [f"{type(exc).__name__}: {exc}"]}
-            report[name] = {"check": verdict}
-            if verdict["passed"]:
-                timed.append((name, fn, problem))
-        timings = time_many(timed, "offline", options=TimingOptions())
-        for name, result in timings.items():
-            entry = report.setdefault(name, {})
-            entry["timing"] = result.to_dict() if not isinstance(result, Exception) else {"error": str(result)}
-        torch_ms = (report["torch"]["timing"] or {}).get("device_ms")
-        for entry in report.values():
-            entry["torch_ms"] = torch_ms     # the baseline timed in the same session
-        Path(result_path).write_text(json.dumps(report, default=str))
-    return run
 
 
 # ---- the driver ------------------------------------------------------------------------------
 
-def shapes_from(args) -> list:
-    from gemmgen.measure.shapes import Shape, read_shapes
-    shapes = read_shapes(args.shapes)
-    if args.layout:
-        shapes = [Shape(s.m, s.n, s.k, args.layout) for s in shapes]
-    if not args.no_anchors:   # the Hopper targets, as torch.matmul's nn and as x @ W.T (nt)
+def anchors_after(shapes: list, args) -> list:
+    """The CSV's order, then the anchors it lacks: as torch.matmul's nn and as x @ W.T (nt)."""
+    from gemmgen.measure.shapes import Shape
+    if not args.no_anchors:
         have = {(s.m, s.n, s.k, s.layout) for s in shapes}
         for layout in ([args.layout] if args.layout else ["nn", "nt"]):
-            shapes += [Shape(m, n, k, layout) for (m, n, k) in ANCHORS if (m, n, k, layout) not in have]
-    return shapes[: args.limit] if args.limit else shapes
+            shapes += [Shape(m, n, k, layout) for (m, n, k) in common.ANCHORS if (m, n, k, layout) not in have]
+    return shapes
 
 
 def programs_for(problem, per_family: int) -> list:
@@ -99,11 +62,9 @@ def build(programs, jobs: int) -> list:
 
 def summarise_shape(shape, problem, programs, report, builds) -> list[dict]:
     from gemmgen.dsl import to_text
-    from gemmgen.measure.numerics import bucket_of
     rows = []
     torch_ms = (report.get("torch", {}).get("timing") or {}).get("device_ms")
-    base = {"m": shape.m, "n": shape.n, "k": shape.k, "layout": shape.layout, "gflop": shape.gflop,
-            "bucket": bucket_of(shape.gflop), "floor_ms": problem.floor_s * 1e3, "torch_ms": torch_ms}
+    base = common.shape_fields(shape, problem, torch_ms)
     for i, (program, built) in enumerate(zip(programs, builds)):
         name = f"p{i}"
         entry = report.get(name, {})
@@ -126,19 +87,7 @@ def summarise_shape(shape, problem, programs, report, builds) -> list[dict]:
 
 def best_per_shape(rows: list[dict]) -> list[dict]:
     """Per shape and family, the fastest program that passed."""
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        if r["status"] != "ok":
-            continue
-        key = (r["m"], r["n"], r["k"], r["layout"], r["family"])
-        if key not in best or r["device_ms"] < best[key]["device_ms"]:
-            best[key] = r
-    return list(best.values())
-
-
-def geomean(xs):
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+    return common.fastest((r for r in rows if r["status"] == "ok"), lambda r: (*common.shape_key(r), r["family"]))
 
 
 def bucket_table(best: list[dict]) -> str:
@@ -147,25 +96,19 @@ def bucket_table(best: list[dict]) -> str:
     for bucket in bucket_names():
         for family in FAMILIES + ("best of all",):
             if family == "best of all":
-                per_shape: dict[tuple, dict] = {}
-                for r in best:
-                    if r["bucket"] == bucket:
-                        key = (r["m"], r["n"], r["k"], r["layout"])
-                        if key not in per_shape or r["device_ms"] < per_shape[key]["device_ms"]:
-                            per_shape[key] = r
-                rs = list(per_shape.values())
+                rs = common.fastest((r for r in best if r["bucket"] == bucket), common.shape_key)
             else:
                 rs = [r for r in best if r["bucket"] == bucket and r["family"] == family]
             if not rs:
                 continue
             fracs = sorted(r["fraction_of_floor"] for r in rs)
-            g = geomean(r["speedup_vs_torch"] for r in rs)
+            g = common.geomean(r["speedup_vs_torch"] for r in rs)
             lines.append(f"{bucket:>8} {family:>15} {len(rs):>6} {g if g else float('nan'):>15.3f} "
                          f"{fracs[len(fracs) // 2]:>17.3f} {max(r['tflops'] for r in rs):>12.1f}")
     small = [r for r in best if r["family"] == "multistage" and r["gflop"] < 16]
-    lines.append(f"multistage geomean x torch on shapes < 16 GFLOP: {geomean(r['speedup_vs_torch'] for r in small) or float('nan'):.3f}"
+    lines.append(f"multistage geomean x torch on shapes < 16 GFLOP: {common.geomean(r['speedup_vs_torch'] for r in small) or float('nan'):.3f}"
                  f" ({len(small)} shapes; target >= 1.00)")
-    for m, n, k in ANCHORS:
+    for m, n, k in common.ANCHORS:
         for r in best:
             if (r["m"], r["n"], r["k"]) == (m, n, k) and r["family"] != "multistage":
                 lines.append(f"{r['family']} at {m}x{n}x{k} ({r['layout']}): {r['speedup_vs_torch']:.3f}x torch, "
@@ -174,56 +117,33 @@ def bucket_table(best: list[dict]) -> str:
 
 
 def plot(best: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for family, marker in zip(FAMILIES, "os^"):
-        rs = [r for r in best if r["family"] == family and r["speedup_vs_torch"]]
-        ax.scatter([r["gflop"] for r in rs], [r["speedup_vs_torch"] for r in rs], marker=marker, label=family, alpha=0.7)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("GFLOP (2MNK / 1e9)")
-    ax.set_ylabel("speedup over torch.matmul (device time)")
-    ax.set_title("gemmgen raw CUDA backend, best program per shape and family (H200, offline)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    series = [(family, marker, [r for r in best if r["family"] == family and r["speedup_vs_torch"]])
+              for family, marker in zip(FAMILIES, "os^")]
+    common.plot_speedups(path, series, ylabel="speedup over torch.matmul (device time)", alpha=0.7,
+                         title="gemmgen raw CUDA backend, best program per shape and family (H200, offline)")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=str(HERE / "shapes" / "cudal2_sample100.csv"))
-    ap.add_argument("--out", required=True)
-    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
-    ap.add_argument("--per-family", type=int, default=2, help="programs measured per family and shape")
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after")
-    ap.add_argument("--trial-timeout", type=float, default=90.0, help="seconds per worker job (shape x family group)")
-    ap.add_argument("--layout", default=None, help="override every shape's layout (nn, nt, tn, tt)")
-    ap.add_argument("--no-anchors", action="store_true", help="skip the added 4096^3 and 8192^3")
-    ap.add_argument("--limit", type=int, default=None, help="first N shapes only")
-    ap.add_argument("--seed", type=int, default=20261129)
-    ap.add_argument("--build-only", action="store_true", help="build every program and stop (no GPU)")
+    ap = common.parser(
+        __doc__.splitlines()[0],
+        lambda ap: ap.add_argument("--per-family", type=int, default=2, help="programs measured per family and shape"),
+        time_budget_help="seconds; no new shape starts after",
+        trial_timeout=90.0, trial_timeout_help="seconds per worker job (shape x family group)",
+        limit_help="first N shapes only", build_only_help="build every program and stop (no GPU)")
     args = ap.parse_args(argv)
 
-    from gemmgen.measure.worker import Job, Runner
+    from gemmgen.measure.worker import Runner
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    shapes = shapes_from(args)
+    shapes = common.shapes_from(args, anchors_after)
     plans = [(s, s.problem(), programs_for(s.problem(), args.per_family)) for s in shapes]
     rows: list[dict] = []
     doc_path = out / "cuda_search.json"
 
     def save() -> None:
-        best = best_per_shape(rows)
-        doc_path.write_text(json.dumps({"command": " ".join(sys.argv), "elapsed_s": time.monotonic() - start,
-                                        "rows": rows, "best": best}, indent=1, default=str))
+        common.write_doc(doc_path, start, rows=rows, best=best_per_shape(rows))
 
     with ThreadPoolExecutor(max_workers=1) as builder, Runner(timeout_s=args.trial_timeout) as runner:
         pending = builder.submit(build, plans[0][2], args.jobs) if plans else None
@@ -237,20 +157,14 @@ def main(argv=None) -> int:
             if args.time_budget and time.monotonic() - start > args.time_budget:
                 print(f"time budget spent after {i} shapes", flush=True)
                 break
-            from gemmgen.dsl import to_text
             # One worker job per family group, so a hung TMA kernel costs its group, not the shape.
             report, trials = {}, {}
             for group in (("multistage",), ("ws_cooperative", "ws_pingpong")):
-                entries = [(f"p{j}", b, to_text(p)) for j, (p, b) in enumerate(zip(programs, builds))
-                           if not isinstance(b, Exception) and p.mainloop in group]
+                entries = common.entries_for(programs, builds, keep=lambda p: p.mainloop in group)
                 if not entries:
                     continue
-                result_path = out / f".shape_{i}.json"
-                result_path.unlink(missing_ok=True)
-                trial = runner.run(Job(f"shape{i}-{group[0]}", measure_shape,
-                                       (entries, problem, args.seed + i, str(result_path))))
-                part = json.loads(result_path.read_text()) if result_path.exists() else {}
-                result_path.unlink(missing_ok=True)
+                trial, part = common.run_shape_job(runner, f"shape{i}-{group[0]}", "cuda", entries, problem,
+                                                   args.seed + i, out / f".shape_{i}.json")
                 if "torch" in part and "torch" in report:
                     part.pop("torch")
                 report.update(part)

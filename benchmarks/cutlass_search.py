@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import search_common as common  # noqa: E402 - from this script's folder
+
 SELECTION_ENV = "GEMMGEN_CUTLASS_SELECTION"
 
 
@@ -189,7 +193,7 @@ def bucket_table(docs: dict) -> str:
                 ratio = t["torch"] / t["candidate"]
                 speedups.setdefault(bucket, []).append(ratio)
                 speedups.setdefault("all", []).append(ratio)
-                if (m, n, k) in ((4096, 4096, 4096), (8192, 8192, 8192)):
+                if (m, n, k) in common.ANCHORS:
                     speedups[f"{m}^3"] = [ratio]
         per_mode[mode] = speedups
     keys = list(bucket_names()) + ["all", "4096^3", "8192^3"]
@@ -205,7 +209,7 @@ def bucket_table(docs: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=str(HERE / "shapes" / "cudal2_sample100.csv"))
+    ap.add_argument("--shapes", default=str(common.DEFAULT_SHAPES))
     ap.add_argument("--out", required=True)
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count(), help="parallel nvcc builds")
     ap.add_argument("--top", type=int, default=4, help="candidates selected among per shape")

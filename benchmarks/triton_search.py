@@ -22,47 +22,14 @@ per-FLOP-bucket table last.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ANCHORS = ((4096, 4096, 4096), (8192, 8192, 8192))
-
-
-# ---- run in the worker (module level, so the job pickles by reference) ---------------------
-
-def measure_shape(entries, problem, seed: int, result_path: str):
-    """A no-argument job: check each (name, artifact, program text); time torch and the passing ones."""
-    def run():
-        from gemmgen import dsl
-        from gemmgen.backends import triton as tb
-        from gemmgen.measure.baselines import make as make_baseline
-        from gemmgen.measure.cases import make_cases
-        from gemmgen.measure.checking import check
-        from gemmgen.measure.timing import TimingOptions, time_many
-
-        cases = make_cases(problem, seed, "cuda")
-        report = {}
-        timed = [("torch", make_baseline("torch", problem).fn, problem)]
-        for name, artifact, text in entries:
-            try:
-                fn = tb.load(artifact, dsl.parse(text))
-                verdict = check(fn, problem, cases=cases).to_dict()
-            except Exception as exc:  # noqa: BLE001 - a failed candidate is a row, not the end
-                verdict = {"passed": False, "failures": [f"{type(exc).__name__}: {exc}"]}
-            report[name] = {"check": verdict}
-            if verdict["passed"]:
-                timed.append((name, fn, problem))
-        for name, result in time_many(timed, "offline", options=TimingOptions()).items():
-            entry = report.setdefault(name, {})
-            entry["timing"] = {"error": str(result)} if isinstance(result, Exception) else result.to_dict()
-        Path(result_path).write_text(json.dumps(report, default=str))
-    return run
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import search_common as common  # noqa: E402 - from this script's folder
 
 
 # ---- the driver ------------------------------------------------------------------------------
@@ -74,17 +41,14 @@ def spread_order(shapes: list) -> list:
     return [by_size[i] for start in range(stride) for i in range(start, len(by_size), stride)]
 
 
-def shapes_from(args) -> list:
-    from gemmgen.measure.shapes import Shape, read_shapes
+def anchors_first(shapes: list, args) -> list:
+    """The anchors (in --layout or nn), then the other shapes in spread order."""
+    from gemmgen.measure.shapes import Shape
 
-    shapes = read_shapes(args.shapes)
-    if args.layout:
-        shapes = [Shape(s.m, s.n, s.k, args.layout) for s in shapes]
     layout = args.layout or "nn"
-    anchors = [] if args.no_anchors else [Shape(m, n, k, layout) for m, n, k in ANCHORS]
-    rest = [s for s in shapes if (s.m, s.n, s.k) not in ANCHORS or args.no_anchors]
-    ordered = anchors + spread_order(rest)
-    return ordered[: args.limit] if args.limit else ordered
+    anchors = [] if args.no_anchors else [Shape(m, n, k, layout) for m, n, k in common.ANCHORS]
+    rest = [s for s in shapes if (s.m, s.n, s.k) not in common.ANCHORS or args.no_anchors]
+    return anchors + spread_order(rest)
 
 
 def candidates_for(problem, top: int) -> list:
@@ -122,11 +86,9 @@ def build_all(plans, jobs: int) -> list:
 
 def shape_rows(shape, problem, programs, builds, report) -> list[dict]:
     from gemmgen.dsl import to_text
-    from gemmgen.measure.numerics import bucket_of
 
     torch_ms = ((report.get("torch") or {}).get("timing") or {}).get("device_ms")
-    base = {"m": shape.m, "n": shape.n, "k": shape.k, "layout": shape.layout, "gflop": shape.gflop,
-            "bucket": bucket_of(shape.gflop), "floor_ms": problem.floor_s * 1e3, "torch_ms": torch_ms}
+    base = common.shape_fields(shape, problem, torch_ms)
     rows = []
     for i, (program, built) in enumerate(zip(programs, builds)):
         entry = report.get(f"p{i}", {})
@@ -145,18 +107,14 @@ def shape_rows(shape, problem, programs, builds, report) -> list[dict]:
 
 
 def best_per_shape(rows: list[dict]) -> list[dict]:
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        if r["status"] == "ok" and r["speedup_vs_torch"]:
-            key = (r["m"], r["n"], r["k"], r["layout"])
-            if key not in best or r["device_ms"] < best[key]["device_ms"]:
-                best[key] = r
-    return sorted(best.values(), key=lambda r: r["gflop"])
+    best = common.fastest((r for r in rows if r["status"] == "ok" and r["speedup_vs_torch"]), common.shape_key)
+    return sorted(best, key=lambda r: r["gflop"])
 
 
 def geomean(xs) -> float:
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    """common.geomean, NaN when there is nothing to average (so the table prints nan)."""
+    g = common.geomean(xs)
+    return float("nan") if g is None else g
 
 
 def bucket_table(best: list[dict], shapes_measured: int) -> str:
@@ -172,11 +130,11 @@ def bucket_table(best: list[dict], shapes_measured: int) -> str:
         fr = sorted(r["fraction_of_floor"] for r in rs)
         lines.append(f"{bucket:>10} {len(rs):>6} {geomean(sp):>15.3f} {min(sp):>6.2f} {max(sp):>6.2f} "
                      f"{fr[len(fr) // 2]:>17.3f} {max(r['tflops'] for r in rs):>12.1f}")
-    sample = [r for r in best if (r["m"], r["n"], r["k"]) not in ANCHORS]
+    sample = [r for r in best if (r["m"], r["n"], r["k"]) not in common.ANCHORS]
     lines.append(f"{'all':>10} {len(best):>6} {geomean(r['speedup_vs_torch'] for r in best):>15.3f}   "
                  f"(sample without anchors: {geomean(r['speedup_vs_torch'] for r in sample):.3f} over "
                  f"{len(sample)} shapes; target >= 0.97; {shapes_measured} shapes measured)")
-    for m, n, k in ANCHORS:
+    for m, n, k in common.ANCHORS:
         for r in best:
             if (r["m"], r["n"], r["k"]) == (m, n, k):
                 first = r["program"].splitlines()
@@ -187,56 +145,35 @@ def bucket_table(best: list[dict], shapes_measured: int) -> str:
 
 
 def plot(best: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for sched, marker in (("tile", "o"), ("persistent", "^")):
-        rs = [r for r in best if f"scheduler {sched}" in r["program"]]
-        ax.scatter([r["gflop"] for r in rs], [r["speedup_vs_torch"] for r in rs], marker=marker,
-                   label=f"best is scheduler {sched}", alpha=0.75)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.axhline(0.97, color="red", lw=0.6, ls="--", label="target geomean 0.97")
-    ax.set_xscale("log")
-    ax.set_xlabel("GFLOP (2MNK / 1e9)")
-    ax.set_ylabel("speedup over torch.matmul (device time, L2 flushed)")
-    ax.set_title(f"gemmgen Triton backend: best of searched programs per shape (H200), "
-                 f"geomean {geomean(r['speedup_vs_torch'] for r in best):.3f}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    series = [(f"best is scheduler {sched}", marker, [r for r in best if f"scheduler {sched}" in r["program"]])
+              for sched, marker in (("tile", "o"), ("persistent", "^"))]
+    common.plot_speedups(path, series, ylabel="speedup over torch.matmul (device time, L2 flushed)", alpha=0.75,
+                         title=f"gemmgen Triton backend: best of searched programs per shape (H200), "
+                               f"geomean {geomean(r['speedup_vs_torch'] for r in best):.3f}",
+                         target=(0.97, "target geomean 0.97"))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=str(HERE / "shapes" / "cudal2_sample100.csv"))
-    ap.add_argument("--out", required=True)
-    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
-    ap.add_argument("--top", type=int, default=8, help="candidates measured per shape (best-first from space())")
-    ap.add_argument("--time-budget", type=float, default=None,
-                    help="seconds of wall time (building included); no new shape starts after")
-    ap.add_argument("--trial-timeout", type=float, default=120.0, help="seconds per worker job (one shape)")
-    ap.add_argument("--layout", default=None, help="override every shape's layout (nn, nt, tn, tt)")
-    ap.add_argument("--no-anchors", action="store_true", help="skip the added 4096^3 and 8192^3")
-    ap.add_argument("--limit", type=int, default=None, help="first N shapes (after ordering) only")
-    ap.add_argument("--seed", type=int, default=20261129)
-    ap.add_argument("--build-only", action="store_true", help="build every candidate and stop (no GPU needed)")
+    ap = common.parser(
+        __doc__.splitlines()[0],
+        lambda ap: ap.add_argument("--top", type=int, default=8,
+                                   help="candidates measured per shape (best-first from space())"),
+        time_budget_help="seconds of wall time (building included); no new shape starts after",
+        trial_timeout=120.0, trial_timeout_help="seconds per worker job (one shape)",
+        limit_help="first N shapes (after ordering) only",
+        build_only_help="build every candidate and stop (no GPU needed)")
     args = ap.parse_args(argv)
 
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shapes = shapes_from(args)
+    shapes = common.shapes_from(args, anchors_first)
     plans = [(s, s.problem(), candidates_for(s.problem(), args.top)) for s in shapes]
     builds = build_all(plans, args.jobs)
     if args.build_only:
         return 0
 
-    from gemmgen.measure.worker import Job, Runner
+    from gemmgen.measure.worker import Runner
 
     rows: list[dict] = []
     trials: dict[str, str] = {}
@@ -244,9 +181,7 @@ def main(argv=None) -> int:
 
     def save() -> list[dict]:
         best = best_per_shape(rows)
-        doc_path.write_text(json.dumps({"command": " ".join(sys.argv), "elapsed_s": time.monotonic() - start,
-                                        "top": args.top, "trials": trials, "best": best, "rows": rows},
-                                       indent=1, default=str))
+        common.write_doc(doc_path, start, top=args.top, trials=trials, best=best, rows=rows)
         return best
 
     measured = 0
@@ -255,15 +190,9 @@ def main(argv=None) -> int:
             if args.time_budget and time.monotonic() - start > args.time_budget:
                 print(f"time budget spent after {i} of {len(plans)} shapes", flush=True)
                 break
-            from gemmgen.dsl import to_text
-
-            entries = [(f"p{j}", b, to_text(p)) for j, (p, b) in enumerate(zip(programs, built))
-                       if not isinstance(b, Exception)]
-            result_path = out / f".shape_{i}.json"
-            result_path.unlink(missing_ok=True)
-            trial = runner.run(Job(f"shape{i}", measure_shape, (entries, problem, args.seed + i, str(result_path))))
-            report = json.loads(result_path.read_text()) if result_path.exists() else {}
-            result_path.unlink(missing_ok=True)
+            entries = common.entries_for(programs, built)
+            trial, report = common.run_shape_job(runner, f"shape{i}", "triton", entries, problem, args.seed + i,
+                                                 out / f".shape_{i}.json")
             trials[shape.key] = f"{trial.status}: {trial.message}"[:300]
             srows = shape_rows(shape, problem, programs, built, report)
             rows.extend(srows)
