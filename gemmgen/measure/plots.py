@@ -23,11 +23,30 @@ def _reference(doc: dict) -> Optional[str]:
     return summary["baselines"][0] if summary["baselines"] else None
 
 
-def plot_speedup(doc: dict, path: Path) -> Optional[Path]:
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def _save(fig, ax, path: Path) -> Path:
+    """Legend, layout, write, close: how every plot here ends."""
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _gflop(row: dict) -> float:
+    return 2.0 * row["m"] * row["n"] * row["k"] / 1e9
+
+
+def plot_speedup(doc: dict, path: Path) -> Optional[Path]:
+    plt = _pyplot()
     rows = doc["rows"]
     ref = _reference(doc)
     if ref is None:
@@ -43,7 +62,7 @@ def plot_speedup(doc: dict, path: Path) -> Optional[Path]:
         for named in by_shape.values():
             a, b = named.get(name), named.get(ref)
             if a and b and _usable(a) and _usable(b):
-                xs.append(2.0 * a["m"] * a["n"] * a["k"] / 1e9)
+                xs.append(_gflop(a))
                 ys.append(b["device_ms"] / a["device_ms"])
         if xs:
             ax.scatter(xs, ys, s=14, alpha=0.75, label=name)
@@ -58,18 +77,11 @@ def plot_speedup(doc: dict, path: Path) -> Optional[Path]:
     ax.set_ylabel(f"speedup over {ref} (device time)")
     mode = doc.get("meta", {}).get("mode", "")
     ax.set_title(f"device-time speedup over {ref}, {mode} mode")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def plot_buckets(doc: dict, path: Path) -> Optional[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     rows = doc["rows"]
     ref = _reference(doc)
     if ref is None:
@@ -78,13 +90,13 @@ def plot_buckets(doc: dict, path: Path) -> Optional[Path]:
 
     names = [n for n in summarize(rows)["names"] if n != ref]
     buckets = [b for b in bucket_names()
-               if any(bucket_of(2.0 * r["m"] * r["n"] * r["k"] / 1e9) == b for r in rows)]
+               if any(bucket_of(_gflop(r)) == b for r in rows)]
     fig, ax = plt.subplots(figsize=(9, 5))
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         heights = []
         for bucket in buckets:
-            inside = [r for r in rows if bucket_of(2.0 * r["m"] * r["n"] * r["k"] / 1e9) == bucket]
+            inside = [r for r in rows if bucket_of(_gflop(r)) == bucket]
             heights.append(geomean(_ratios(inside, name, ref, "device_ms")) or 0.0)
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(buckets))]
         bars = ax.bar(xs, heights, width=width, label=name)
@@ -95,11 +107,7 @@ def plot_buckets(doc: dict, path: Path) -> Optional[Path]:
     ax.set_xticklabels([f"{b} GFLOP" for b in buckets])
     ax.set_ylabel(f"geomean speedup over {ref}")
     ax.set_title(f"speedup over {ref} by size, {doc.get('meta', {}).get('mode', '')} mode")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def plot_all(doc: dict, out_dir: str | Path) -> list[Path]:
