@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from gemmgen.dsl.ir import Program
+from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
 
 MAX_SMEM = 227 * 1024
@@ -222,29 +223,20 @@ def encode_tensor_map(dest: TensorMap, ptr: int, mn: int, k: int, ld: int, rows:
     ctypes.memmove(ctypes.addressof(dest), tmap.getPtr(), ctypes.sizeof(TensorMap))
 
 
-class HopperLauncher:
+class HopperLauncher(L.FamilyLauncher):
     """Runs one ws_cooperative / ws_pingpong program: fn(a, b, out, *, bias, residual, c, alpha, beta)."""
 
     def __init__(self, artifact, program: Program):
         import torch
-        from gemmgen.backends import cuda_launch as L
-        self.program = program
-        self.geo = geometry(program)
-        self.check = L.OperandCheck(program)
-        self.device = torch.cuda.current_device()
+        super().__init__(artifact, program, geometry(program), (ENTRY,))
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.fn = L.load_functions(artifact.key, artifact.data, (ENTRY,), self.device, self.geo.smem)[ENTRY]
+        self.fn = self.funcs[ENTRY]
         self.tmap_a, self.tmap_b = TensorMap(), TensorMap()
-        self.problem_args, self.epi_args = ProblemArgs(), L.EpilogueArgs()
+        self.problem_args = ProblemArgs()
         self.pack = L.ArgPack(self.tmap_a, self.tmap_b, self.problem_args, self.epi_args)
         self._maps_for = None   # the (pointers, shapes, strides) the tensor maps describe
 
-    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
-        import torch
-        from gemmgen.backends import cuda_launch as L
-        M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
-        if M == 0 or N == 0:
-            return out
+    def _set_operands(self, a, b, M, N, K, ld_a, ld_b) -> None:
         key = (a.data_ptr(), b.data_ptr(), M, N, K, ld_a, ld_b)
         if key != self._maps_for:
             p = self.program.problem
@@ -253,12 +245,11 @@ class HopperLauncher:
                               p.b_major == "col")
             self._maps_for = key
         self.problem_args.M, self.problem_args.N, self.problem_args.K = M, N, K
-        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+
+    def _launch(self, M, N, stream) -> None:
         grid = grid_size(self.geo, M, N, self.sms)
-        stream = torch.cuda.current_stream(a.device).cuda_stream
         cluster = (self.geo.cluster_m, 1, 1) if self.geo.cluster_m > 1 else None
         L.launch(self.fn, (grid, 1, 1), self.geo.threads, self.geo.smem, stream, self.pack, cluster=cluster)
-        return out
 
 
 def launcher(artifact, program: Program) -> HopperLauncher:

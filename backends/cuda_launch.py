@@ -207,3 +207,34 @@ def ceil_div(a: int, b: int) -> int:
 
 
 __all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "OperandCheck", "ceil_div", "check", "launch", "load_functions"]
+
+
+class FamilyLauncher:
+    """The calling convention every raw-CUDA family shares: fn(a, b, out, *, bias, residual, c, alpha, beta)
+    checks the operands, returns at once on an empty output, fills the epilogue and launches on torch's
+    current stream. A family fills its own kernel arguments (`_set_operands`) and launches (`_launch`)."""
+
+    def __init__(self, artifact, program, geo, names: tuple[str, ...]):
+        import torch
+        self.program = program
+        self.geo = geo
+        self.check = OperandCheck(program)
+        self.device = torch.cuda.current_device()
+        self.funcs = load_functions(artifact.key, artifact.data, names, self.device, geo.smem)
+        self.epi_args = EpilogueArgs()
+
+    def _set_operands(self, a, b, M: int, N: int, K: int, ld_a: int, ld_b: int) -> None:
+        raise NotImplementedError
+
+    def _launch(self, M: int, N: int, stream: int) -> None:
+        raise NotImplementedError
+
+    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+        import torch
+        M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
+        if M == 0 or N == 0:
+            return out
+        self._set_operands(a, b, M, N, K, ld_a, ld_b)
+        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+        self._launch(M, N, torch.cuda.current_stream(a.device).cuda_stream)
+        return out

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from gemmgen.dsl.ir import Program
+from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
 
 MAX_SMEM = 227 * 1024
@@ -124,19 +125,12 @@ def entries(program: Program) -> tuple[str, ...]:
     return (ENTRY,)
 
 
-class MultistageLauncher:
+class MultistageLauncher(L.FamilyLauncher):
     """Runs one multistage program: fn(a, b, out, *, bias, residual, c, alpha, beta)."""
 
     def __init__(self, artifact, program: Program):
-        from gemmgen.backends import cuda_launch as L
-        import torch
-        self.program = program
-        self.geo = geometry(program)
-        self.check = L.OperandCheck(program)
-        self.device = torch.cuda.current_device()
-        names = entries(program)
-        self.funcs = L.load_functions(artifact.key, artifact.data, names, self.device, self.geo.smem)
-        self.gemm_args, self.epi_args = L.GemmArgs(), L.EpilogueArgs()
+        super().__init__(artifact, program, geometry(program), entries(program))
+        self.gemm_args = L.GemmArgs()
         self.pack = L.ArgPack(self.gemm_args, self.epi_args)
         self._reduce_m, self._reduce_n = ctypes.c_int(), ctypes.c_int()
         self._reduce_ws = ctypes.c_void_p()
@@ -159,28 +153,23 @@ class MultistageLauncher:
             self._workspaces[key] = ws
         return ws
 
-    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
-        import torch
-        from gemmgen.backends import cuda_launch as L
-        M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
-        if M == 0 or N == 0:
-            return out
-        g, ga = self.geo, self.gemm_args
+    def _set_operands(self, a, b, M, N, K, ld_a, ld_b) -> None:
+        ga = self.gemm_args
         ga.a, ga.ld_a, ga.b, ga.ld_b = a.data_ptr(), ld_a, b.data_ptr(), ld_b
         ga.M, ga.N, ga.K = M, N, K
-        if g.split_k > 1:
+        if self.geo.split_k > 1:
             ws, counters = self._workspace(M, N, a.device)
             ga.workspace = ws.data_ptr()
             ga.counters = counters.data_ptr() if counters is not None else None
-        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+
+    def _launch(self, M, N, stream) -> None:
+        g, ga = self.geo, self.gemm_args
         tiles = math.ceil(M / g.tile_m) * math.ceil(N / g.tile_n)
         L.launch(self.funcs[ENTRY], (tiles, 1, g.split_k), g.threads, g.smem, stream, self.pack)
         if g.split_k > 1 and not g.atomic:
             self._reduce_ws.value, self._reduce_m.value, self._reduce_n.value = ga.workspace, M, N
             blocks = min(math.ceil(M * N / 256), 132 * 16)
             L.launch(self.funcs[REDUCE_ENTRY], (blocks, 1, 1), 256, 0, stream, self.reduce_pack)
-        return out
 
 
 def launcher(artifact, program: Program) -> MultistageLauncher:
