@@ -70,11 +70,18 @@ def test_hopper_sass_has_hgmma_tma_and_no_spills():
 @needs_compiler
 def test_pingpong_compiles_with_hgmma_and_setmaxnreg():
     program = hopper(Problem(4096, 4096, 4096, a_major="col", b_major="row"), tile=(128, 128, 64),
-                     mainloop="ws_pingpong", warps=(4, 1), stages=5)
+                     mainloop="ws_pingpong", warps=(4, 1), stages=4)
     assert diagnose(program) == []
     report = cuda.kernel_report(cuda.compile_program(program))
     assert report["sass"]["HGMMA"] > 0 and report["sass"]["LDL"] == 0
     assert report["resources"]["gemm_hopper_ws"]["spill_stores"] == 0
+
+
+def test_pingpong_deeper_than_seen_right_on_the_h200_is_refused():
+    deep = hopper(Problem(4096, 4096, 4096), tile=(128, 128, 64), mainloop="ws_pingpong", warps=(4, 1), stages=5)
+    assert any(f == "stages" and "stages <= 4" in m for f, m in cuda._family_rules(deep))
+    auto = hopper(Problem(4096, 4096, 4096), tile=(128, 128, 64), mainloop="ws_pingpong", warps=(4, 1), stages=None)
+    assert cuda._family_rules(auto) == []          # `stages auto` stays within what ran right
 
 
 def test_lowering_is_pure_and_carries_every_decision():

@@ -103,7 +103,7 @@ def _hopper_cases():
         cases += [hopper(pr), hopper(pr, tile=(128, 256, 64), stages=3),
                   hopper(pr, tile=(256, 128, 64), stages=3, raster="n", scheduler="tile"),
                   hopper(pr, cluster=(2, 1), stages=5),
-                  hopper(pr, mainloop="ws_pingpong", warps=(4, 1), stages=5, swizzle=4),
+                  hopper(pr, mainloop="ws_pingpong", warps=(4, 1), stages=4, swizzle=4),
                   hopper(pr, tile=(64, 256, 64), mainloop="ws_pingpong", warps=(4, 1), cluster=(2, 1))]
     return _valid(cases)
 
