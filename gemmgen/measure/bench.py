@@ -190,14 +190,14 @@ def _preflight(cfg: BenchConfig) -> list[str]:
     measured = baseline_registry.expand(cfg.baselines)
     for name in cfg.candidates:
         candidate_registry.spec_of(name)
+    import torch
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():  # the first thing to fix, so said first
+        from gemmgen.errors import NoGPUError
+        raise NoGPUError("gemmgen bench")
     if any(n.startswith("lt_") for n in measured) and importlib.util.find_spec("nvmath") is None:
         raise GemmgenError("lt_heuristic and lt_autotune need nvmath-python (pip install nvmath-python); "
                            "leave them out of --baselines or install it")
-    import torch
-
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        from gemmgen.errors import NoGPUError
-        raise NoGPUError("gemmgen bench")
     return measured
 
 
