@@ -150,8 +150,7 @@ class Kernel:
             out = torch.empty((m, n), dtype=out_dtype, device=device)
         else:
             _operand("out", out, (m, n), p.c_major, out_dtype, torch, device)
-        launch = self._launch or self._load()
-        launch(a, b, out, bias=bias, residual=residual, c=c, alpha=alpha, beta=beta)
+        self.launcher(a, b, out, bias=bias, residual=residual, c=c, alpha=alpha, beta=beta)
         return out
 
     def _import_torch(self):
@@ -165,6 +164,14 @@ class Kernel:
                         getattr(torch, _TORCH_DTYPES[self.problem.epilogue.out_dtype]))
         self._torch = torch
         return torch
+
+    @property
+    def launcher(self):
+        """The raw launcher, `fn(a, b, out, *, bias, residual, c, alpha, beta)`: no operand checks.
+
+        For callers that checked one call already and repeat it with the same shapes and
+        strides (the torch.compile op); anyone else calls the Kernel itself."""
+        return self._launch or self._load()
 
     def _load(self):
         """Build (through the on-disk artifact cache) and load the launcher, once."""
