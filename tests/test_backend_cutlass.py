@@ -220,11 +220,9 @@ def test_one_nvcc_build_gives_a_loadable_library(tmp_path, monkeypatch):
 
 
 def test_hang_probe_covers_the_27_and_the_validator_refuses_only_stream_k_with_clusters():
-    import importlib.util
+    from benchmark_scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("cutlass_hang_probe", ROOT / "benchmarks" / "cutlass_hang_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("cutlass_hang_probe")
     programs = probe.instances()
     assert len(programs) == 27 and len({probe.name_of(p) for p in programs}) == 27
     assert not any(p.mainloop == "ws_pingpong" and p.scheduler == "stream_k" for p in programs)

@@ -1,22 +1,12 @@
 """benchmarks/backend_report.py: the best checked trial per backend and shape, in the bench format."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.tuning_db.records import trial_to_json
+from benchmark_scripts import load_script
 from tuning_fakes import trial
-
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "backend_report.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("backend_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_best_checked_trial_per_backend_against_its_runs_torch(tmp_path, capsys):
@@ -29,7 +19,7 @@ def test_best_checked_trial_per_backend_against_its_runs_torch(tmp_path, capsys)
     ]
     src = tmp_path / "trials.jsonl"
     src.write_text("".join(trial_to_json(t) + "\n" for t in trials))
-    assert _script().main([str(src), "--out", str(tmp_path / "out")]) == 0
+    assert load_script("backend_report").main([str(src), "--out", str(tmp_path / "out")]) == 0
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     best = {(r["m"], r["name"]): r["device_ms"] for r in doc["rows"]}
     assert best[(1024, "triton")] == 0.5 and best[(1024, "torch")] == pytest.approx(1.05)

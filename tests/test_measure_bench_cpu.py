@@ -270,10 +270,8 @@ def test_bench_refuses_unknown_names_before_measuring(tmp_path, stub_timer):
 
 
 def test_compare_anchor_script(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("compare_anchor", ROOT / "benchmarks/compare_anchor.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmark_scripts import load_script
+    mod = load_script("compare_anchor")
     anchor = [{"M": 64, "N": 64, "K": 64, "torch": 0.004, "lt_heur": 0.004, "lt_auto": 0.0032, "nalgos": 8},
               {"M": 128, "N": 64, "K": 64, "torch": 0.005, "lt_heur": 0.005, "lt_auto": 0.005, "nalgos": 8}]
     rows = [_row("torch", 64, 64, 64, 0.008), _row("lt_heuristic", 64, 64, 64, 0.008),

@@ -2,16 +2,13 @@
 GPU parts (the tuning loop's PoolBuilder and WorkerRunner) replaced by STUBS that make up times from
 the tile size. What this checks is the flow (proposing, measuring through the loop, reusing the
 database, the JSON, plots and table), not any speed."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from benchmark_scripts import load_script
 from gemmgen.tune import BuildOutcome, Measurement
 from gemmgen.tuning_db import BaselineTime, Database, Device
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class StubPoolBuilder:
@@ -49,11 +46,7 @@ class StubWorkerRunner:
         return Measurement(check_passed=True, max_rel_err=1e-3, err_bound=4e-3, seed=1, device_ms=ms, spread=0.01)
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_load = load_script
 
 
 @pytest.fixture

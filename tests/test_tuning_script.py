@@ -1,22 +1,12 @@
 """benchmarks/tune_h200.py on CPU with the fake builder and runner: resume from its own
 record, ship every trial (winners are a query), summarise per FLOP bucket."""
-import importlib.util
 import json
-from pathlib import Path
 
 from gemmgen.compile import clear_cache
 from gemmgen.tuning_db import Database
 from gemmgen.tuning_db.exchange import read_jsonl
+from benchmark_scripts import load_script
 from tuning_fakes import FakeBuilder, FakeRunner
-
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "tune_h200.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("tune_h200", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
@@ -26,7 +16,7 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
     args = ["--shapes", str(shapes), "--out", str(out), "--ship", str(ship), "--db", str(tmp_path / "w1.sqlite"),
             "--budget", "2", "--backends", "triton", "--time-budget", "600"]
     runner = lambda **kw: FakeRunner()  # noqa: E731
-    script = _script()
+    script = load_script("tune_h200")
     assert script.main(args, make_runner=runner, builder=FakeBuilder()) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[-1].split()[:2] == ["all", "3"]
