@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from gemmgen.measure import plots, results
 from gemmgen.measure.numerics import bucket_of, tflops

@@ -12,7 +12,7 @@ import re
 from typing import Any, Optional
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from gemmgen.dsl import ir
 from gemmgen.dsl.diagnostics import ProgramError

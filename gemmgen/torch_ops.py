@@ -13,7 +13,6 @@ torch: that path exists so that CPU-only CI can run rewritten models end to end
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 import torch
 

@@ -19,7 +19,6 @@ import json
 import random
 import warnings
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 

@@ -56,7 +56,6 @@ def seed_corpus(extra_texts: Iterable[str] = ()) -> list[str]:
 def train_tokenizer(extra_texts: Iterable[str] = ()):
     """A fresh DSL tokenizer as a transformers `PreTrainedTokenizerFast`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE(unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(LEXEME_PATTERN), behavior="isolated")
