@@ -34,7 +34,7 @@ def _save(fig, ax, path: Path) -> Path:
     """Legend, layout, write, close: how every plot here ends."""
     import matplotlib.pyplot as plt
 
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, over no point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
