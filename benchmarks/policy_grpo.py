@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     (out / ".gitignore").write_text("sft_work/\ngrpo/work/trainer/\n")
     started = time.monotonic()
     start_from = Path(args.checkpoint) if args.checkpoint else pm.CHECKPOINT_DIR
-    report: dict = {"start_checkpoint": str(start_from)}
+    report: dict = {"start_checkpoint": args.checkpoint or "the shipped policy (policy/checkpoint)"}
     if args.sft_minutes > 0:
         from gemmgen.policy.train_sft import main as sft_main
 

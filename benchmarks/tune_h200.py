@@ -23,6 +23,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _shown(path: Path) -> str:
+    """A path as the results record it: relative to the repository, never a machine's own."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return path.name
+
+
 def main(argv=None, *, make_runner=None, builder=None) -> int:
     """`make_runner(mode=, timeout_s=, baselines=)` and `builder` default to the GPU worker and
     the build pool; the tests pass fakes."""
@@ -65,7 +73,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     resumed = {}
     for source in (out / "trials.jsonl", Path(args.ship) if args.ship else None):
         if source is not None and source.is_file():
-            resumed[str(source)] = merge(db, source)[0]
+            resumed[_shown(source)] = merge(db, source)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
     problems = tune_problems(args.shapes, args.shard)
     proposer = get_proposer(args.proposer, backends=backends)

@@ -113,9 +113,13 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optiona
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 
-def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Optional[float] = None):
+def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Optional[float] = None,
+              backends: Optional[Iterable[str]] = None):
     """Tune the problems of these op keys (`missing_keys()`) into the database (GPU), then
-    forget cached kernels so the next compile sees the winners. Returns the TuneReport."""
+    forget cached kernels so the next compile sees the winners. Returns the TuneReport.
+
+    `backends` limits the proposals (e.g. ("triton",): builds in seconds, where one CUTLASS
+    build takes a minute, so a short time budget still records trials)."""
     from pathlib import Path
 
     from gemmgen.compile import clear_cache
@@ -128,7 +132,8 @@ def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Op
     problems = list(dict.fromkeys(problem_of(key) for key in keys))
     path = Path(db) if db is not None else default_db_path()
     with Database(path) as database, WorkerRunner(mode="offline") as runner:
-        report = tune(problems, proposer=get_proposer("heuristic"), builder=PoolBuilder(), runner=runner,
+        proposer = get_proposer("heuristic", **({"backends": tuple(backends)} if backends else {}))
+        report = tune(problems, proposer=proposer, builder=PoolBuilder(), runner=runner,
                       db=database, budget=budget, time_budget_s=time_budget_s, progress=False)
     import logging
 

@@ -35,12 +35,23 @@ def _build_all(programs):
     return results
 
 
-def _check(program, artifact):
+@pytest.fixture(scope="module")
+def runner():
+    """Each program runs in the harness's isolated worker: a fault costs that case alone."""
+    from gemmgen.measure import Runner
+
+    with Runner(timeout_s=120) as r:
+        yield r
+
+
+def _check(program, artifact, runner):
     from gemmgen.backends import cuda
-    from gemmgen.measure.check import check
-    fn = cuda.load(artifact, program)
-    result = check(fn, program.problem)   # fresh seed; the result records it
-    assert result.passed, (program, result)
+    from gemmgen.measure import Job
+
+    # seed None: fresh random inputs; the result's check record names the seed.
+    result = runner.run(Job(program.problem.key, cuda.load, (artifact, program), program.problem,
+                            check=True, mode=None, seed=None))
+    assert result.ok, (program, result.status, result.message, result.check)
     return result
 
 
@@ -53,8 +64,8 @@ def multistage_artifacts():
 
 
 @pytest.mark.parametrize("index", range(len(MULTISTAGE)))
-def test_multistage_random_programs(index, multistage_artifacts):
-    _check(MULTISTAGE[index], multistage_artifacts[index])
+def test_multistage_random_programs(index, multistage_artifacts, runner):
+    _check(MULTISTAGE[index], multistage_artifacts[index], runner)
 
 
 def test_multistage_fp32_accumulation_over_long_k():
@@ -104,6 +115,7 @@ def _hopper_cases():
                   hopper(pr, tile=(256, 128, 64), stages=3, raster="n", scheduler="tile"),
                   hopper(pr, cluster=(2, 1), stages=5),
                   hopper(pr, mainloop="ws_pingpong", warps=(4, 1), stages=4, swizzle=4),
+                  hopper(pr, mainloop="ws_pingpong", warps=(4, 1), stages=5),
                   hopper(pr, tile=(64, 256, 64), mainloop="ws_pingpong", warps=(4, 1), cluster=(2, 1))]
     return _valid(cases)
 
@@ -117,5 +129,5 @@ def hopper_artifacts():
 
 
 @pytest.mark.parametrize("index", range(len(HOPPER)))
-def test_hopper_programs(index, hopper_artifacts):
-    _check(HOPPER[index], hopper_artifacts[index])
+def test_hopper_programs(index, hopper_artifacts, runner):
+    _check(HOPPER[index], hopper_artifacts[index], runner)

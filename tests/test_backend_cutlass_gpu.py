@@ -153,11 +153,17 @@ def test_random_space_programs(index, artifacts, runner):
 
 
 def test_one_build_serves_runtime_variants(artifacts, runner):
-    """Raster, swizzle and splits change per call, not per build; all give right answers."""
+    """Raster, swizzle and splits change per call, not per build; all give right answers.
+
+    Stream-K and split-K (`scheduler persistent` with `split_k 3`) are two decompositions
+    of one stream-K tile scheduler, chosen per call."""
     from gemmgen.backends import cutlass
+    from gemmgen.dsl import diagnose
 
     base = SCHEDULE_CASES[4].bind((2048, 2048, 4096))
-    variants = [replace(base, raster=r, swizzle=s, split_k=k) for r in "mn" for s in (1, 4) for k in (1, 3)]
+    variants = [replace(base, raster=r, swizzle=s, split_k=k, scheduler="stream_k" if k == 1 else "persistent")
+                for r in "mn" for s in (1, 4) for k in (1, 3)]
+    assert all(diagnose(v) == [] for v in variants)
     assert len({cutlass.build_key(v) for v in variants}) == 1
     for v in variants:
         _check(v, artifacts, runner)

@@ -106,6 +106,18 @@ def test_summary_geomeans_buckets_and_failed_rows():
     assert s["by_bucket"]["<1"]["geomean"]["mine/torch"] is None
 
 
+def test_same_session_reference_is_summarised_apart_from_the_cross_process_pairs():
+    rows = _rows()
+    for r in rows:
+        if r["name"] == "mine" and r["passed"]:        # the worker timed torch 1.5x slower than mine
+            r["notes"] = {"isolated": True, "reference": "torch", "reference_device_ms": r["device_ms"] * 1.5}
+    s = results.summarize(rows)
+    assert s["geomean"]["mine/torch"] == pytest.approx(2.0)          # across processes, as before
+    assert s["same_session"] == {"mine": {"reference": "torch", "geomean": pytest.approx(1.5), "n": 2}}
+    assert s["by_bucket"][">256"]["same_session"]["mine"]["n"] == 1
+    assert "mine vs torch timed in mine's own worker session: 1.500 over 2 shapes" in table({"rows": rows})
+
+
 def test_save_load_roundtrip_turns_nan_into_null(tmp_path):
     rows = _rows()
     rows[0]["max_rel_err"] = float("nan")

@@ -45,3 +45,44 @@ def test_plain_job_returns_its_value():
         assert r.ok and r.value == {"answer": 42}
         r = runner.run(Job("unpicklable", planted.returns_value, (None,)))
         assert r.ok and r.value is None and "cannot be sent back" in r.message
+
+
+class _Timing:
+    def __init__(self, ms):
+        self.ms = ms
+
+    def to_dict(self):
+        return {"device_ms": self.ms}
+
+
+def _planted_kernel():
+    return lambda *args, **kwargs: None
+
+
+def test_reference_is_timed_in_the_same_session_as_the_kernel(monkeypatch):
+    """Job.reference: the worker times the kernel and the baseline together, interleaved."""
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.measure import timing, worker
+    from gemmgen.measure.errors import FloorViolation
+
+    sessions = []
+
+    def fake_time_many(kernels, mode, options=None):
+        sessions.append(([name for name, _, _ in kernels], mode))
+        return answers.pop(0)
+
+    monkeypatch.setattr(timing, "time_many", fake_time_many)
+    job = Job("k", _planted_kernel, problem=Problem(256, 256, 256), check=False, mode="server", reference="torch")
+    answers = [{"kernel": _Timing(1.0), "reference": _Timing(1.5)},
+               {"kernel": _Timing(1.0), "reference": MeasureError("torch: no kernel was recorded")},
+               {"kernel": FloorViolation("faster than the floor"), "reference": _Timing(1.5)}]
+    r = worker._execute(job)
+    assert sessions == [(["kernel", "reference"], "server")]
+    assert r.ok and r.timing == {"device_ms": 1.0} and r.reference_timing == {"device_ms": 1.5}
+    r = worker._execute(job)                       # a reference that fails costs the reference only
+    assert r.ok and r.reference_timing == {"error": "torch: no kernel was recorded"}
+    r = worker._execute(job)                       # the kernel's own failure is the trial's
+    assert r.status == "error" and "FloorViolation" in r.message
+    plain = worker._execute(Job("k", _planted_kernel, problem=Problem(256, 256, 256), check=False, mode=None,
+                                reference="torch"))
+    assert plain.ok and plain.timing is None and plain.reference_timing is None and len(sessions) == 3

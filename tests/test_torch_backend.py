@@ -305,3 +305,38 @@ def test_addmm_bias_c_alpha_beta_are_honoured():
     real = [torch.randn(s, generator=g).half() for s in shapes]
     for out, ref in zip(gm(*real), f(*real)):
         assert rel_err(out, ref) < 1e-2
+
+
+def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch):
+    """A short tuning budget spent on one-minute CUTLASS builds recorded nothing on the H200;
+    tune_keys(backends=("triton",)) keeps the proposals to what builds in seconds."""
+    import gemmgen.tune
+    import gemmgen.tune_adapters as adapters
+    from gemmgen import torch_ops
+
+    seen = {}
+
+    class NoGPU:                               # the worker runner's context-manager face only
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def fake_tune(problems, *, proposer, **kwargs):
+        seen["backends"] = proposer.backends
+        seen["problems"] = [p.key for p in problems]
+        seen["proposed"] = {prog.backend for p in problems for prog in proposer.propose(p, 6)}
+        return gemmgen.tune.TuneReport(shapes=len(problems))
+
+    monkeypatch.setattr(adapters, "WorkerRunner", NoGPU)
+    monkeypatch.setattr(gemmgen.tune, "tune", fake_tune)
+    key = torch_ops.kernel_key(2048, 5632, 2048, "row", "col", False, False, "silu", 1.0, 0.0, 0)
+    torch_backend.tune_keys([key, key], tmp_path / "t.sqlite", budget=6, time_budget_s=40, backends=("triton",))
+    assert seen == {"backends": ("triton",), "problems": ["2048x5632x2048:rcr:f16:f32:silu+f16"],
+                    "proposed": {"triton"}}
+    torch_backend.tune_keys([key], tmp_path / "t.sqlite")
+    assert set(seen["backends"]) >= {"triton", "cutlass", "cuda"}

@@ -137,6 +137,14 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 
 WGMMA_FUNCTION
 
+// ---- named barriers (id 0 is __syncthreads) ----------------------------------------
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
 // ---- register budget of the two roles (setmaxnreg needs __launch_bounds__(.., 1))
 __device__ __forceinline__ void producer_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
@@ -219,6 +227,13 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
     int tm, tn, walked = 0;
     for (int t = walk_start; tile_coords(t, tiles_m, tiles_n, rank, tm, tn); t += walk_step, ++walked) {
       if (PINGPONG && (walked & 1) != consumer) continue;
+#if PINGPONG
+      // The two mainloops take turns in walk order. A consumer that ran ahead into the
+      // other's next tile would wait on full barriers two phases behind, whose parity
+      // reads as complete: it would read unfilled slots and over-release them. Barrier
+      // 1 + (w & 1) says "tile w's mainloop may start"; 128 threads arrive, 128 sync.
+      if (walked > 0) named_barrier_sync(1 + (walked & 1), 2 * 128);
+#endif
       int prev_stage = -1;
       for (int kt = 0; kt < k_tiles; ++kt, ++pos) {
         const int stage = pos % STAGES;
@@ -245,7 +260,14 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       }
       wgmma_wait<0>();
       if (prev_stage >= 0 && lane == 0) release_stage(empty_bar + 8 * prev_stage);
-      if (PINGPONG) pos += k_tiles;   // the other warpgroup's tile
+#if PINGPONG
+      {
+        int next_m, next_n;   // signal only a tile that exists, so no arrival is left unmatched
+        if (tile_coords(t + walk_step, tiles_m, tiles_n, rank, next_m, next_n))
+          named_barrier_arrive(1 + ((walked + 1) & 1), 2 * 128);
+      }
+      pos += k_tiles;   // the other warpgroup's tile
+#endif
 
       // Epilogue from registers. wgmma accumulator e of block (i, j): row 16*warp + lane/4
       // (+8 when e%4 >= 2), column 8*(e/4) + 2*(lane%4) + e%2. Four 8-column blocks at a

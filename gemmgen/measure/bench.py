@@ -143,6 +143,10 @@ def _selection_options(cfg: BenchConfig) -> TimingOptions:
     return dataclasses.replace(cfg.timing, host_reps=0, max_reps=min(cfg.timing.max_reps, 60))
 
 
+#: The baseline an isolated candidate is also timed against inside its worker's session.
+SAME_SESSION_REFERENCE = "torch"
+
+
 def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, runner) -> list[dict]:
     from gemmgen.measure.baselines import Kernel
     from gemmgen.measure.worker import Job, load_named
@@ -152,10 +156,15 @@ def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, run
         spec = candidate_registry.spec_of(name)
         if runner is not None:
             job = Job(name, load_named, (spec, problem), problem, seed=cases[0].seed,
-                      mode=cfg.mode, timing=cfg.timing, timeout_s=cfg.trial_timeout_s)
+                      mode=cfg.mode, timing=cfg.timing, timeout_s=cfg.trial_timeout_s,
+                      reference=SAME_SESSION_REFERENCE)
             res = runner.run(job)
+            ref = res.reference_timing or {}
+            notes = {"isolated": True, "reference": SAME_SESSION_REFERENCE,
+                     "reference_device_ms": ref.get("device_ms"), "reference_error": ref.get("error")}
             rows.append(make_row(name, "candidate", shape, problem, check=res.check, timing=res.timing,
-                                 status=res.status, message=res.message, notes={"isolated": True}))
+                                 status=res.status, message=res.message,
+                                 notes={k: v for k, v in notes.items() if v is not None}))
             continue
         try:
             made = candidate_registry.resolve(spec)(problem)
@@ -278,6 +287,9 @@ def table(doc: dict) -> str:
         frac = s["median_fraction_of_floor"].get(name)
         passed = f"{s['passed'].get(name, 0)}/{s['n_shapes']}"
         lines.append(f"{name:<14}{passed:>8}" + "".join(cells) + (f"{frac:>12.3f}" if frac else f"{'-':>12}"))
+    for name, same in (s.get("same_session") or {}).items():
+        lines.append(f"{name} vs {same['reference']} timed in {name}'s own worker session: "
+                     f"{same['geomean']:.3f} over {same['n']} shapes")
     if doc.get("meta", {}).get("stopped"):
         lines.append(f"stopped early: {doc['meta']['stopped']}")
     return "\n".join(lines)

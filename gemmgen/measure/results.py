@@ -7,11 +7,17 @@
      "summary": {"n_shapes", "names", "baselines", "passed": {name: n},
                  "geomean": {"A/B": speedup of A over B}, "geomean_n": {"A/B": shapes},
                  "geomean_host": {...}, "median_fraction_of_floor": {name: x},
-                 "by_bucket": {bucket: {"n_shapes", "geomean", "geomean_n", "median_fraction_of_floor"}}}}
+                 "same_session": {candidate: {"reference", "geomean", "n"}},
+                 "by_bucket": {bucket: {"n_shapes", "geomean", "geomean_n", "same_session",
+                                        "median_fraction_of_floor"}}}}
 
 A speedup A/B is the geometric mean over shapes where both A and B passed their check
 and have a device time, of B.device_ms / A.device_ms: > 1 means A is faster. Pairs are
 every name (candidate or baseline) against every baseline. Pure: runs on CPU.
+
+An isolated candidate runs in the worker process, the baselines in the bench process; its
+`same_session` figure compares it with a reference baseline timed in its own worker session,
+which removes the processes' difference (see gemmgen.measure.worker.Job.reference).
 """
 from __future__ import annotations
 
@@ -65,6 +71,18 @@ def _pairs(rows: list[dict], names: list[str], baselines: list[str]) -> dict[str
     return {"geomean": geo, "geomean_n": count, "geomean_host": host}
 
 
+def _same_session(rows: list[dict], names: list[str]) -> dict[str, dict]:
+    """Per isolated candidate: geomean of reference / candidate device time, both timed in the
+    candidate's worker session (the comparison free of the two processes' difference)."""
+    out = {}
+    for n in names:
+        pairs = [(r["notes"]["reference"], r["notes"]["reference_device_ms"] / r["device_ms"])
+                 for r in rows if r["name"] == n and _usable(r) and (r.get("notes") or {}).get("reference_device_ms")]
+        if pairs:
+            out[n] = {"reference": pairs[0][0], "geomean": geomean([x for _, x in pairs]), "n": len(pairs)}
+    return out
+
+
 def _floor_medians(rows: list[dict], names: list[str]) -> dict[str, Optional[float]]:
     return {n: median(r["fraction_of_floor"] for r in rows if r["name"] == n and _usable(r)
                       and r.get("fraction_of_floor") is not None) for n in names}
@@ -86,6 +104,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         "measured": {n: sum(1 for r in rows if r["name"] == n and _usable(r)) for n in names},
     }
     summary.update(_pairs(rows, names, baselines))
+    summary["same_session"] = _same_session(rows, names)
     summary["median_fraction_of_floor"] = _floor_medians(rows, names)
     by_bucket = {}
     for bucket in bucket_names():
@@ -95,6 +114,7 @@ def summarize(rows: list[dict]) -> dict[str, Any]:
         entry = {"n_shapes": len({shape_key(r) for r in inside})}
         pairs = _pairs(inside, names, baselines)
         entry["geomean"], entry["geomean_n"] = pairs["geomean"], pairs["geomean_n"]
+        entry["same_session"] = _same_session(inside, names)
         entry["median_fraction_of_floor"] = _floor_medians(inside, names)
         by_bucket[bucket] = entry
     summary["by_bucket"] = by_bucket

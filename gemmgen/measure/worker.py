@@ -42,6 +42,10 @@ class Job:
     seed: Optional[int] = None
     timing: TimingOptions = field(default_factory=TimingOptions)
     timeout_s: Optional[float] = None    # None: the runner's
+    # A baseline (gemmgen.measure.baselines name) timed with the kernel in the worker's own
+    # session, interleaved: a comparison across processes carries the processes' difference
+    # (about 0.3-0.8 % on the H200 for one and the same cuBLAS kernel).
+    reference: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class TrialResult:
     wall_s: float = 0.0
     exitcode: Optional[int] = None
     value: Any = None                    # what a CPU-style job's callable returned (if picklable)
+    reference_timing: Optional[dict] = None   # Job.reference's Timing.to_dict(), or {"error": why}
 
     @property
     def ok(self) -> bool:
@@ -113,13 +118,29 @@ def _execute(job: Job) -> TrialResult:
         checked = check(kernel, job.problem, seed=job.seed).to_dict() if job.check else None
         if checked is not None and not checked["passed"]:
             return done("failed_check", "; ".join(checked["failures"]), check=checked)
-        timed = None
-        if job.mode is not None:
+        timed = reference = None
+        if job.mode is not None and job.reference:
+            timed, reference = _time_with_reference(kernel, job)
+        elif job.mode is not None:
             timed = time_kernel(kernel, job.problem, job.mode, options=job.timing).to_dict()
-        return done("ok", check=checked, timing=timed)
+        return done("ok", check=checked, timing=timed, reference_timing=reference)
     except Exception as exc:  # noqa: BLE001 - a failed trial, reported, never the worker's end
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return done("error", last)
+
+
+def _time_with_reference(kernel, job: Job) -> tuple[dict, dict]:
+    """The kernel's Timing and its reference's, from one interleaved session."""
+    from gemmgen.measure import baselines
+    from gemmgen.measure.timing import time_many
+
+    ref = baselines.make(job.reference, job.problem)
+    got = time_many([("kernel", kernel, job.problem), ("reference", ref.fn, job.problem)], job.mode,
+                    options=job.timing)
+    if isinstance(got["kernel"], Exception):
+        raise got["kernel"]
+    theirs = got["reference"]
+    return got["kernel"].to_dict(), ({"error": str(theirs)} if isinstance(theirs, Exception) else theirs.to_dict())
 
 
 def _serve(conn, gpu: bool) -> None:
