@@ -17,3 +17,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """The harness's isolated worker for a GPU test module: a fault costs one case, not the module."""
+    from gemmgen.measure import Runner
+
+    with Runner(timeout_s=120) as r:
+        yield r

@@ -35,15 +35,6 @@ def _build_all(programs):
     return results
 
 
-@pytest.fixture(scope="module")
-def runner():
-    """Each program runs in the harness's isolated worker: a fault costs that case alone."""
-    from gemmgen.measure import Runner
-
-    with Runner(timeout_s=120) as r:
-        yield r
-
-
 def _check(program, artifact, runner):
     from gemmgen.backends import cuda
     from gemmgen.measure import Job

@@ -109,14 +109,6 @@ def artifacts():
     return dict(zip(sources, results))
 
 
-@pytest.fixture(scope="module")
-def runner():
-    from gemmgen.measure import Runner
-
-    with Runner(timeout_s=120) as r:
-        yield r
-
-
 def _check(program, artifacts, runner):
     from gemmgen.backends import cutlass
     from gemmgen.dsl import validate
