@@ -11,6 +11,7 @@
 3. measure the selected programs against torch.matmul with `gemmgen bench`'s own
            runner (gemmgen.measure.bench), offline and server mode, each saving as it goes.
 
+Shapes: the CSV's, plus 4096^3 and 8192^3 unless --no-anchors (all in --out/shapes.csv).
 Writes under --out: library.json (builds, builds/minute), selection.json, offline/ and
 server/ (results.json + plots from gemmgen.measure), summary.json; prints the per-bucket
 table last. --time-budget bounds steps 2 and 3 (half for selection, a quarter per mode).
@@ -98,6 +99,17 @@ def candidates_for(shapes, top: int):
     return chosen
 
 
+def with_anchors(shapes: list, path: Path, skip: bool) -> list:
+    """The CSV's shapes, then the anchors it lacks (nn), written to `path` for the bench to read."""
+    from gemmgen.measure.shapes import Shape
+
+    have = {(s.m, s.n, s.k, s.layout) for s in shapes}
+    if not skip:
+        shapes = shapes + [Shape(m, n, k, "nn") for (m, n, k) in common.ANCHORS if (m, n, k, "nn") not in have]
+    path.write_text("M,N,K,layout\n" + "".join(f"{s.m},{s.n},{s.k},{s.layout}\n" for s in shapes))
+    return shapes
+
+
 def build_library(chosen, jobs: int, out: Path) -> dict:
     from gemmgen.backends import cutlass
     from gemmgen.backends.build import build_many, is_cached
@@ -128,7 +140,13 @@ def build_library(chosen, jobs: int, out: Path) -> dict:
             "failed": [str(r) for r in results if isinstance(r, Exception)],
             "compile_s": sorted(r.meta.get("compile_s") for r in results if not isinstance(r, Exception)
                                 and r.meta.get("compile_s"))}
-    (out / "library.json").write_text(json.dumps(info, indent=1))
+    path = out / "library.json"
+    if not fresh and path.exists():
+        # An all-cached run measures no build rate: keep the one of the run that built.
+        before = json.loads(path.read_text())
+        info["last_fresh_build"] = before.get("last_fresh_build") if not before.get("built") else {
+            k: before.get(k) for k in ("instances", "built", "jobs", "seconds", "cpus", "builds_per_minute")}
+    path.write_text(json.dumps(info, indent=1))
     print(f"library: {fresh} built in {seconds:.0f} s = {info['builds_per_minute']} builds/minute; "
           f"{len(info['failed'])} failed", flush=True)
     return artifacts
@@ -219,13 +237,14 @@ def main(argv=None) -> int:
     ap.add_argument("--baselines", default="torch")
     ap.add_argument("--trial-timeout", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--no-anchors", action="store_true", help="leave out 4096^3 and 8192^3 (added unless in the CSV)")
     args = ap.parse_args(argv)
 
     from gemmgen.measure.shapes import read_shapes
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shapes = read_shapes(args.shapes)
+    shapes = with_anchors(read_shapes(args.shapes), out / "shapes.csv", args.no_anchors)
     chosen = candidates_for(shapes, args.top)
     artifacts = build_library(chosen, args.jobs, out)
     if args.build_only:
@@ -244,7 +263,7 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     for mode in modes:
         left = None if budget is None else max(0.0, budget - (time.monotonic() - started)) / (len(modes) - len(docs))
-        cfg = bench.BenchConfig(shapes=args.shapes, out=str(out / mode), mode=mode,
+        cfg = bench.BenchConfig(shapes=str(out / "shapes.csv"), out=str(out / mode), mode=mode,
                                 baselines=[b for b in args.baselines.split(",") if b],
                                 candidates=["cutlass_search:selected_kernel"], time_budget_s=left,
                                 seed=args.seed, timing=TimingOptions(), trial_timeout_s=args.trial_timeout,

@@ -7,8 +7,10 @@ torch.compile(mode="max-autotune") while the time budget lasts.
 
 Per case and variant: max relative error of the logits against eager (max |out - ref| /
 max |ref|), compile time (the first call, wall clock), device time per call (CUDA events
-around a loop of calls after warm-up, median of repeats), and, unless --no-profile, where
-the device time goes (GEMM / attention / other kernels, from one profiled call).
+around a loop of calls after warm-up, median of repeats; a case's variants take turns
+loop by loop), and, unless --no-profile, where
+the device time goes (GEMM / attention / other kernels, the device's idle share and the
+host's busiest operations, from three profiled calls; --trace keeps their Chrome traces).
 Writes results.json and llama_compile.png under --out and prints a table last.
 
     python benchmarks/llama_compile.py --out benchmarks/results/llama_compile
@@ -58,6 +60,7 @@ def parse_args(argv=None):
                    help="backends that tuning proposes (default triton: builds in seconds; a CUTLASS build "
                         "takes about a minute, and with 40 s to tune, a run with all backends recorded nothing)")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--trace", action="store_true", help="also write each profiled loop's Chrome trace (gzipped)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke test of this script with a tiny --hidden/--layers model (wall-clock timing)")
     return p.parse_args(argv)
@@ -132,43 +135,52 @@ class Case:
                            cache_position=cache_position).logits), reset
 
 
-def time_calls(call, reset, iters: int, repeats: int) -> tuple[float, float, float]:
-    """Median, spread (max-min over median) and best of the ms per call, CUDA events around loops.
+def time_interleaved(calls: list, iters: int, repeats: int) -> list[tuple[float, float, float]]:
+    """Per (call, reset): median, spread (max-min over median) and best ms per call.
 
-    The events enclose the host's launches too: decode steps are bound by them."""
-    reset()
-    for _ in range(3):
-        call()
-    times = []
+    CUDA events around loops of `iters` calls; the events enclose the host's launches too
+    (decode steps are bound by them). The variants take turns, one loop each per repeat, in
+    an order rotated every repeat. The H200 machine's host speed drifted by up to 2x from one
+    block of loops to the next (two compiles of one graph measured 5.1 and 9.4 ms per decode
+    step in one run); turns spread a slow spell over every variant instead of charging it to one."""
+    for call, reset in calls:
+        reset()
+        for _ in range(3):
+            call()
+    times: list[list[float]] = [[] for _ in calls]
     gc.collect()
     gc.disable()          # as timeit does: a collection inside a host-bound loop is not the model's cost
     try:
-        _timed_loops(call, reset, iters, repeats, times)
+        for r in range(repeats):
+            for j in range(len(calls)):
+                i = (j + r) % len(calls)
+                times[i].append(_timed_loop(*calls[i], iters))
     finally:
         gc.enable()
-    med = statistics.median(times)
-    return med, (max(times) - min(times)) / med, min(times)
+    out = []
+    for ts in times:
+        med = statistics.median(ts)
+        out.append((med, (max(ts) - min(ts)) / med, min(ts)))
+    return out
 
 
-def _timed_loops(call, reset, iters: int, repeats: int, times: list) -> None:
+def _timed_loop(call, reset, iters: int) -> float:
     import torch
 
-    for _ in range(repeats):
-        reset()
-        if not torch.cuda.is_available():            # the CPU smoke test: wall clock
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                call()
-            times.append((time.perf_counter() - t0) * 1e3 / iters)
-            continue
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    reset()
+    if not torch.cuda.is_available():            # the CPU smoke test: wall clock
+        t0 = time.perf_counter()
         for _ in range(iters):
             call()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
+        return (time.perf_counter() - t0) * 1e3 / iters
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 def sync() -> None:
@@ -178,34 +190,102 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def profile_split(call) -> dict:
-    """Device ms of one call by kernel family (GEMM, attention, other) and the kernel count."""
+def profile_split(call, calls: int = 3, trace: Path | None = None) -> dict:
+    """Where a call's time goes, from `calls` profiled back-to-back calls (per-call figures).
+
+    Device ms by kernel family (GEMM, attention, other) and the kernel count; the span from
+    the first kernel's start to the last one's end against the union of kernel time (the
+    device's idle share) and its gaps of 20 us or more; the host operations and runtime
+    calls with the most self time (a synchronization or an allocation shows up there).
+    `trace`: also write the Chrome trace there (gzipped)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    sync()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
+        for _ in range(calls):
+            call()
+        sync()
     split = {"gemm_ms": 0.0, "attention_ms": 0.0, "other_ms": 0.0, "kernels": 0}
+    spans = []
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
         name = evt.name.lower()
         family = ("gemm_ms" if any(w in name for w in GEMM_WORDS)
                   else "attention_ms" if any(w in name for w in ATTN_WORDS) else "other_ms")
-        split[family] += evt.time_range.elapsed_us() / 1e3
+        split[family] += evt.time_range.elapsed_us() / 1e3 / calls
         split["kernels"] += 1
+        spans.append((evt.time_range.start, evt.time_range.end))
+    split["kernels"] //= calls
+    spans.sort()
+    busy, gaps, end = 0.0, [], spans[0][0] if spans else 0
+    for s, e in spans:
+        if s > end:
+            gaps.append(s - end)
+        busy += max(0, e - max(s, end))
+        end = max(end, e)
+    span = (end - spans[0][0]) if spans else 0
+    split["span_ms"] = span / 1e3 / calls
+    split["idle_ms"] = (span - busy) / 1e3 / calls
+    split["gaps_20us"] = sum(1 for g in gaps if g >= 20) / calls
+    split["gaps_20us_ms"] = sum(g for g in gaps if g >= 20) / 1e3 / calls
+    host = sorted((e for e in prof.key_averages() if e.self_device_time_total == 0 and e.self_cpu_time_total > 0),
+                  key=lambda e: -e.self_cpu_time_total)[:12]
+    split["host_top"] = [{"op": e.key, "count": e.count // calls, "self_ms": round(e.self_cpu_time_total / 1e3 / calls, 3)}
+                         for e in host]
+    if trace is not None:
+        import gzip
+        import os
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        prof.export_chrome_trace(tmp)
+        with open(tmp, "rb") as src, gzip.open(trace, "wb") as dst:
+            dst.write(src.read())
+        os.unlink(tmp)
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in split.items()}
 
 
-def run_variant(case: Case, variant: str, args, ref):
+def _process_times() -> dict:
+    """pid -> (cpu seconds so far, command) for every process this user can read (Linux /proc)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            continue
+        found[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, cmd.strip())
+    return found
+
+
+def host_load(before: dict, after: dict, seconds: float) -> dict:
+    """Which processes used the CPU while the loops were timed (a busy neighbour slows host-bound
+    launches: the variants share one process and machine)."""
+    import os
+
+    busy = sorted(((after[p][0] - before[p][0], p, after[p][1]) for p in after if p in before),
+                  reverse=True)[:6]
+    return {"seconds": round(seconds, 2), "cpus": os.cpu_count(),
+            "busiest": [{"pid": p, "self": p == os.getpid(), "cpu_s": round(d, 2), "cmd": c}
+                        for d, p, c in busy if d > 0]}
+
+
+def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, object]:
+    """Compile one variant and check its first output: (row so far, (call, reset), output)."""
     import torch
 
     from gemmgen import torch_backend
 
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
     counters.clear()
     torch_backend.reset_stats()
     fn = compiled(case.model, variant, args)
@@ -214,12 +294,7 @@ def run_variant(case: Case, variant: str, args, ref):
     with torch.no_grad():
         out = call().float().clone()
         sync()
-        compile_s = time.perf_counter() - t0
-        ms, spread, best = time_calls(call, reset, case.iters, args.repeats)
-        reset()
-        split = None if args.no_profile or args.device == "cpu" else profile_split(call)
-    row = {"case": case.name, "variant": variant, "compile_s": round(compile_s, 2), "device_ms": ms,
-           "best_ms": best, "spread": round(spread, 4), "split": split,
+    row = {"case": case.name, "variant": variant, "compile_s": round(time.perf_counter() - t0, 2),
            "dynamo_graphs": counters["stats"]["unique_graphs"]}     # > 1 per graph break or recompile
     row["max_rel_err"] = None if ref is None else ((out - ref).abs().max() / ref.abs().max()).item()
     if not math.isfinite(row["max_rel_err"] or 0.0):
@@ -227,7 +302,33 @@ def run_variant(case: Case, variant: str, args, ref):
     if variant == "gemmgen":
         row["gemmgen"] = torch_backend.stats()
         row["kernels"] = kernels_used()
-    return row, out
+    return row, (call, reset), out
+
+
+def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict]:
+    """Compile every variant of a case, then time them in turns, then profile each."""
+    import torch
+
+    torch._dynamo.reset()
+    rows, calls = [], []
+    for variant in variants:
+        row, call, out = prepare_variant(case, variant, args, refs.get(case.name))
+        if variant == "eager":
+            refs[case.name] = out
+        rows.append(row)
+        calls.append(call)
+    before, t1 = (_process_times(), time.perf_counter()) if sys.platform == "linux" else (None, None)
+    with torch.no_grad():
+        timed = time_interleaved(calls, case.iters, args.repeats)
+    load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
+    for row, (call, reset), (ms, spread, best) in zip(rows, calls, timed):
+        row.update(device_ms=ms, best_ms=best, spread=round(spread, 4), host_load=load, split=None)
+        if not args.no_profile and args.device != "cpu":
+            reset()
+            trace = Path(args.out) / f"trace_{case.name}_{row['variant']}.json.gz" if args.trace else None
+            with torch.no_grad():
+                row["split"] = profile_split(call, trace=trace)
+    return rows
 
 
 def pretune(cases, args) -> dict:
@@ -307,19 +408,20 @@ def main(argv=None) -> int:
     cases = [Case(*c, model, cfg, iters=args.iters) for c in selected]
     refs: dict = {}
 
-    def run(case, variant):
-        row, out = run_variant(case, variant, args, refs.get(case.name))
-        if variant == "eager":
-            refs[case.name] = out
-        rows.append(row)
-        print(f"  {case.name:18s} {variant:13s} {row['device_ms']:9.3f} ms  compile {row['compile_s']:7.1f} s",
-              flush=True)
-        return row
+    def run(case, group):
+        for row in run_variants(case, group, args, refs):
+            rows.append(row)
+            print(f"  {case.name:18s} {row['variant']:13s} {row['device_ms']:9.3f} ms  compile {row['compile_s']:7.1f} s",
+                  flush=True)
 
-    # The contest first (eager, default, gemmgen on every case), then max-autotune while the budget lasts.
+    # The contest first (eager, default, gemmgen on every case, timed in turns), then
+    # max-autotune while the budget lasts (timed on its own).
     for case in cases:
-        for variant in (v for v in variants if v != "max-autotune"):
-            run(case, variant)
+        run(case, [v for v in variants if v != "max-autotune"])
+        row = rows[-1]
+        busy = "; ".join(f"{b['cpu_s']:.1f} cpu-s {'(this process)' if b['self'] else b['cmd'][:60]}"
+                         for b in (row.get("host_load") or {}).get("busiest", [])[:3])
+        print(f"  busiest processes while {case.name} was timed: {busy or '-'}", flush=True)
     if "max-autotune" in variants:
         estimate = 120.0                   # seconds for one max-autotune case until one is measured
         for case in cases:
@@ -329,7 +431,7 @@ def main(argv=None) -> int:
                              f"more needed, budget {args.budget_s:.0f} s)")
                 continue
             t0 = time.perf_counter()
-            run(case, "max-autotune")
+            run(case, ["max-autotune"])
             estimate = time.perf_counter() - t0
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (smoke test)"
     result = {"gpu": gpu, "torch": torch.__version__,
@@ -350,19 +452,20 @@ def print_table(result) -> None:
     for note in result["notes"]:
         print("note:", note)
     print(f"{'case':18s} {'variant':13s} {'ms/call':>9s} {'best':>8s} {'spread':>6s} {'vs default':>10s} {'max rel err':>11s} "
-          f"{'compile s':>9s} {'gemm/attn/other ms (1 call)':>27s}  gemmgen")
+          f"{'compile s':>9s} {'gemm/attn/other/idle ms per call':>33s}  gemmgen")
     for r in rows:
         speed = f"{base[r['case']] / r['device_ms']:.3f}x" if r["case"] in base else "-"
         err = "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.2e}"
         sp = r["split"]
-        split = "-" if not sp else f"{sp['gemm_ms']:.3f}/{sp['attention_ms']:.3f}/{sp['other_ms']:.3f}"
+        split = "-" if not sp else (f"{sp['gemm_ms']:.3f}/{sp['attention_ms']:.3f}/{sp['other_ms']:.3f}/"
+                                    f"{sp.get('idle_ms', float('nan')):.3f}")
         rep = ""
         if "gemmgen" in r:
             g = r["gemmgen"]
             rep = f"replaced {sum(g['replaced'].values())}, left {g['skipped']}"
         best = f"{r['best_ms']:8.3f}" if r.get("best_ms") else f"{'-':>8s}"
         print(f"{r['case']:18s} {r['variant']:13s} {r['device_ms']:9.3f} {best} {r['spread']:6.2f} {speed:>10s} {err:>11s} "
-              f"{r['compile_s']:9.1f} {split:>27s}  {rep}")
+              f"{r['compile_s']:9.1f} {split:>33s}  {rep}")
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shapes_file": args.shapes,
         "shard": args.shard, "budget": args.budget, "proposer": f"{proposer.name} {proposer.version}",
         "backends": backends, "resumed_trials": resumed, "report": report.summary(),
-        "trials_exported": written, "shipped_winners": shipped if args.ship else None,
+        "trials_exported": written, "shipped_trials": shipped if args.ship else None,
         "elapsed_s": round(time.monotonic() - start, 1), "by_bucket": by_bucket,
         "geomean_speedup_over_best_baseline": _geomean(r["speedup_over_best_baseline"] for r in rows),
         "note": "speedup_over_best_baseline is the winner's measured speedup over its run's best baseline; "

@@ -97,7 +97,7 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optiona
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    from gemmgen import torch_ops
+    from gemmgen import torch_ops, torch_pass
     from gemmgen.torch_pass import GemmgenPass
 
     torch_ops.set_lookup_db(options.db)
@@ -110,7 +110,11 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optiona
     existing = patches.get(PASS_SLOT, getattr(inductor_config, PASS_SLOT))
     chained = None if isinstance(existing, GemmgenPass) else existing
     patches[PASS_SLOT] = GemmgenPass(options, chained)
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    seen = torch_pass.stats()["graphs"]
+    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if torch_pass.stats()["graphs"] == seen:     # the forward graph came from a compile cache
+        torch_pass.note_cache_hit()
+    return compiled
 
 
 def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Optional[float] = None,

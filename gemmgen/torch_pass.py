@@ -36,15 +36,18 @@ OP_KINDS = ("mm", "addmm", "relu", "gelu", "silu")
 ALIGN_ELEMS = 8
 
 _COUNTERS = ("replaced", "skipped", "problems", "missing")
-_STATS: dict = {**{name: Counter() for name in _COUNTERS}, "graphs": 0}
+_STATS: dict = {**{name: Counter() for name in _COUNTERS}, "graphs": 0, "from_cache": 0}
 _MISSING_KEYS: dict = {}     # op key -> None, in first-seen order: what tuning would serve
 
 
 def stats() -> dict:
     """What the pass did in this process: rewrites by kind, skips by reason, the gemmgen
     problem keys it rewrote (`problems`) and those it left for want of a tuned kernel
-    (`missing`), with their counts, and how many graphs it saw."""
-    return {**{name: dict(_STATS[name]) for name in _COUNTERS}, "graphs": _STATS["graphs"]}
+    (`missing`), with their counts, and how many graphs it saw. `from_cache` counts the
+    graphs served from inductor's compile caches (FX graph, AOTAutograd): the pass did not
+    run on those, so their rewrites (made when the cache was filled) are not in the counts."""
+    return {**{name: dict(_STATS[name]) for name in _COUNTERS}, "graphs": _STATS["graphs"],
+            "from_cache": _STATS["from_cache"]}
 
 
 def missing_keys() -> list:
@@ -55,8 +58,15 @@ def missing_keys() -> list:
 def reset_stats() -> None:
     for name in _COUNTERS:
         _STATS[name].clear()
-    _STATS["graphs"] = 0
+    _STATS["graphs"] = _STATS["from_cache"] = 0
     _MISSING_KEYS.clear()
+
+
+def note_cache_hit() -> None:
+    """A graph compiled without the pass running (one of inductor's compile caches had it)."""
+    _STATS["from_cache"] += 1
+    log.info("gemmgen: a graph came from inductor's compile cache; the pass did not run on it, so the "
+             "replacement counts leave it out (torch._inductor.config.fx_graph_cache = False recounts)")
 
 
 @dataclass(frozen=True)

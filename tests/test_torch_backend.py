@@ -117,6 +117,27 @@ def test_llama_inference_rewrites_every_projection(fresh):
     assert rel_err(out, ref) < 1e-2
 
 
+def test_a_graph_from_inductors_cache_is_counted_as_such(tmp_path, monkeypatch):
+    """On an FX-graph cache hit the pass does not run: the stats say so instead of reading 0."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = tiny_llama().eval()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    counts = []
+    with inductor_config.patch(fx_graph_cache=True, force_disable_caches=False), \
+            functorch_config.patch(enable_autograd_cache=False), torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch_backend.reset_stats()
+            torch.compile(model, backend="gemmgen", options=CPU)(ids)
+            stats = torch_backend.stats()
+            counts.append((sum(stats["replaced"].values()), stats["graphs"], stats["from_cache"]))
+    torch._dynamo.reset()
+    assert counts == [(LAYERS * 7 + 1, 1, 0), (0, 0, 1)], counts
+
+
 def test_llama_training_forward_and_backward(fresh):
     model = tiny_llama().train()
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
