@@ -35,12 +35,9 @@ FAMILIES = ("multistage", "ws_cooperative", "ws_pingpong")
 
 def anchors_after(shapes: list, args) -> list:
     """The CSV's order, then the anchors it lacks: as torch.matmul's nn and as x @ W.T (nt)."""
-    from gemmgen.measure.shapes import Shape
-    if not args.no_anchors:
-        have = {(s.m, s.n, s.k, s.layout) for s in shapes}
-        for layout in ([args.layout] if args.layout else ["nn", "nt"]):
-            shapes += [Shape(m, n, k, layout) for (m, n, k) in common.ANCHORS if (m, n, k, layout) not in have]
-    return shapes
+    if args.no_anchors:
+        return shapes
+    return shapes + common.anchors_missing(shapes, [args.layout] if args.layout else ["nn", "nt"])
 
 
 def programs_for(problem, per_family: int) -> list:

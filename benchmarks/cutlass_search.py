@@ -101,11 +101,8 @@ def candidates_for(shapes, top: int):
 
 def with_anchors(shapes: list, path: Path, skip: bool) -> list:
     """The CSV's shapes, then the anchors it lacks (nn), written to `path` for the bench to read."""
-    from gemmgen.measure.shapes import Shape
-
-    have = {(s.m, s.n, s.k, s.layout) for s in shapes}
     if not skip:
-        shapes = shapes + [Shape(m, n, k, "nn") for (m, n, k) in common.ANCHORS if (m, n, k, "nn") not in have]
+        shapes = shapes + common.anchors_missing(shapes, ["nn"])
     path.write_text("M,N,K,layout\n" + "".join(f"{s.m},{s.n},{s.k},{s.layout}\n" for s in shapes))
     return shapes
 

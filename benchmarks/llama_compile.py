@@ -235,16 +235,7 @@ def profile_split(call, calls: int = 3, trace: Path | None = None) -> dict:
     split["host_top"] = [{"op": e.key, "count": e.count // calls, "self_ms": round(e.self_cpu_time_total / 1e3 / calls, 3)}
                          for e in host]
     if trace is not None:
-        import gzip
-        import os
-        import tempfile
-
-        fd, tmp = tempfile.mkstemp(suffix=".json")
-        os.close(fd)
-        prof.export_chrome_trace(tmp)
-        with open(tmp, "rb") as src, gzip.open(trace, "wb") as dst:
-            dst.write(src.read())
-        os.unlink(tmp)
+        prof.export_chrome_trace(str(trace))     # a .gz path: the profiler gzips it
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in split.items()}
 
 

@@ -42,6 +42,14 @@ def parser(description: str, add_candidate_count: Callable[[argparse.ArgumentPar
     return ap
 
 
+def anchors_missing(shapes: list, layouts: Iterable[str]) -> list:
+    """The anchor shapes, in each layout, that `shapes` lacks (to append after them)."""
+    from gemmgen.measure.shapes import Shape
+
+    have = {(s.m, s.n, s.k, s.layout) for s in shapes}
+    return [Shape(m, n, k, layout) for layout in layouts for (m, n, k) in ANCHORS if (m, n, k, layout) not in have]
+
+
 def shapes_from(args, arrange: Callable[[list, argparse.Namespace], list]) -> list:
     """The CSV's shapes (layout overridden by --layout), placed among the anchors by `arrange`, cut to --limit."""
     from gemmgen.measure.shapes import Shape, read_shapes
