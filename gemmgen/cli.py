@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gemmgen: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:             # `gemmgen db show ... | head`: the reader left; so do we
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ Lookup, in order:
 1. the winner for this exact problem on this GPU (by GPU name);
 2. for a problem tuned on this GPU that no program won: the baseline (the measurement
    said so; a neighbour's program is not a better guess than that);
-3. the winner of the nearest tuned problem with the same majors, dtypes and epilogue
-   signature (Euclidean distance of log M, log N, log K, at most NEAREST_MAX_DISTANCE,
-   and a winner by at least NEAREST_MIN_SPEEDUP), its program re-bound to this shape and
-   re-validated;
+3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the
+   same majors, dtypes and epilogue signature (Euclidean distance of log M, log N, log K,
+   at most NEAREST_MAX_DISTANCE, and a winner by at least NEAREST_MIN_SPEEDUP), its program
+   re-bound to this shape and re-validated;
 4. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
 
 A winner is a trial that passed its check and satisfies the never-slower rule
@@ -34,6 +34,11 @@ NEAREST_MAX_DISTANCE = 1.0
 #: A re-bound program was never measured at the new shape; reuse only winners with this margin
 #: over their own run's best baseline, so that a small win does not turn into a loss next door.
 NEAREST_MIN_SPEEDUP = 1.05
+#: Re-bound programs only for problems below this many GFLOP. Measured on the H200 over the
+#: 1,000-shape set (benchmarks/results/gemmgen_1000_offline): re-bound programs reached 1.051x
+#: torch.matmul on 87 sub-GFLOP shapes (launch-bound; the tile matters less than a lean
+#: kernel) but 0.95x on 129 larger ones, down to 0.72x, where the tile must fit the shape.
+NEAREST_MAX_GFLOP = 1.0
 #: How many nearest problems to try before falling back (each is re-validated).
 NEAREST_TRIES = 8
 
@@ -191,9 +196,12 @@ def _lookup(problem: Problem, gpu: str, index) -> Kernel:
                           f"no longer parses ({exc}); re-tune {problem.key}", RuntimeWarning)
     if problem.key in index.tuned:
         return Kernel(problem, None, Provenance(
-            "baseline", gpu, note="tuned on this GPU and no program beat the best baseline by more than "
+            "baseline", gpu, best_baseline_ms=index.tuned[problem.key],
+            note="tuned on this GPU and no program beat the best baseline by more than "
             "its noise; torch.matmul (cuBLAS) with the epilogue in torch"))
-    candidates = (near for near in index.nearest(problem) if near.trial.best_baseline is not None and
+    small = 2 * problem.m * problem.n * problem.k < NEAREST_MAX_GFLOP * 1e9
+    candidates = (near for near in (index.nearest(problem) if small else ())
+                  if near.trial.best_baseline is not None and
                   near.trial.best_baseline[1].device_ms >= NEAREST_MIN_SPEEDUP * near.trial.device_ms)
     for tries, near in enumerate(candidates):
         if near.distance > NEAREST_MAX_DISTANCE or tries >= NEAREST_TRIES:

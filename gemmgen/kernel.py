@@ -45,13 +45,9 @@ class Provenance:
     note: str = ""
 
     @property
-    def fn(self) -> Callable[..., Any]:
-        """The call in the harness's convention, fn(a, b, out, *, bias, residual, c, alpha, beta)."""
-
-        def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=None, beta=None):
-            return self(a, b, bias=bias, residual=residual, c=c, out=out, alpha=alpha, beta=beta)
-
-        return fn
+    def baseline_ms_here(self) -> Optional[float]:
+        """The best baseline's device time measured at this very problem (None: never measured)."""
+        return self.best_baseline_ms if self.how in ("exact", "baseline") else None
 
     def describe(self) -> str:
         lines = [f"provenance: {self.how} ({self.note})" if self.note else f"provenance: {self.how}",
@@ -121,6 +117,15 @@ class Kernel:
         return f"<gemmgen.Kernel {self.problem.key} backend={self.backend} via={self.provenance.how}>"
 
     # -- calling -------------------------------------------------------------------
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The call in the harness's convention, fn(a, b, out, *, bias, residual, c, alpha, beta)."""
+
+        def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=None, beta=None):
+            return self(a, b, bias=bias, residual=residual, c=c, out=out, alpha=alpha, beta=beta)
+
+        return fn
 
     def __call__(self, a, b, bias=None, residual=None, c=None, out=None, alpha=None, beta=None):
         torch = self._torch or self._import_torch()

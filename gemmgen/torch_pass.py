@@ -7,6 +7,14 @@ B: no copy is ever inserted). A matmul whose only consumer, through reshapes, is
 relu, an exact gelu or a silu takes the activation into its epilogue; the activation
 is recognised by comparing the graph with inductor's own decomposition of it.
 
+A tuned kernel replaces a node only if it beats what inductor would run in its place,
+by at least `min_gain_us`. Tuning measured each problem against cuBLAS with the epilogue
+as separate torch passes; inside a graph those passes are mostly free: cuBLAS applies
+addmm's bias itself, and inductor fuses an activation into the pointwise op that consumes
+it (Llama's silu(gate) * up). So unless the activation is the epilogue's only item and it
+feeds nothing inductor can fuse into (a matmul, the graph's output), the reference is the
+bare matmul's baseline, measured at the same M, N, K and majors.
+
 What is not rewritten stays for inductor, counted by reason in `stats()`.
 """
 from __future__ import annotations
@@ -103,12 +111,17 @@ class _Candidate:
     act_nodes: list = field(default_factory=list)
     act_out: Optional[fx.Node] = None
     chain_last: Optional[fx.Node] = None
+    act_standalone: bool = False        # inductor would run the activation as a kernel of its own
     device: Optional[int] = None
     chosen: bool = False
 
-    def key(self, fused: bool = True) -> tuple:
+    def key(self, fused: bool = True, bare: bool = False) -> tuple:
+        """The op key with the activation (fused) or without; bare: no epilogue at all."""
         m, k = self.a.meta["val"].shape
         n = self.b.meta["val"].shape[1]
+        if bare:
+            return torch_ops.kernel_key(int(m), int(n), int(k), self.a_major, self.b_major,
+                                        False, False, "none", 1.0, 0.0, self.device)
         act = self.activation if fused else "none"
         return torch_ops.kernel_key(int(m), int(n), int(k), self.a_major, self.b_major,
                                     self.bias is not None, self.c is not None, act, self.alpha,
@@ -231,39 +244,78 @@ class GemmgenPass(CustomGraphPass):
             cand.chosen = cand.device is None          # CPU nodes: the reference op, for testing
         if not cuda:
             return
-        kernels = {c.key(f): torch_ops.resolve(c.key(f), opts.db) for c in cuda for f in {True, False}}
-        missing = [k for k, kern in kernels.items() if kern.backend == "torch"]
+        keys = {c.key(**kw) for c in cuda for kw in ({"fused": True}, {"fused": False}, {"bare": True})}
+        kernels = {k: torch_ops.resolve(k, opts.db) for k in keys}
+        missing = [k for k, kern in kernels.items()
+                   if kern.backend == "torch" and kern.provenance.baseline_ms_here is None]
         if opts.tune_missing and missing:
             from gemmgen.torch_backend import tune_keys
 
             tune_keys(missing, opts.db, opts.tune_budget)
             kernels = {k: torch_ops.resolve(k, opts.db) for k in kernels}
         for cand in cuda:
-            fused, plain = kernels[cand.key(True)], kernels[cand.key(False)]
-            worth = lambda k: k.backend != "torch" and estimated_gain_us(k) >= opts.min_gain_us  # noqa: E731
+            fused, plain = cand.key(True), cand.key(False)
+            worth = lambda key: (kernels[key].backend != "torch"  # noqa: E731
+                                 and in_graph_gain_us(cand, key, kernels) >= opts.min_gain_us)
             if opts.baseline == "op" or worth(fused):
                 cand.chosen = True
             elif cand.activation != "none" and worth(plain):
                 _drop_activation(cand)
                 cand.chosen = True
-            elif fused.backend != "torch" or plain.backend != "torch":
-                skipped["gain_below_overhead"] += 1
-            else:
+            elif kernels[fused].backend == "torch" and kernels[plain].backend == "torch":
                 skipped["no_tuned_kernel"] += 1
-                _STATS["missing"][torch_ops.problem_key(cand.key(True))] += 1
-                _MISSING_KEYS[cand.key(True)] = None
+                _note_missing(cand.key(True))
+            elif _reference_unmeasured(cand, kernels):
+                skipped["reference_unmeasured"] += 1
+                _note_missing(cand.key(bare=True))
+            else:
+                skipped["gain_below_overhead"] += 1
 
 
-def estimated_gain_us(kernel) -> float:
-    """Device time a tuned kernel saves per call against the best baseline of its tuning run:
-    measured for an exact winner; for a nearest one (not measured at this shape) its saved
-    fraction applied to this shape's floor time, an underestimate. 0 for the baseline."""
+def _note_missing(key: tuple) -> None:
+    _STATS["missing"][torch_ops.problem_key(key)] += 1
+    _MISSING_KEYS[key] = None
+
+
+def _own_baseline_is_reference(cand: _Candidate, key: tuple) -> bool:
+    """Whether what inductor runs in the kernel's place is what tuning measured it against:
+    a bare matmul, or one activation alone that inductor would run as a kernel of its own."""
+    if key == cand.key(bare=True):
+        return True
+    alone = cand.bias is None and cand.c is None and cand.alpha == 1.0
+    return alone and key == cand.key(True) and cand.act_standalone
+
+
+def _reference_unmeasured(cand: _Candidate, kernels: dict) -> bool:
+    """A tuned kernel with an epilogue, but the bare matmul it competes with in-graph was never timed."""
+    return (kernels[cand.key(bare=True)].provenance.baseline_ms_here is None
+            and not all(_own_baseline_is_reference(cand, k) for k in (cand.key(True), cand.key(False))))
+
+
+def in_graph_gain_us(cand: _Candidate, key: tuple, kernels: dict) -> float:
+    """Device microseconds the tuned kernel for `key` saves per call against what inductor
+    would run in its place (module docstring); 0 where that is unknown."""
+    kernel = kernels[key]
+    if _own_baseline_is_reference(cand, key):
+        return estimated_gain_us(kernel)
+    reference = kernels[cand.key(bare=True)].provenance.baseline_ms_here
+    return estimated_gain_us(kernel, reference) if reference else 0.0
+
+
+def estimated_gain_us(kernel, reference_ms: Optional[float] = None) -> float:
+    """Device time a tuned kernel saves per call against `reference_ms` (default: the best
+    baseline of its tuning run): measured for an exact winner; for a nearest one (not
+    measured at this shape) its saved fraction applied to this shape's floor time, an
+    underestimate, and 0 against any other reference. 0 for the baseline."""
     p = kernel.provenance
     if kernel.backend == "torch" or not p.device_ms or not p.best_baseline_ms:
         return 0.0
-    saving_ms = p.best_baseline_ms - p.device_ms
     if p.how == "exact":
-        return saving_ms * 1e3
+        reference = p.best_baseline_ms if reference_ms is None else min(reference_ms, p.best_baseline_ms)
+        return (reference - p.device_ms) * 1e3
+    if reference_ms is not None:
+        return 0.0
+    saving_ms = p.best_baseline_ms - p.device_ms
     return max(saving_ms / p.best_baseline_ms, 0.0) * kernel.problem.floor_s * 1e6
 
 
@@ -346,11 +398,29 @@ def _find_activation(cand: _Candidate, ops) -> None:
         if matched is not None:
             cand.activation, cand.act_out, cand.act_nodes = name, matched[0], matched[1]
             cand.chain_last = node
+            cand.act_standalone = all(_unfusable(user) for user in _through_reshapes(matched[0]))
             return
+
+
+def _through_reshapes(node: fx.Node) -> list:
+    """The consumers of node's value, looking through reshapes."""
+    users = []
+    for user in node.users:
+        if user.op == "call_function" and user.target in RESHAPES:
+            users.extend(_through_reshapes(user))
+        else:
+            users.append(user)
+    return users
+
+
+def _unfusable(user: fx.Node) -> bool:
+    """A consumer inductor cannot fuse a pointwise producer into: a matmul or the graph's output."""
+    return user.op == "output" or (user.op == "call_function" and user.target in (*MATMULS, *BATCHED))
 
 
 def _drop_activation(cand: _Candidate) -> None:
     cand.activation, cand.act_out, cand.act_nodes, cand.chain_last = "none", None, [], None
+    cand.act_standalone = False
 
 
 def _match_activation(x: fx.Node, ref: fx.Graph):

@@ -304,6 +304,47 @@ def test_a_winner_that_saves_less_than_the_op_costs_is_not_taken(tmp_path):
     assert torch_backend.stats()["skipped"] == {"gain_below_overhead": 1, "no_tuned_kernel": 1}
 
 
+def swiglu_graph():
+    """Llama's MLP gate: silu(x @ Wg.T) * (x @ Wu.T), on fake CUDA tensors: the silu feeds a mul."""
+    import torch._inductor.decomposition
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, wg, wu):
+        return torch.nn.functional.silu(torch.mm(x, wg.t())) * torch.mm(x, wu.t())
+
+    with FakeTensorMode():
+        args = [torch.empty(s, dtype=torch.float16, device="cuda") for s in ((64, 32), (48, 32), (48, 32))]
+        return make_fx(f, decomposition_table=torch._inductor.decomposition.select_decomp_table())(*args).graph
+
+
+def test_a_fused_activation_competes_with_the_bare_matmul_when_inductor_would_fuse_it(tmp_path):
+    """Tuning timed mm+silu against cuBLAS plus a separate silu pass; in this graph inductor
+    fuses the silu into the mul, so the kernel must beat the bare cuBLAS matmul instead."""
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Epilogue, Problem
+    from gemmgen.torch_ops import clear_kernels
+
+    def run():
+        clear_cache(), clear_kernels(), torch_backend.reset_stats()
+        GemmgenPass(PassOptions(db=str(db)))(swiglu_graph())
+        return torch_backend.stats()
+
+    db = tmp_path / "tuning.sqlite"
+    fused, bare = (Problem(64, 48, 32, "row", "col", epilogue=Epilogue(activation=act)) for act in ("silu", None))
+    record_winner(db, fused, device_ms=0.030, baseline_ms=0.040)     # 10 us ahead of mm + silu pass
+    stats = run()
+    assert stats["replaced"] == {}
+    assert stats["skipped"] == {"reference_unmeasured": 1, "no_tuned_kernel": 1}
+    assert stats["missing"] == {bare.key: 2}                       # tuning it gives the reference
+    record_winner(db, bare, device_ms=0.040, baseline_ms=0.025)     # measured: cuBLAS alone, 25 us
+    stats = run()
+    assert stats["replaced"] == {} and stats["skipped"] == {"gain_below_overhead": 1, "no_tuned_kernel": 1}
+    record_winner(db, fused, device_ms=0.015, baseline_ms=0.040)    # now 10 us ahead of cuBLAS alone
+    stats = run()
+    assert stats["replaced"] == {"mm+silu": 1}
+
+
 def test_addmm_bias_c_alpha_beta_are_honoured():
     """A (1, N) bias, C with alpha/beta, a scaled bias (left alone), beta = 0 (input ignored)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -24,7 +24,8 @@ from gemmgen.tuning_db.records import BaselineTime, Device, Trial, now_utc, prob
 APPLICATION_ID = 0x47454D4D
 
 #: Schema migrations in order; PRAGMA user_version = how many have been applied.
-MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql")
+MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql",
+              "migration_003_same_session.sql")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 60_000
@@ -240,9 +241,10 @@ class Database:
         return [trial_from_row(r) for r in rows]
 
     @_sql_errors
-    def tuned_problems(self, device_name: str) -> set[str]:
-        """Keys of the problems measured on this kind of GPU, whether a program won or not."""
-        return {row[0] for row in self.conn.execute(queries.SELECT_TUNED, (device_name,))}
+    def tuned_problems(self, device_name: str) -> dict[str, float]:
+        """Problems measured on this kind of GPU, whether a program won or not: key -> the
+        least best-baseline device time (ms) their runs measured."""
+        return dict(self.conn.execute(queries.SELECT_TUNED, (device_name,)).fetchall())
 
     @_sql_errors
     def winner(self, problem: Problem, device_name: str) -> Optional[Trial]:

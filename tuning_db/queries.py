@@ -39,12 +39,14 @@ FROM winners w JOIN devices d ON d.id = w.device_id"""
 
 SELECT_WINNERS = _WINNER_COLUMNS + " WHERE w.device_name = ? ORDER BY w.problem_key"
 
-# Problems with at least one passing, measured trial on a GPU: tuned there, winner or not.
+# Problems with at least one passing, measured trial on a GPU: tuned there, winner or not,
+# with the least best-baseline time any of their runs measured.
 SELECT_TUNED = """
-SELECT DISTINCT p.key FROM trials t
+SELECT p.key, min(t.best_baseline_ms) FROM trials t
 JOIN problems p ON p.id = t.problem_id
 JOIN devices d ON d.id = t.device_id
 WHERE d.name = ? AND t.status = 'ok' AND t.check_passed = 1 AND t.best_baseline_ms > 0
+GROUP BY p.key
 """
 
 SELECT_WINNER = _WINNER_COLUMNS + " WHERE w.problem_key = ? AND w.device_name = ?"

@@ -82,7 +82,10 @@ class WinnerIndex:
         for layer, db in reversed(layers):  # later (upper) layers overwrite lower ones
             for trial in db.winners(device_name):
                 self.exact[trial.problem.key] = (layer, trial)
-        self.tuned: set[str] = set().union(*(db.tuned_problems(device_name) for _, db in layers))
+        self.tuned: dict[str, float] = {}     # problem key -> least best-baseline ms, any layer
+        for _, db in layers:
+            for key, ms in db.tuned_problems(device_name).items():
+                self.tuned[key] = min(ms, self.tuned.get(key, ms))
         for layer, trial in self.exact.values():
             self.by_family.setdefault(family(trial.problem), []).append((layer, trial))
 
