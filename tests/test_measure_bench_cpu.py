@@ -206,6 +206,12 @@ def test_candidates_resolve_lazily_with_clear_errors():
         candidates.resolve("gemmgen.measure.planted:missing")
     candidates.register("mine", "gemmgen.measure.planted:returns")
     assert candidates.spec_of("mine") == "gemmgen.measure.planted:returns"
+    assert candidates.notes_for("mine", None) == {}
+    # gemmgen's row says what gemmgen.compile served (looked up without a GPU here)
+    from gemmgen.dsl.ir import Problem
+
+    notes = candidates.notes_for("gemmgen", Problem(64, 64, 64))
+    assert notes["how"] in ("exact", "nearest", "baseline") and notes["backend"] in ("torch", "triton", "cutlass", "cuda")
 
 
 def test_environment_record_without_gpu():

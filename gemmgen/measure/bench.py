@@ -161,7 +161,8 @@ def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, run
             res = runner.run(job)
             ref = res.reference_timing or {}
             notes = {"isolated": True, "reference": SAME_SESSION_REFERENCE,
-                     "reference_device_ms": ref.get("device_ms"), "reference_error": ref.get("error")}
+                     "reference_device_ms": ref.get("device_ms"), "reference_error": ref.get("error"),
+                     **candidate_registry.notes_for(name, problem)}
             rows.append(make_row(name, "candidate", shape, problem, check=res.check, timing=res.timing,
                                  status=res.status, message=res.message,
                                  notes={k: v for k, v in notes.items() if v is not None}))
@@ -173,7 +174,8 @@ def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, run
                                  message=f"{type(exc).__name__}: {exc}"))
             continue
         fn = getattr(made, "fn", made)
-        rows.extend(_measure_kernels([Kernel(name, fn, problem)], shape, cases, cfg, "candidate"))
+        notes = candidate_registry.notes_for(name, problem)
+        rows.extend(_measure_kernels([Kernel(name, fn, problem, notes)], shape, cases, cfg, "candidate"))
     return rows
 
 

@@ -16,6 +16,11 @@ from gemmgen.measure.errors import UnknownName
 CANDIDATES: dict[str, str] = {
     "gemmgen": "gemmgen.measure.candidates:compiled",
 }
+#: name -> 'module:function' giving notes to record with the candidate's row (what was chosen),
+#: computed in the bench process: the isolated worker returns only measurements.
+NOTES: dict[str, str] = {
+    "gemmgen": "gemmgen.measure.candidates:compiled_notes",
+}
 
 
 def compiled(problem) -> Callable:
@@ -32,6 +37,24 @@ def compiled(problem) -> Callable:
 
     fn.kernel = kernel      # provenance for whoever wants it
     return fn
+
+
+def compiled_notes(problem) -> dict:
+    """What gemmgen.compile served: exact winner, a neighbour's re-bound program, or the baseline."""
+    import gemmgen
+
+    kernel = gemmgen.compile(problem)
+    p = kernel.provenance
+    notes = {"how": p.how, "backend": kernel.backend}
+    if p.how == "nearest":
+        notes.update(tuned_problem=p.tuned_problem, distance=round(p.distance, 4))
+    return notes
+
+
+def notes_for(name: str, problem) -> dict:
+    """The notes a candidate records with its row ({} for candidates without a notes function)."""
+    spec = NOTES.get(name)
+    return resolve(spec)(problem) if spec else {}
 
 
 def register(name: str, spec: str) -> None:
