@@ -23,6 +23,10 @@ from gemmgen.dsl.ir import Problem, Program
 from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
 
 
+#: The baseline name a trial records for torch.matmul timed in its candidate's worker session.
+SAME_SESSION_BASELINE = "torch_same_session"
+
+
 @dataclass(frozen=True)
 class BuildOutcome:
     """A built program: the artifact, or why it failed."""
@@ -56,6 +60,8 @@ class Measurement:
     server_spread: Optional[float] = None
     host_ms: Optional[float] = None
     failure: str = ""
+    #: torch.matmul timed in the candidate's own worker session, interleaved with it
+    reference: Optional[BaselineTime] = None
 
 
 class Builder(Protocol):
@@ -217,6 +223,10 @@ def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -
         status = "check_failed"
     else:
         status = "ok"
+    if m.reference is not None:
+        # One more baseline: the same cuBLAS call, timed under the candidate's own GPU state,
+        # so a win cannot come from the two processes running at different clocks.
+        baselines = {**baselines, SAME_SESSION_BASELINE: m.reference}
     return Trial(status=status, build_ok=True, check_passed=m.check_passed,
                  check_msg=m.failure or m.check_msg, max_rel_err=m.max_rel_err, err_bound=m.err_bound,
                  check_seed=m.seed, device_ms=m.device_ms,

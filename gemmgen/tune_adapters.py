@@ -123,7 +123,7 @@ class WorkerRunner:
         args = (program.backend, artifact, to_text(program))
         name = f"{program.backend}:{program.problem.key}"
         result = self._runner.run(Job(name, load_backend, args, program.problem, seed=seed, mode="offline",
-                                      timing=self.timing, timeout_s=self.timeout_s))
+                                      timing=self.timing, timeout_s=self.timeout_s, reference="torch"))
         measured = measurement_from(result)
         if self.mode == "both" and measured.device_ms is not None:
             srv = self._runner.run(Job(name, load_backend, args, program.problem, check=False, mode="server",
@@ -144,8 +144,11 @@ def measurement_from(result) -> Measurement:
     if result.status != "ok":
         return Measurement(failure=f"{result.status}: {result.message}", **fields)
     timing = result.timing or {}
+    ref = result.reference_timing or {}
+    reference = (BaselineTime(ref["device_ms"], _finite(ref.get("spread")), None, _finite(ref.get("host_ms")))
+                 if ref.get("device_ms") else None)
     return Measurement(device_ms=timing.get("device_ms"), spread=timing.get("spread"),
-                       host_ms=_finite(timing.get("host_ms")), **fields)
+                       host_ms=_finite(timing.get("host_ms")), reference=reference, **fields)
 
 
 def _finite(x):

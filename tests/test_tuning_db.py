@@ -5,8 +5,8 @@ import sqlite3
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.tuning_db import (APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Database, DatabaseFileError,
-                               Device, RecordError, problem_from_key)
+from gemmgen.tuning_db import (APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, BaselineTime, Database,
+                               DatabaseFileError, Device, RecordError, problem_from_key)
 from gemmgen.tuning_db.database import migration_sql, _statements
 from tuning_fakes import TEST_GPU, trial
 
@@ -67,6 +67,27 @@ def test_never_slower_rule(device_ms, spread, baseline_ms, check, wins):
     db.record(t)
     winner = db.winner(P, TEST_GPU.name)
     assert (winner is not None) is wins  # the SQL view and the Python rule agree
+
+
+def test_trials_timed_beside_torch_in_their_session_supersede_older_ones():
+    """Once a problem has trials with the `torch_same_session` baseline on a GPU, only those
+    can win there: the older trials' baselines were timed by another process."""
+    from dataclasses import replace
+
+    from gemmgen.tune import SAME_SESSION_BASELINE
+
+    def paired(t, torch_ms):
+        return replace(t, baselines={**t.baselines, SAME_SESSION_BASELINE: BaselineTime(torch_ms, 0.01)})
+
+    db = Database(":memory:")
+    db.record(trial(P, device_ms=0.8, baseline_ms=1.0, program="old\n"))                  # 1.25x, old protocol
+    db.record(trial(P, device_ms=0.8, baseline_ms=1.0, program="old\n", device=Device("Other GPU")))
+    assert db.winner(P, TEST_GPU.name).program == "old\n"
+    db.record(paired(trial(P, device_ms=0.8, baseline_ms=1.0, program="old\n", created="later"), 0.79))
+    assert db.winner(P, TEST_GPU.name) is None          # re-measured beside torch: no lead left
+    assert db.winner(P, "Other GPU").program == "old\n"  # another GPU keeps its own records
+    db.record(paired(trial(P, device_ms=0.7, baseline_ms=1.0, program="new\n"), 0.8))
+    assert db.winner(P, TEST_GPU.name).program == "new\n"
 
 
 def test_winner_is_the_best_speedup_of_its_own_run():

@@ -123,6 +123,12 @@ def test_worker_results_map_to_trial_outcomes():
     ok = measurement_from(TrialResult("k", "ok", check=check,
                                       timing={"device_ms": 0.5, "spread": 0.02, "host_ms": 0.51}))
     assert (ok.check_passed, ok.device_ms, ok.spread, ok.seed, ok.failure) == (True, 0.5, 0.02, 99, "")
+    assert ok.reference is None                     # no torch.matmul timed alongside
+    paired = measurement_from(TrialResult("k", "ok", check=check, timing={"device_ms": 0.5, "spread": 0.02},
+                                          reference_timing={"device_ms": 0.55, "spread": 0.01}))
+    assert (paired.reference.device_ms, paired.reference.spread) == (0.55, 0.01)
+    assert measurement_from(TrialResult("k", "ok", check=check, timing={"device_ms": 0.5, "spread": 0.02},
+                                        reference_timing={"error": "cuBLAS failed"})).reference is None
     bad = measurement_from(TrialResult("k", "failed_check", "main: rel err 0.2 > 0.004",
                                        check=dict(check, passed=False, max_rel_err=0.2)))
     assert bad.check_passed is False and bad.max_rel_err == 0.2 and "0.2" in bad.check_msg
@@ -131,3 +137,29 @@ def test_worker_results_map_to_trial_outcomes():
         assert m.failure.startswith(status) and m.device_ms is None
     floor = measurement_from(TrialResult("k", "error", "FloorViolation: below the physical floor", check=check))
     assert floor.failure and floor.check_passed  # checked right, timed impossibly fast: not a winner
+
+
+def test_torch_timed_in_the_candidates_session_is_one_more_baseline(tmp_path):
+    """A candidate that beats the tuning process's baselines but not torch.matmul timed beside it
+    in its own worker session (the GPU ran slower there) is not a winner."""
+    from dataclasses import dataclass, replace as dc_replace
+
+    from gemmgen.tune import SAME_SESSION_BASELINE
+    from gemmgen.tuning_db import BaselineTime
+
+    @dataclass
+    class SlowSessionRunner(FakeRunner):
+        def measure(self, program, artifact, *, seed=None):
+            m = super().measure(program, artifact, seed=seed)
+            if m.device_ms is None:
+                return m
+            return dc_replace(m, reference=BaselineTime(m.device_ms * 0.9, 0.01))  # torch 10 % faster here
+
+    db = Database(tmp_path / "t.sqlite")
+    tune(PROBLEMS[:1], proposer=ListProposer(VARIANTS[:2]), builder=FakeBuilder(), runner=SlowSessionRunner(),
+         db=db, budget=2, progress=False)
+    trials = [t for t in db.trials(PROBLEMS[0].key)]
+    assert len(trials) == 2 and all(SAME_SESSION_BASELINE in t.baselines for t in trials)
+    assert all(t.best_baseline[0] == SAME_SESSION_BASELINE for t in trials)
+    assert all(t.device_ms < 0.98 for t in trials)   # faster than the tuning process's baselines ...
+    assert db.winner(PROBLEMS[0], TEST_GPU.name) is None   # ... not than torch.matmul beside it
