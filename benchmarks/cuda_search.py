@@ -77,6 +77,7 @@ def summarise_shape(shape, problem, programs, report, builds) -> list[dict]:
                      "device_ms": ms, "tflops": problem.flops / (ms * 1e-3) / 1e12 if ms else None,
                      "fraction_of_floor": problem.floor_s * 1e3 / ms if ms else None,
                      "torch_ms_same_session": ref_ms,
+                     "clocks": timing.get("clocks"),     # the worker session's SM clock (NVML)
                      "speedup_vs_torch": ref_ms / ms if ms and ref_ms else None,
                      "resources": getattr(built, "meta", {}).get("resources") if not isinstance(built, Exception) else None})
     return rows

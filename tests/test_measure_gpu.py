@@ -122,6 +122,8 @@ def test_timing_is_sane_for_a_large_gemm():
     assert 300 < tflops < 989, t
     assert t.floor_ms < t.device_ms < t.host_ms * 1.5 and t.spread < 0.5
     assert any("gemm" in k.lower() or "nvjet" in k.lower() or "sm90" in k for k in t.kernels), t.kernels
+    # the SM clock during the loop (NVML; nvidia-ml-py is in the GPU image)
+    assert t.clocks["samples"] >= 1 and 0 < t.clocks["sm_mhz_min"] <= t.clocks["sm_mhz_max"], t.clocks
 
 
 def test_cupti_and_event_timers_agree_on_one_stream():

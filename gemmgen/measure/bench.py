@@ -77,6 +77,7 @@ def make_row(name: str, kind: str, shape: Shape, problem: Problem, *, check: Opt
         "floor_ms": floor_ms,
         "fraction_of_floor": floor_ms / device_ms if device_ms else None,
         "kernels": list(timing.get("kernels", ())) if timing else [],
+        "clocks": dict(timing.get("clocks") or {}) if timing else {},
         "notes": dict(notes or {}),
     }
 

@@ -22,6 +22,10 @@ synchronise, gap, then wall clock from the call to the end of a device-wide
 synchronisation. Every clock stops only after torch.cuda.synchronize() (all streams).
 
 A median device time under Problem.floor_s raises FloorViolation: it is not recorded.
+
+Clocks. Once per round of the device-timed loop, while the GPU still works on it, NVML's SM
+clock and clock-event reasons are read (`clocks.py`); every Timing of the session carries
+their summary in `clocks`, so sessions run at different clocks can be told apart.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from gemmgen.dsl.ir import Problem
+from gemmgen.measure.clocks import ClockSampler
 from gemmgen.measure.errors import FloorViolation, MeasureError
 from gemmgen.measure.numerics import median, quantile
 
@@ -54,6 +59,7 @@ class TimingOptions:
     flush_bytes: Optional[int] = None   # None: max(128 MiB, 4 x L2)
     check_floor: bool = True
     timer: str = "cupti"            # or "events": CUDA events on the calling stream (a fallback)
+    clocks: bool = True             # sample the SM clock during the timed loop (NVML)
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Timing:
     kernels: tuple[str, ...] = ()   # GPU activities of one call, in launch order
     timer: str = "cupti"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    clocks: dict = field(default_factory=dict, compare=False)   # the session's ClockSampler.summary()
 
     @property
     def spread(self) -> float:
@@ -285,9 +292,11 @@ def attribute_activities(events) -> dict[int, list[list[tuple[str, int]]]]:
     return calls
 
 
-def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, timed_call) -> None:
+def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, timed_call,
+              on_round: Callable[[], None]) -> None:
     """The timed loop: per rep, every kernel once in a shuffled order, each call preceded
-    by its flush (warm mode: a 1-element fill, so every call still has its marker)."""
+    by its flush (warm mode: a 1-element fill, so every call still has its marker);
+    `on_round` after each round's last launch, before anything waits for the GPU."""
     import torch
 
     from torch.profiler import record_function
@@ -308,10 +317,11 @@ def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, t
                 timed_call(i)
             except Exception as exc:  # noqa: BLE001 - recorded against that kernel alone
                 entries[i].error = exc
+        on_round()
     torch.cuda.synchronize()
 
 
-def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flush) -> None:
+def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flush, on_round) -> None:
     """Fallback timer: CUDA events around each call on the calling stream. It cannot see
     work on other streams (the check rejects such kernels before they are timed)."""
     import torch
@@ -325,12 +335,12 @@ def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flu
         end.record()
         pending.append((i, start, end))
 
-    _schedule(entries, mode, options, flush, timed_call)
+    _schedule(entries, mode, options, flush, timed_call, on_round)
     for i, start, end in pending:
         entries[i].device_us.append(start.elapsed_time(end) * 1e3)
 
 
-def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, flush) -> None:
+def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, flush, on_round) -> None:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def timed_call(i: int) -> None:
@@ -338,7 +348,7 @@ def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, fl
             entries[i].call()
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _schedule(entries, mode, options, flush, timed_call)
+        _schedule(entries, mode, options, flush, timed_call, on_round)
     try:
         attributed = attribute_activities(prof.profiler.kineto_results.events())
     except MeasureError as exc:
@@ -379,7 +389,7 @@ def _time_host(entry: _Entry, mode: str, options: TimingOptions, flush, rng: ran
         entry.host_s.append((_clock.perf_counter() - t0) / per)
 
 
-def _summarise(entry: _Entry, mode: str, options: TimingOptions) -> Timing:
+def _summarise(entry: _Entry, mode: str, options: TimingOptions, clocks: Optional[dict] = None) -> Timing:
     floor_ms = entry.problem.floor_s * 1e3
     if entry.error is not None:
         raise MeasureError(f"{entry.name}: the call raised {type(entry.error).__name__}: {entry.error}")
@@ -405,6 +415,7 @@ def _summarise(entry: _Entry, mode: str, options: TimingOptions) -> Timing:
         host_p10_ms=quantile(host, 0.1) if host else math.nan,
         host_p90_ms=quantile(host, 0.9) if host else math.nan,
         reps=len(dev), floor_ms=floor_ms, kernels=entry.kernels, timer=options.timer, notes=notes,
+        clocks=clocks or {},
     )
 
 
@@ -441,8 +452,13 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
             entry.error = exc
     if options.timer not in ("cupti", "events"):
         raise MeasureError(f"unknown timer {options.timer!r}; use cupti or events")
+    sampler = ClockSampler(_nvml_index(device)) if options.clocks else None
     if any(e.error is None for e in entries):
-        (_profile_device if options.timer == "cupti" else _events_device)(entries, mode, options, flush)
+        (_profile_device if options.timer == "cupti" else _events_device)(
+            entries, mode, options, flush, sampler.sample if sampler else (lambda: None))
+    clocks = sampler.summary() if sampler else {}
+    if sampler:
+        sampler.close()
     rng = random.Random(options.seed + 1)
     for entry in entries:
         if entry.error is None:
@@ -453,10 +469,19 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
     results: dict[str, Any] = {}
     for entry in entries:
         try:
-            results[entry.name] = _summarise(entry, mode, options)
+            results[entry.name] = _summarise(entry, mode, options, clocks)
         except MeasureError as exc:
             results[entry.name] = exc
     return results
+
+
+def _nvml_index(device) -> int:
+    """The NVML index of a CUDA device: torch's index (NVML numbers all GPUs, so this holds
+    unless CUDA_VISIBLE_DEVICES reorders them)."""
+    import torch
+
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
 def time(fn: Callable, problem: Problem, mode: str = "offline", *,
