@@ -19,10 +19,10 @@ import argparse
 import sys
 
 from gemmgen.measure import plots, results
+from gemmgen.measure.bench import layout_letters
 from gemmgen.measure.numerics import bucket_of, tflops
 from gemmgen.tuning_db.exchange import read_jsonl
 
-LAYOUTS = {("row", "row"): "nn", ("row", "col"): "nt", ("col", "row"): "tn", ("col", "col"): "tt"}
 
 
 def series(trial) -> list[str]:
@@ -36,7 +36,7 @@ def series(trial) -> list[str]:
 def row(name: str, kind: str, problem, device_ms: float, spread, **extra) -> dict:
     m, n, k = problem.m, problem.n, problem.k
     gflop = 2.0 * m * n * k / 1e9
-    layout = LAYOUTS[(problem.a_major, problem.b_major)]
+    layout = layout_letters(problem)
     return {"name": name, "kind": kind, "m": m, "n": n, "k": k, "layout": layout, "shape_layout": layout,
             "gflop": gflop, "bucket": bucket_of(gflop), "device_ms": device_ms, "spread": spread,
             "tflops": tflops(problem.flops, device_ms * 1e-3), "floor_ms": problem.floor_s * 1e3,

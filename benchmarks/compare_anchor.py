@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from gemmgen.measure.numerics import geomean
+
 PAIRS = (("torch", "torch"), ("lt_heuristic", "lt_heur"), ("lt_autotune", "lt_auto"))
 DEFAULT_ANCHOR = Path(__file__).resolve().parents[2] / "shared/anchors/h200_cublas_kernel_time_sample.json"
-
-
-def geomean(values):
-    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
-    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
 
 
 def load_rows(path: Path) -> dict:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from gemmgen.measure.numerics import geomean
 
 METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "db_prior", "db_best")
 
@@ -63,11 +64,6 @@ def method_speedup(texts, times):
         return None
     ms, torch_ms = min(best)
     return torch_ms / ms
-
-
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def main(argv=None) -> int:

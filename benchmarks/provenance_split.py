@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import defaultdict
 from pathlib import Path
 
-BUCKETS = ("<1", "1-16", "16-256", ">256")
-LAYOUT_MAJORS = {"n": "row", "t": "col"}
+from gemmgen.measure.numerics import geomean
+
 
 
 def served_by(row: dict) -> str:
@@ -27,15 +26,10 @@ def served_by(row: dict) -> str:
     if how:
         return how
     import gemmgen
+    from gemmgen.measure.shapes import Shape
 
-    layout = row["layout"]
-    kernel = gemmgen.compile((row["m"], row["n"], row["k"]), a_major=LAYOUT_MAJORS[layout[0]],
-                             b_major=LAYOUT_MAJORS[layout[1]], device="NVIDIA H200")
-    return kernel.provenance.how
-
-
-def geomean(values: list) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    problem = Shape(row["m"], row["n"], row["k"], row["layout"]).problem()
+    return gemmgen.compile(problem, device="NVIDIA H200").provenance.how
 
 
 def split(rows: list) -> list[dict]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
+
+from gemmgen.measure.numerics import geomean  # noqa: F401 - the searches' geomean (common.geomean)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SHAPES = HERE / "shapes" / "cudal2_sample100.csv"
@@ -137,12 +138,6 @@ def fastest(rows: Iterable[dict], key: Callable[[dict], tuple]) -> list[dict]:
         if k not in best or r["device_ms"] < best[k]["device_ms"]:
             best[k] = r
     return list(best.values())
-
-
-def geomean(xs) -> Optional[float]:
-    """Geometric mean of the truthy values; None when there are none."""
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def write_doc(path: Path, start: float, **fields) -> None:
