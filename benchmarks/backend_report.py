@@ -21,6 +21,7 @@ import sys
 from gemmgen.measure import plots, results
 from gemmgen.measure.bench import layout_letters
 from gemmgen.measure.numerics import bucket_of, tflops
+from gemmgen.tuning_db import Trial
 from gemmgen.tuning_db.exchange import read_jsonl
 
 
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("trials", help="a tuning export (JSON lines), e.g. benchmarks/results/tune_h200/trials.jsonl")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    trials = list(read_jsonl(args.trials))
+    trials = [t for t in read_jsonl(args.trials) if isinstance(t, Trial)]   # library lines aside
     rows = best_rows(trials)
     meta = {"command": " ".join(["python", "benchmarks/backend_report.py"] + (argv or sys.argv[1:])),
             "source": str(args.trials), "mode": "offline", "gpu": trials[0].device.name if trials else None,

@@ -58,7 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--tune-time-s", type=float, default=240.0, help="time budget of that tuning (default 240)")
     p.add_argument("--tune-backends", default="triton",
                    help="backends that tuning proposes (default triton: builds in seconds; a CUTLASS build "
-                        "takes about a minute, and with 40 s to tune, a run with all backends recorded nothing)")
+                        "takes about a minute, and with 40 s to tune, a run with all backends recorded nothing); "
+                        "add cublaslt to search cuBLASLt's own algorithms first")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--trace", action="store_true", help="also write each profiled loop's Chrome trace (gzipped)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -338,12 +339,12 @@ def pretune(cases, args) -> dict:
     torch._dynamo.reset()
     t0 = time.perf_counter()
     backends = [b for b in args.tune_backends.split(",") if b]
-    report = (torch_backend.tune_keys(list(keys), args.db, args.tune_budget, args.tune_time_s, backends=backends)
-              if keys else None)
+    reports = (torch_backend.tune_keys(list(keys), args.db, args.tune_budget, args.tune_time_s, backends=backends)
+               if keys else {})
     from gemmgen import torch_ops
 
     return {"problems": [torch_ops.problem_key(k) for k in keys], "tune_s": round(time.perf_counter() - t0, 1),
-            "report": report.summary() if report else "nothing to tune"}
+            "report": "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()) or "nothing to tune"}
 
 
 def kernels_used() -> list:

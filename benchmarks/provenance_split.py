@@ -63,7 +63,7 @@ def plot(shapes: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for how, color in (("baseline", "0.6"), ("nearest", "tab:orange"), ("exact", "tab:blue")):
+    for how, color in (("baseline", "0.6"), ("nearest", "tab:orange"), ("library", "tab:green"), ("exact", "tab:blue")):
         pts = [s for s in shapes if s["how"] == how]
         if pts:
             ax.scatter([s["gflop"] for s in pts], [s["speedup"] for s in pts], s=10, color=color,

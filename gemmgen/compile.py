@@ -2,7 +2,10 @@
 
 Lookup, in order:
 1. the winner for this exact problem on this GPU (by GPU name);
-2. for a problem tuned on this GPU that no program won: the baseline (the measurement
+2. a recorded library choice for this exact problem on this GPU: cuBLASLt's fastest
+   algorithm, checked and timed beside torch.matmul, served only if it beat it by more
+   than its noise (`library_winners`);
+   then, for a problem tuned on this GPU that nothing won: the baseline (the measurement
    said so; a neighbour's program is not a better guess than that);
 3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the
    same majors, dtypes and epilogue signature (Euclidean distance of log M, log N, log K,
@@ -194,6 +197,15 @@ def _lookup(problem: Problem, gpu: str, index) -> Kernel:
         except ProgramError as exc:  # written by an older DSL: say so, then look further
             warnings.warn(f"gemmgen: the tuned program of trial #{found.trial.id} ({found.layer} database) "
                           f"no longer parses ({exc}); re-tune {problem.key}", RuntimeWarning)
+    served = index.library_choice(problem)
+    if served is not None:
+        layer, choice = served
+        return Kernel(problem, None, Provenance(
+            "library", gpu, layer=layer, tuned_problem=problem.key, device_ms=choice.device_ms,
+            spread=choice.spread, speedups={"torch": choice.torch_ms / choice.device_ms},
+            best_baseline="torch", best_baseline_ms=choice.torch_ms, date=choice.created,
+            note=f"cuBLASLt {choice.version}: the fastest of {choice.candidates} algorithms, "
+                 "timed beside torch.matmul"), library=choice)
     if problem.key in index.tuned:
         return Kernel(problem, None, Provenance(
             "baseline", gpu, best_baseline_ms=index.tuned[problem.key],

@@ -1,8 +1,8 @@
 """`Kernel`: what gemmgen.compile returns, callable on torch tensors, inspectable without a GPU.
 
-A kernel holds the program chosen for one problem (or none: the torch.matmul baseline),
-where that choice came from (`Provenance`), and, once first called on a GPU, the loaded
-launcher. Calls check the operands against the compiled problem (dtype, device, shape,
+A kernel holds the program chosen for one problem (or none: a recorded cuBLASLt algorithm,
+`library`, or the torch.matmul baseline), where that choice came from (`Provenance`), and,
+once first called on a GPU, the loaded launcher. Calls check the operands against the compiled problem (dtype, device, shape,
 major-ness, epilogue operands) and raise `KernelCallError` with what to change.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ class Provenance:
     """Where a kernel's program came from.
 
     how: 'exact' (the winner for this problem), 'nearest' (the winner of the nearest
-    tuned problem, re-bound: not measured at this shape) or 'baseline' (no winner).
+    tuned problem, re-bound: not measured at this shape), 'library' (a vendor library's
+    fastest algorithm for this problem, measured beside torch.matmul) or 'baseline'.
     """
 
     how: str
@@ -47,7 +48,7 @@ class Provenance:
     @property
     def baseline_ms_here(self) -> Optional[float]:
         """The best baseline's device time measured at this very problem (None: never measured)."""
-        return self.best_baseline_ms if self.how in ("exact", "baseline") else None
+        return self.best_baseline_ms if self.how in ("exact", "library", "baseline") else None
 
     def describe(self) -> str:
         lines = [f"provenance: {self.how} ({self.note})" if self.note else f"provenance: {self.how}",
@@ -61,16 +62,22 @@ class Provenance:
                 lines.append("  speedup over: " + ", ".join(f"{n} {s:.3f}x" for n, s in self.speedups.items()))
             if self.proposer:
                 lines.append(f"  proposed by: {self.proposer}")
+        elif self.how == "library" and self.device_ms and self.best_baseline_ms:
+            lines.append(f"  measured {self.date} ({self.layer} database): {self.device_ms:.4f} ms (spread "
+                         f"{100 * (self.spread or 0):.1f} %) against torch.matmul {self.best_baseline_ms:.4f} ms "
+                         f"in the same session, {self.best_baseline_ms / self.device_ms:.3f}x")
         return "\n".join(lines)
 
 
 class Kernel:
     """A compiled GEMM: call it as kernel(a, b, bias=, residual=, c=, out=, alpha=, beta=)."""
 
-    def __init__(self, problem: Problem, program: Optional[Program], provenance: Provenance):
+    def __init__(self, problem: Problem, program: Optional[Program], provenance: Provenance,
+                 library: Optional[Any] = None):
         self.problem = problem
         self.ir = program
         self.provenance = provenance
+        self.library = library            # a tuning_db.LibraryChoice when no program serves
         self._text: Optional[str] = None
         self._source: Optional[str] = None
         self._launch: Optional[Callable[..., Any]] = None
@@ -83,7 +90,7 @@ class Kernel:
 
     @property
     def program(self) -> Optional[str]:
-        """The DSL text of the chosen program; None for the torch.matmul baseline."""
+        """The DSL text of the chosen program; None for a library algorithm or the baseline."""
         if self.ir is None:
             return None
         if self._text is None:
@@ -94,13 +101,17 @@ class Kernel:
 
     @property
     def backend(self) -> str:
-        return "torch" if self.ir is None else self.ir.backend
+        if self.ir is not None:
+            return self.ir.backend
+        return self.library.library if self.library is not None else "torch"
 
     @property
     def source(self) -> str:
         """The generated source (lowered on first access; pure, no GPU needed)."""
         if self._source is None:
-            if self.ir is None:
+            if self.library is not None:
+                self._source = library_source(self.problem, self.library)
+            elif self.ir is None:
                 self._source = baseline_source(self.problem)
             else:
                 from gemmgen import backends
@@ -110,7 +121,8 @@ class Kernel:
 
     def describe(self) -> str:
         head = f"problem: {self.problem.key}\nbackend: {self.backend}\n"
-        program = self.program or "(none: torch.matmul with the epilogue in torch)\n"
+        program = self.program or ("(none: a cuBLASLt algorithm, see the source)\n" if self.library is not None
+                                   else "(none: torch.matmul with the epilogue in torch)\n")
         return head + "program:\n" + program + self.provenance.describe()
 
     def __repr__(self) -> str:
@@ -180,6 +192,16 @@ class Kernel:
 
     def _load(self):
         """Build (through the on-disk artifact cache) and load the launcher, once."""
+        if self.library is not None:
+            from gemmgen.measure.library import library_launcher
+
+            try:
+                self._launch = library_launcher(self.problem, self.library.algorithm, self.library.version)
+            except Exception as exc:  # noqa: BLE001 - nvmath or cuBLASLt refused the recorded algorithm
+                warnings.warn(f"gemmgen: the recorded cuBLASLt algorithm for {self.problem.key} cannot be "
+                              f"used here ({exc}); using torch.matmul instead", RuntimeWarning)
+                self._launch = baseline_launcher(self.problem)
+            return self._launch
         if self.ir is None:
             self._launch = baseline_launcher(self.problem)
             return self._launch
@@ -257,6 +279,20 @@ def baseline_source(problem: Problem) -> str:
                       "silu": "F.silu(out, inplace=True)"}[e.activation])
     if e.residual:
         lines.append("out.add_(residual)")
+    return "\n".join(lines) + "\n"
+
+
+def library_source(problem: Problem, choice) -> str:
+    """What a library kernel runs: the recorded algorithm's configuration and the call."""
+    config = ", ".join(f"{k}={v}" for k, v in sorted(choice.config.items()))
+    lines = [f"# gemmgen library kernel: cuBLASLt {choice.version}, the fastest of {choice.candidates} "
+             "algorithms its heuristic offered for this problem",
+             f"# algorithm: {config}",
+             "# planned once: nvmath.linalg.advanced.Matmul(a, b, c=out, compute_type=COMPUTE_32F, inplace=True)",
+             "#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)])",
+             "# each call: cublasLtMatmul(handle, desc, a, b, out, out, <recorded algorithm>, workspace, stream)"]
+    epilogue = baseline_source(problem).splitlines()[2:]       # after the comment and the product
+    lines += ["# then the epilogue in torch:", *epilogue] if epilogue else []
     return "\n".join(lines) + "\n"
 
 

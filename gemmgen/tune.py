@@ -6,7 +6,11 @@ runner (`Runner`), the database (`gemmgen.tuning_db.Database`). The default buil
 runner adapt `gemmgen.backends.build` and `gemmgen.measure.worker` (see tune_adapters.py);
 tests inject fakes.
 
-Resumable: a (problem, program) pair already in the database for this GPU is skipped.
+`tune_library` is the same loop for a vendor library's own algorithms (cuBLASLt): one
+search per problem, in the worker, recorded as a `LibraryChoice`.
+
+Resumable: a (problem, program) pair already in the database for this GPU is skipped,
+and so is a problem with a library choice already recorded for this GPU.
 Every trial is committed as it completes, so an interruption loses at most the one in
 flight. While one chunk of shapes is measured, the next chunk's candidates build.
 """
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 
 from gemmgen.dsl.ir import Problem, Program
-from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
+from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
 
 
 #: The baseline name a trial records for torch.matmul timed in its candidate's worker session.
@@ -75,6 +79,8 @@ class Runner(Protocol):
 
     def measure(self, program: Program, artifact: Any, *, seed: Optional[int]) -> Measurement: ...
 
+    def library(self, problem: Problem) -> Mapping[str, Any]: ...
+
 
 @dataclass
 class TuneReport:
@@ -85,12 +91,15 @@ class TuneReport:
     statuses: Counter = field(default_factory=Counter)
     stopped_by_time: bool = False
     wall_s: float = 0.0
+    failures: list = field(default_factory=list)     # (problem key, why) of runs that recorded nothing
 
     def summary(self) -> str:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "none"
         stop = " (stopped: time budget)" if self.stopped_by_time else ""
+        failed = "".join(f"\n  {key}: {why}" for key, why in self.failures[:3])
+        more = f"\n  ... and {len(self.failures) - 3} more" if len(self.failures) > 3 else ""
         return (f"{self.shapes_done}/{self.shapes} shapes, {self.recorded} trials recorded "
-                f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s{stop}")
+                f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s{stop}{failed}{more}")
 
 
 @dataclass(frozen=True)
@@ -232,3 +241,80 @@ def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -
                  check_seed=m.seed, device_ms=m.device_ms,
                  spread=m.spread, server_ms=m.server_ms, server_spread=m.server_spread,
                  host_ms=m.host_ms, baselines=baselines, **base)
+
+
+def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
+                 time_budget_s: Optional[float] = None, progress: bool = True) -> TuneReport:
+    """Record cuBLASLt's fastest algorithm for every problem not yet searched on this GPU.
+
+    `runner.library(problem)` selects, checks and times it beside torch.matmul
+    (gemmgen.measure.library); a search that fails is reported, not recorded."""
+    from tqdm import tqdm
+
+    problems = list(dict.fromkeys(problems))
+    report = TuneReport(shapes=len(problems))
+    start = time.monotonic()
+    device = runner.device
+    todo = [p for p in problems if not db.library_choices(p.key, device.name)]
+    report.skipped = len(problems) - len(todo)
+    report.shapes_done = report.skipped
+    try:
+        for problem in tqdm(todo, unit="shape", disable=not progress, dynamic_ncols=True):
+            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+                report.stopped_by_time = True
+                break
+            found = runner.library(problem)
+            choice = library_choice(found, problem, device)
+            status = "run_failed" if choice is None else "ok" if choice.check_passed else "check_failed"
+            if choice is None:
+                report.failures.append((problem.key, found.get("error") or "the search returned no timing"))
+            if choice is not None and db.record_library(choice) is not None:
+                report.recorded += 1
+            report.statuses[status] += 1
+            report.shapes_done += 1
+    finally:
+        report.wall_s = time.monotonic() - start
+    return report
+
+
+def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -> Optional[LibraryChoice]:
+    """The record of a library search (gemmgen.measure.library's dict); None if it has nothing
+    to record (the search failed before an algorithm was chosen, or its timing failed)."""
+    if not found or "algorithm" not in found or found.get("error"):
+        return None
+    if found["check_passed"] and not (found.get("device_ms") and found.get("torch_ms")):
+        return None
+    return LibraryChoice(
+        problem=problem, device=device, library=found["library"], version=found["version"],
+        config=found["config"], algorithm=found["algorithm"], candidates=found["candidates"],
+        check_passed=bool(found["check_passed"]), device_ms=found.get("device_ms"),
+        spread=found.get("spread"), torch_ms=found.get("torch_ms"), torch_spread=found.get("torch_spread"),
+        max_rel_err=found.get("max_rel_err"), err_bound=found.get("err_bound"),
+        check_seed=found.get("check_seed"))
+
+
+def tune_backends(problems: Iterable[Problem], backends: Sequence[str], *, proposer_for, builder: Builder,
+                  runner: Runner, db: Database, budget: int, time_budget_s: Optional[float] = None,
+                  seed: int = 0, progress: bool = True, announce=lambda line: None) -> dict[str, TuneReport]:
+    """The library search (if `LIBRARY` is among `backends`), then the program loop over the
+    other backends with what is left of one time budget. `proposer_for(backends)` makes the
+    proposer. Returns the reports by part: 'cublaslt', 'programs'."""
+    from gemmgen.measure.library import LIBRARY
+
+    problems = list(problems)
+    programs = tuple(b for b in backends if b != LIBRARY)
+    start, reports = time.monotonic(), {}
+    if LIBRARY in backends:
+        announce(f"searching cuBLASLt's algorithms for {len(problems)} shapes")
+        reports[LIBRARY] = tune_library(problems, runner=runner, db=db, time_budget_s=time_budget_s,
+                                        progress=progress)
+        announce(f"{LIBRARY}: " + reports[LIBRARY].summary().replace("trials", "choices"))
+    left = None if time_budget_s is None else time_budget_s - (time.monotonic() - start)
+    if programs and (left is None or left > 0):
+        proposer = proposer_for(programs)
+        announce(f"tuning {len(problems)} shapes: proposer {proposer.name} "
+                 f"v{proposer.version}, budget {budget}, backends {','.join(programs)}")
+        reports["programs"] = tune(problems, proposer=proposer, builder=builder, runner=runner, db=db,
+                                   budget=budget, time_budget_s=left, seed=seed, progress=progress)
+        announce(reports["programs"].summary())
+    return reports

@@ -133,6 +133,20 @@ class WorkerRunner:
         return measured
 
 
+    def library(self, problem: Problem) -> dict:
+        """cuBLASLt's fastest algorithm for `problem`, searched in the isolated worker
+        (gemmgen.measure.library); {"error": why} when the search failed."""
+        from gemmgen.measure.library import library_job
+        from gemmgen.measure.worker import Job
+
+        # cuBLASLt may offer 100 algorithms; each is timed, so allow for more than one trial
+        result = self._runner.run(Job(f"cublaslt:{problem.key}", library_job, (problem, None, self.timing),
+                                      timeout_s=4 * self.timeout_s))
+        if not result.ok:
+            return {"error": f"{result.status}: {result.message}"}
+        return result.value if isinstance(result.value, dict) else {"error": "no result came back"}
+
+
 def measurement_from(result) -> Measurement:
     """A worker's TrialResult as the loop's Measurement: a failed check keeps its numbers; a
     hang, crash or error (a floor violation included) is a failure; otherwise the times."""

@@ -16,7 +16,9 @@ def register(subparsers) -> None:
                       help="CSV of M,N,K[,layout] (layout nn|nt|tn|tt: A then B, n = row-major)")
     tune.add_argument("--proposer", default="heuristic", help="heuristic | random | policy")
     tune.add_argument("--budget", type=int, default=8, metavar="N", help="trials per shape (default 8)")
-    tune.add_argument("--backends", default="triton,cutlass,cuda", help="comma-separated backends")
+    tune.add_argument("--backends", default="triton,cutlass,cuda",
+                      help="comma-separated backends; 'cublaslt' adds a search of cuBLASLt's own "
+                           "algorithms per shape (docs/tuning.md)")
     tune.add_argument("--db", metavar="PATH", help="database (default: GEMMGEN_DB or "
                                                    "~/.cache/gemmgen/tuning.sqlite)")
     tune.add_argument("--time-budget", type=float, default=None, metavar="S",
@@ -75,26 +77,26 @@ def _tune(args) -> int:
 
     from gemmgen.compile import clear_cache
     from gemmgen.policy.proposers import get_proposer
-    from gemmgen.tune import tune
+    from gemmgen.tune import tune_backends
     from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     problems = tune_problems(args.shapes, args.shard, args.epilogue)
-    proposer = get_proposer(args.proposer, backends=backends)
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     db_path = Path(args.db) if args.db else default_db_path()
     with Database(db_path) as db, WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout,
                                                baselines=baselines) as runner:
-        print(f"tuning {len(problems)} shapes on {runner.device.name}: proposer {proposer.name} "
-              f"v{proposer.version}, budget {args.budget}, backends {','.join(backends)}, db {db_path}")
-        report = tune(problems, proposer=proposer, builder=PoolBuilder(jobs=args.jobs), runner=runner,
-                      db=db, budget=args.budget, time_budget_s=args.time_budget, seed=args.seed,
-                      progress=not args.no_progress)
+        print(f"database: {db_path}")
+        tune_backends(problems, backends, proposer_for=lambda b: get_proposer(args.proposer, backends=b),
+                      builder=PoolBuilder(jobs=args.jobs), runner=runner, db=db, budget=args.budget,
+                      time_budget_s=args.time_budget, seed=args.seed, progress=not args.no_progress,
+                      announce=print)
         winners = len(db.winners(runner.device.name))
+        served = len(db.library_winners(runner.device.name))
     clear_cache()
-    print(report.summary())
-    print(f"winners on {runner.device.name} in {db_path}: {winners} problems")
+    print(f"on {runner.device.name} in {db_path}: {winners} problems with a winning program, "
+          f"{served} served by a cuBLASLt algorithm")
     return 0
 
 

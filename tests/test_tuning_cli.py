@@ -20,7 +20,7 @@ def test_db_commands(tmp_path, capsys):
     assert "2 trials" in out and "winner on Test GPU: trial #1" in out and "slow" in out
     assert main(["db", "export", str(tmp_path / "e.jsonl"), "--db", str(path)]) == 0
     assert main(["db", "merge", str(tmp_path / "e.jsonl"), "--db", str(tmp_path / "new.sqlite")]) == 0
-    assert "2 new trials" in capsys.readouterr().out
+    assert "2 new records" in capsys.readouterr().out
     assert main(["db", "stats", "--db", str(tmp_path / "absent.sqlite")]) == 2
     assert "no tuning database here yet" in capsys.readouterr().err
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from gemmgen.dsl import parse
 from gemmgen.dsl.ir import Problem, Program, Tile
 from gemmgen.tune import BuildOutcome, Measurement
-from gemmgen.tuning_db import BaselineTime, Device, Trial
+from gemmgen.tuning_db import BaselineTime, Device, LibraryChoice, Trial
 
 TEST_GPU = Device("Test GPU", "9.0", 132, "580.00", "13.0", {"torch": "2.11.0", "triton": "3.6.0"})
 
@@ -51,6 +51,16 @@ def trial(problem: Problem, *, device_ms=1.0, spread=0.01, baseline_ms=1.2, stat
                  baselines={"torch": BaselineTime(baseline_ms * 1.05, 0.01),
                             "cublaslt_auto": BaselineTime(baseline_ms, 0.01)},
                  proposer="test", proposer_version="1", created=created)
+
+
+def library_choice(problem: Problem, *, device_ms=0.9, spread=0.01, torch_ms=1.0, check_passed=True,
+                   device=TEST_GPU, created="2026-11-29T20:00:00.000000+00:00", algorithm="00ff") -> LibraryChoice:
+    """A cuBLASLt algorithm recorded for `problem`, timed beside torch.matmul."""
+    return LibraryChoice(problem=problem, device=device, library="cublaslt", version="130100",
+                         config={"algorithm_id": 66, "tile": "(256, 128)", "split_k": 1}, algorithm=algorithm,
+                         candidates=12, check_passed=check_passed, device_ms=device_ms, spread=spread,
+                         torch_ms=torch_ms, torch_spread=0.01, max_rel_err=1e-4, err_bound=2e-3, check_seed=3,
+                         created=created)
 
 
 class FakeBuilder:

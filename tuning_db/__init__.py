@@ -2,11 +2,11 @@
 from gemmgen.tuning_db.database import (APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Database,
                                         DatabaseFileError)
 from gemmgen.tuning_db.records import (DEFAULT_DEVICE_NAME, STATUSES, BaselineTime, Device,
-                                       RecordError, Trial, problem_from_key)
+                                       LibraryChoice, RecordError, Trial, problem_from_key)
 from gemmgen.tuning_db.store import Found, WinnerIndex, default_db_path, open_layers, shipped_database
 
 __all__ = [
     "APPLICATION_ID", "DEFAULT_DEVICE_NAME", "MIGRATIONS", "SCHEMA_VERSION", "STATUSES",
-    "BaselineTime", "Database", "DatabaseFileError", "Device", "Found", "RecordError", "Trial",
+    "BaselineTime", "Database", "DatabaseFileError", "Device", "Found", "LibraryChoice", "RecordError", "Trial",
     "WinnerIndex", "default_db_path", "open_layers", "problem_from_key", "shipped_database",
 ]

@@ -75,6 +75,8 @@ def _stats(args) -> int:
               f"{w['geomean_speedup']:.3f}x")
     if not stats["winners"]:
         print("winners: none (no trial has beaten its run's best baseline beyond its noise)")
+    served = ", ".join(f"{gpu} {n}" for gpu, n in stats["library_winners"].items()) or "none"
+    print(f"library choices: {stats['library_choices']}; problems they serve: {served}")
     return 0
 
 
@@ -85,9 +87,18 @@ def _show(args) -> int:
                          epilogue=args.epilogue)
     with _open(args) as db:
         trials = list(db.trials(problem.key, args.device))
+        library = list(db.library_choices(problem.key, args.device))
         devices = sorted({t.device.name for t in trials})
         winners = {d: db.winner(problem, d) for d in devices}
-    print(f"problem {problem.key}: {len(trials)} trials")
+        serving = {c.id for d in {c.device.name for c in library} for c in db.library_winners(d)}
+    print(f"problem {problem.key}: {len(trials)} trials, {len(library)} library choices")
+    for c in library:
+        mark = " * serves it" if c.id in serving else ""
+        timed = (f"{c.device_ms:.4f} ms (spread {100 * (c.spread or 0):.1f}%) vs torch.matmul {c.torch_ms:.4f} ms, "
+                 f"{c.torch_ms / c.device_ms:.3f}x" if c.device_ms and c.torch_ms else "not timed")
+        print(f"  {c.library} {c.version} on {c.device.name}, {c.created[:19]}: "
+              f"{'passed' if c.check_passed else 'FAILED its check'}, {timed}{mark}")
+        print("    " + ", ".join(f"{k}={v}" for k, v in sorted(c.config.items())))
     if not trials:
         return 0
     print(f"{'id':>6} {'status':<12} {'backend':<8} {'device ms':>10} {'spread':>7} "
@@ -117,7 +128,7 @@ def _export(args) -> int:
 
     with _open(args) as db:
         count = export(db, args.file, winners_only=args.winners_only)
-    print(f"wrote {count} trials to {args.file}")
+    print(f"wrote {count} records to {args.file}")
     return 0
 
 
@@ -127,5 +138,5 @@ def _merge(args) -> int:
     with _open(args, create=True) as db:
         new, seen = merge(db, args.file)
         path = db.path
-    print(f"merged {args.file} into {path}: {new} new trials, {seen} already present")
+    print(f"merged {args.file} into {path}: {new} new records, {seen} already present")
     return 0

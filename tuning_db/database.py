@@ -18,14 +18,14 @@ from typing import Iterable, Optional
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import GemmgenError
 from gemmgen.tuning_db import queries
-from gemmgen.tuning_db.records import BaselineTime, Device, Trial, now_utc, problem_from_key
+from gemmgen.tuning_db.records import BaselineTime, Device, LibraryChoice, Trial, now_utc, problem_from_key
 
 #: 'GEMM' in ASCII: marks a SQLite file as ours (PRAGMA application_id).
 APPLICATION_ID = 0x47454D4D
 
 #: Schema migrations in order; PRAGMA user_version = how many have been applied.
 MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql",
-              "migration_003_same_session.sql")
+              "migration_003_same_session.sql", "migration_004_library.sql")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 60_000
@@ -207,9 +207,34 @@ class Database:
             raise
         return cur.lastrowid if cur.rowcount else None
 
-    def record_many(self, trials: Iterable[Trial]) -> int:
-        """Record trials one by one; returns how many were new."""
-        return sum(1 for t in trials if self.record(t) is not None)
+    @_sql_errors
+    def record_library(self, choice: LibraryChoice) -> Optional[int]:
+        """Commit one library choice; returns its id (None if already stored)."""
+        if self.readonly:
+            raise DatabaseFileError(f"{self.path} is open read-only")
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = conn.execute(queries.INSERT_LIBRARY, (
+                self._problem_id(choice.problem), self._device_id(choice.device), choice.library,
+                choice.version, json.dumps(dict(choice.config), sort_keys=True), choice.algorithm,
+                choice.candidates, int(bool(choice.check_passed)), choice.max_rel_err, choice.err_bound,
+                choice.check_seed, choice.device_ms, choice.spread, choice.torch_ms, choice.torch_spread,
+                choice.created or now_utc()))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            self._problem_ids.clear()
+            self._device_ids.clear()
+            raise
+        return cur.lastrowid if cur.rowcount else None
+
+    def record_many(self, records: Iterable[Trial | LibraryChoice]) -> int:
+        """Record trials (and library choices) one by one; returns how many were new."""
+        return sum(1 for r in records if self.record_any(r) is not None)
+
+    def record_any(self, record: Trial | LibraryChoice) -> Optional[int]:
+        return self.record_library(record) if isinstance(record, LibraryChoice) else self.record(record)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -252,6 +277,26 @@ class Database:
         return trial_from_row(row) if row else None
 
     @_sql_errors
+    def library_choices(self, problem_key: Optional[str] = None,
+                        device_name: Optional[str] = None) -> list[LibraryChoice]:
+        sql, args, where = queries.SELECT_LIBRARY, [], []
+        if problem_key is not None:
+            where.append("p.key = ?")
+            args.append(problem_key)
+        if device_name is not None:
+            where.append("d.name = ?")
+            args.append(device_name)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self.conn.execute(sql + " ORDER BY p.key, c.library, d.name, c.created", args).fetchall()
+        return [library_from_row(r) for r in rows]
+
+    @_sql_errors
+    def library_winners(self, device_name: str) -> list[LibraryChoice]:
+        """Per problem tuned on this kind of GPU, the library choice that serves it (if any)."""
+        return [library_from_row(r) for r in self.conn.execute(queries.SELECT_LIBRARY_WINNERS, (device_name,))]
+
+    @_sql_errors
     def stats(self) -> dict:
         one = lambda sql: self.conn.execute(sql).fetchone()[0]  # noqa: E731
         by_status = dict(self.conn.execute(
@@ -270,6 +315,9 @@ class Database:
             "by_status": by_status,
             "by_backend": by_backend,
             "devices": devices,
+            "library_choices": one("SELECT count(*) FROM library_choices"),
+            "library_winners": dict(self.conn.execute(
+                "SELECT device_name, count(*) FROM library_winners GROUP BY device_name").fetchall()),
             "winners": {name: {"problems": count, "geomean_speedup": math.exp(mean_log or 0.0)}
                         for name, count, mean_log in winners},
         }
@@ -326,4 +374,16 @@ def trial_from_row(row: sqlite3.Row) -> Trial:
         device_ms=row["device_ms"], spread=row["spread"], server_ms=row["server_ms"],
         server_spread=row["server_spread"], host_ms=row["host_ms"], baselines=baselines,
         proposer=row["proposer"], proposer_version=row["proposer_version"],
+        created=row["created"], id=row["id"])
+
+
+def library_from_row(row: sqlite3.Row) -> LibraryChoice:
+    device = Device(row["d_name"], row["d_cc"], row["d_sms"], row["d_driver"], row["d_cuda"],
+                    json.loads(row["d_libraries"]))
+    return LibraryChoice(
+        problem=problem_from_key(row["problem_key"]), device=device, library=row["library"],
+        version=row["version"], config=json.loads(row["config"]), algorithm=row["algorithm"],
+        candidates=row["candidates"], check_passed=bool(row["check_passed"]), device_ms=row["device_ms"],
+        spread=row["spread"], torch_ms=row["torch_ms"], torch_spread=row["torch_spread"],
+        max_rel_err=row["max_rel_err"], err_bound=row["err_bound"], check_seed=row["check_seed"],
         created=row["created"], id=row["id"])

@@ -1,8 +1,8 @@
 """Export and merge: the sorted JSON-lines text that carries tuning results between machines.
 
-`export` writes one trial per line, sorted by problem key, then program text (then
-device name and time), so an export diffs cleanly in review. `merge` reads such a file
-or another database file; trials already present are skipped, so merging is idempotent.
+`export` writes one trial (or library choice) per line, sorted by problem key, then program
+text (then device name and time), so an export diffs cleanly in review. `merge` reads such a
+file or another database file; records already present are skipped, so merging is idempotent.
 """
 from __future__ import annotations
 
@@ -10,22 +10,28 @@ from pathlib import Path
 from typing import Iterator
 
 from gemmgen.tuning_db.database import Database
-from gemmgen.tuning_db.records import RecordError, Trial, export_sort_key, trial_from_json, trial_to_json
+from gemmgen.tuning_db.records import (LibraryChoice, RecordError, Trial, export_sort_key, library_to_json,
+                                       record_from_json, trial_to_json)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def export_lines(db: Database, *, winners_only: bool = False) -> list[str]:
     trials = db.trials()
+    library = db.library_choices()
     if winners_only:
         ids = {row[0] for row in db.conn.execute("SELECT id FROM winners")}
-        trials = (t for t in trials if t.id in ids)
-    return [trial_to_json(t) for t in sorted(trials, key=export_sort_key)]
+        trials = [t for t in trials if t.id in ids]
+        serving = {row[0] for row in db.conn.execute("SELECT id FROM library_winners")}
+        library = [c for c in library if c.id in serving]
+    records: list[Trial | LibraryChoice] = [*trials, *library]
+    return [library_to_json(r) if isinstance(r, LibraryChoice) else trial_to_json(r)
+            for r in sorted(records, key=export_sort_key)]
 
 
 def export(db: Database, path: str | Path, *, winners_only: bool = False) -> int:
-    """Write the database (or only each problem's winner per GPU) as sorted JSON lines;
-    returns the number of trials written."""
+    """Write the database (or only what serves each problem per GPU) as sorted JSON lines;
+    returns the number of records written."""
     lines = export_lines(db, winners_only=winners_only)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
@@ -34,16 +40,16 @@ def export(db: Database, path: str | Path, *, winners_only: bool = False) -> int
     return len(lines)
 
 
-def read_jsonl(path: str | Path) -> Iterator[Trial]:
-    """Trials of an export file, each line checked; errors name the file and line."""
+def read_jsonl(path: str | Path) -> Iterator[Trial | LibraryChoice]:
+    """Records of an export file, each line checked; errors name the file and line."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if line.strip():
-                yield trial_from_json(line, where=f"{path}:{number}")
+                yield record_from_json(line, where=f"{path}:{number}")
 
 
-def read_any(path: str | Path) -> Iterator[Trial]:
-    """Trials of an export file or of another tuning database file."""
+def read_any(path: str | Path) -> Iterator[Trial | LibraryChoice]:
+    """Records of an export file or of another tuning database file."""
     path = Path(path)
     if not path.is_file():
         raise RecordError(f"{path}: no such file")
@@ -53,6 +59,7 @@ def read_any(path: str | Path) -> Iterator[Trial]:
         other = Database(path, readonly=True)
         try:
             yield from other.trials()
+            yield from other.library_choices()
         finally:
             other.close()
     else:
@@ -60,10 +67,10 @@ def read_any(path: str | Path) -> Iterator[Trial]:
 
 
 def merge(db: Database, path: str | Path) -> tuple[int, int]:
-    """Import every trial of `path` into `db`; returns (new trials, trials already present)."""
+    """Import every record of `path` into `db`; returns (new records, records already present)."""
     new = seen = 0
-    for trial in read_any(path):
-        if db.record(trial) is None:
+    for record in read_any(path):
+        if db.record_any(record) is None:
             seen += 1
         else:
             new += 1

@@ -50,3 +50,20 @@ GROUP BY p.key
 """
 
 SELECT_WINNER = _WINNER_COLUMNS + " WHERE w.problem_key = ? AND w.device_name = ?"
+
+INSERT_LIBRARY = """
+INSERT OR IGNORE INTO library_choices
+    (problem_id, device_id, library, version, config, algorithm, candidates, check_passed,
+     max_rel_err, err_bound, check_seed, device_ms, spread, torch_ms, torch_spread, created)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+
+_LIBRARY_COLUMNS = """
+SELECT c.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms,
+       d.driver AS d_driver, d.cuda AS d_cuda, d.libraries AS d_libraries"""
+
+SELECT_LIBRARY = _LIBRARY_COLUMNS + """
+FROM library_choices c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id"""
+
+SELECT_LIBRARY_WINNERS = _LIBRARY_COLUMNS + """
+FROM library_winners c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id
+WHERE d.name = ? ORDER BY p.key"""

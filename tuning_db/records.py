@@ -108,6 +108,36 @@ class Trial:
         return {n: b.device_ms / self.device_ms for n, b in sorted(self.baselines.items()) if b.device_ms}
 
 
+@dataclass(frozen=True)
+class LibraryChoice:
+    """The fastest algorithm of a vendor library for one problem, checked, then timed beside
+    torch.matmul in one session (gemmgen.measure.library). It serves a problem no program won,
+    if it beat torch.matmul by more than its noise (the `library_winners` view)."""
+
+    problem: Problem
+    device: Device
+    library: str                      # 'cublaslt'
+    version: str                      # the library version the algorithm is valid for
+    config: Mapping[str, Any]         # readable: algorithm id, tile, stages, split-K, ...
+    algorithm: str                    # the library's serialised algorithm, hex
+    candidates: int                   # how many algorithms were timed to choose it
+    check_passed: bool
+    device_ms: Optional[float] = None
+    spread: Optional[float] = None
+    torch_ms: Optional[float] = None  # torch.matmul in the same session
+    torch_spread: Optional[float] = None
+    max_rel_err: Optional[float] = None
+    err_bound: Optional[float] = None
+    check_seed: Optional[int] = None
+    created: str = ""
+    id: Optional[int] = field(default=None, compare=False)
+
+    def beats_torch(self) -> bool:
+        """The never-slower rule against torch.matmul: device_ms * (1 + spread) < torch_ms."""
+        return bool(self.check_passed and self.device_ms and self.spread is not None and self.torch_ms
+                    and self.device_ms * (1.0 + self.spread) < self.torch_ms)
+
+
 def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
@@ -171,5 +201,37 @@ def trial_from_json(line: str, where: str = "<line>") -> Trial:
                           "expected a line written by `gemmgen db export`") from None
 
 
-def export_sort_key(trial: Trial) -> tuple:
-    return (trial.problem.key, trial.program, trial.device.name, trial.created)
+_LIBRARY_SCALARS = [f.name for f in fields(LibraryChoice) if f.name not in ("problem", "device", "config", "id")]
+
+
+def library_to_json(choice: LibraryChoice) -> str:
+    """One export line, marked `"kind": "library"` (trial lines carry no kind)."""
+    record: dict[str, Any] = {name: getattr(choice, name) for name in _LIBRARY_SCALARS}
+    record.update(kind="library", problem=choice.problem.key, config=dict(choice.config),
+                  device=asdict(choice.device) | {"libraries": dict(choice.device.libraries)})
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def record_from_json(line: str, where: str = "<line>") -> "Trial | LibraryChoice":
+    """A trial or a library choice, whichever the export line holds."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise RecordError(f"{where}: not a gemmgen export line ({exc})") from None
+    if not isinstance(record, dict) or record.get("kind") != "library":
+        return trial_from_json(line, where)
+    try:
+        record.pop("kind")
+        problem = problem_from_key(record.pop("problem"))
+        return LibraryChoice(problem=problem, device=Device(**record.pop("device")), **record)
+    except RecordError as exc:
+        raise RecordError(f"{where}: {exc}") from None
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise RecordError(f"{where}: not a gemmgen library record ({exc}); "
+                          "expected a line written by `gemmgen db export`") from None
+
+
+def export_sort_key(record: "Trial | LibraryChoice") -> tuple:
+    if isinstance(record, LibraryChoice):
+        return (record.problem.key, "~library " + record.library, record.device.name, record.created)
+    return (record.problem.key, record.program, record.device.name, record.created)

@@ -3,7 +3,8 @@
 The shipped records (`shipped/h200.jsonl`, export format) load into an in-memory,
 read-only layer. The user's database (GEMMGEN_DB, default
 ~/.cache/gemmgen/tuning.sqlite) lies over it: for a problem tuned in both, the user's
-winner is used, since it was measured on this machine.
+winner is used, since it was measured on this machine. Library choices (a vendor library's
+fastest algorithm, `LibraryChoice`) are layered the same way.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Optional
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.tuning_db.database import Database
-from gemmgen.tuning_db.records import Trial
+from gemmgen.tuning_db.records import LibraryChoice, Trial
 
 SHIPPED_FILES = ("h200.jsonl",)
 
@@ -88,6 +89,10 @@ class WinnerIndex:
                 self.tuned[key] = min(ms, self.tuned.get(key, ms))
         for layer, trial in self.exact.values():
             self.by_family.setdefault(family(trial.problem), []).append((layer, trial))
+        self.library: dict[str, tuple[str, LibraryChoice]] = {}   # problem key -> what serves it
+        for layer, db in reversed(layers):
+            for choice in db.library_winners(device_name):
+                self.library[choice.problem.key] = (layer, choice)
 
     def __len__(self) -> int:
         return len(self.exact)
@@ -95,6 +100,10 @@ class WinnerIndex:
     def lookup(self, problem: Problem) -> Optional[Found]:
         hit = self.exact.get(problem.key)
         return Found(hit[1], hit[0], True) if hit else None
+
+    def library_choice(self, problem: Problem) -> Optional[tuple[str, LibraryChoice]]:
+        """(layer, choice) of the library algorithm that serves this exact problem, if any."""
+        return self.library.get(problem.key)
 
     def nearest(self, problem: Problem) -> list[Found]:
         """Winners of the same family, nearest first in log-shape space (ties: by key)."""

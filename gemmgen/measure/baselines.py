@@ -88,10 +88,11 @@ def make_cublas_tn(problem: Problem, **_) -> Kernel:
     return Kernel("cublas_tn", _torch_fn(p), p, {"b_major": "col", "cublas_ops": "T,N"})
 
 
-class _LtMatmul:
+class LtMatmul:
     """One planned nvmath Matmul bound to whatever tensors the caller passes in."""
 
-    def __init__(self, problem: Problem, limit: int):
+    def __init__(self, problem: Problem, limit: int = 1, algorithms: Optional[list] = None):
+        """Plan with cuBLASLt's heuristic (up to `limit` algorithms), or with the given ones."""
         import torch
         from nvmath.linalg.advanced import Matmul, MatmulComputeType, MatmulOptions, MatmulPlanPreferences
 
@@ -104,8 +105,11 @@ class _LtMatmul:
         ep = problem.epilogue
         self.mm = Matmul(a, b, c=out, alpha=ep.alpha, beta=ep.beta, options=options,
                          stream=torch.cuda.current_stream())
-        self.algorithms = self.mm.plan(preferences=MatmulPlanPreferences(limit=limit),
-                                       stream=torch.cuda.current_stream())
+        if algorithms is not None:
+            self.algorithms = self.mm.plan(algorithms=algorithms, stream=torch.cuda.current_stream())
+        else:
+            self.algorithms = self.mm.plan(preferences=MatmulPlanPreferences(limit=limit),
+                                           stream=torch.cuda.current_stream())
         self.bound = (a.data_ptr(), b.data_ptr(), out.data_ptr())
         self._keep = (a, b, out)
 
@@ -127,27 +131,32 @@ class _LtMatmul:
 
         return call
 
+    def drop_operands(self) -> None:
+        """Release the tensors planning used (a caller that passes its own pointers to
+        cublasLtMatmul keeps only the descriptors); `fn` must not be used afterwards."""
+        self.mm.operands = None
+        self._keep = self.bound = None
+
     def notes(self) -> dict[str, Any]:
         notes: dict[str, Any] = {"workspace_cap_bytes": WORKSPACE_BYTES, "compute_type": "COMPUTE_32F",
                                  "epilogue": "alpha/beta in cuBLASLt; bias, activation, residual as torch ops"}
-        try:
-            from nvmath.bindings import cublasLt
-            notes["cublaslt_version"] = cublasLt.get_version()
-        except Exception:  # noqa: BLE001
-            pass
+        version = cublaslt_version()
+        if version:
+            notes["cublaslt_version"] = version
         return notes
 
 
 def make_lt_heuristic(problem: Problem, **_) -> Kernel:
-    lt = _LtMatmul(problem, limit=1)
+    lt = LtMatmul(problem, limit=1)
     return Kernel("lt_heuristic", lt.fn(), problem, lt.notes())
 
 
-def make_lt_autotune(problem: Problem, *, timing_options=None, **_) -> Kernel:
-    """Time every heuristic candidate with our device timer (cold L2) and keep the fastest."""
+def autotune_lt(problem: Problem, timing_options=None) -> tuple[LtMatmul, list, int, dict]:
+    """Time every algorithm cuBLASLt's heuristic offers (up to AUTOTUNE_LIMIT) with our device
+    timer (cold L2): (the planned matmul, its algorithms, the fastest one's index, the timings)."""
     from gemmgen.measure.timing import time_many
 
-    lt = _LtMatmul(problem, limit=AUTOTUNE_LIMIT)
+    lt = LtMatmul(problem, limit=AUTOTUNE_LIMIT)
     algos = list(lt.algorithms)
     timed = time_many([(f"algo{i}", lt.fn(alg), problem) for i, alg in enumerate(algos)],
                       "offline", options=timing_options)
@@ -156,7 +165,12 @@ def make_lt_autotune(problem: Problem, *, timing_options=None, **_) -> Kernel:
         first = next(iter(timed.values()))
         raise MeasureError(f"lt_autotune: no cuBLASLt candidate could be timed ({first})")
     best = min(ok, key=lambda name: ok[name].device_ms)
-    index = int(best[len("algo"):])
+    return lt, algos, int(best[len("algo"):]), ok
+
+
+def make_lt_autotune(problem: Problem, *, timing_options=None, **_) -> Kernel:
+    """The fastest of cuBLASLt's heuristic candidates, as our timer measures them."""
+    lt, algos, index, ok = autotune_lt(problem, timing_options)
     notes = lt.notes()
     notes.update({
         "n_algorithms": len(algos), "requested": AUTOTUNE_LIMIT, "chosen_index": index,
@@ -165,6 +179,41 @@ def make_lt_autotune(problem: Problem, *, timing_options=None, **_) -> Kernel:
         "selection_timer": "cupti, offline, cold L2",
     })
     return Kernel("lt_autotune", lt.fn(algos[index]), problem, notes)
+
+
+def algorithm_to_hex(algorithm) -> str:
+    """A cuBLASLt algorithm (nvmath Algorithm) as text: its serialised heuristic result."""
+    return algorithm.as_numpy().tobytes().hex()
+
+
+def algorithm_from_hex(text: str):
+    """The nvmath Algorithm `algorithm_to_hex` wrote (valid for the same cuBLASLt version)."""
+    import numpy as np
+    from nvmath.bindings.cublasLt import matmul_heuristic_result_dtype
+    from nvmath.linalg.advanced import Algorithm
+
+    return Algorithm.from_numpy(np.frombuffer(bytes.fromhex(text), dtype=matmul_heuristic_result_dtype))
+
+
+def algorithm_config(algorithm) -> dict[str, Any]:
+    """What a reviewer reads of a cuBLASLt algorithm: id, tile, stages, split-K, swizzle, cluster."""
+    out: dict[str, Any] = {}
+    for name in ("algorithm_id", "tile", "stages", "split_k", "reduction_scheme", "cta_swizzling",
+                 "custom_option", "inner_shape", "cluster_shape"):
+        try:
+            value = getattr(algorithm, name)
+        except Exception:  # noqa: BLE001 - a field this cuBLASLt does not report
+            continue
+        out[name] = value if isinstance(value, (int, str, bool)) else str(value)
+    return out
+
+
+def cublaslt_version() -> Optional[str]:
+    try:
+        from nvmath.bindings import cublasLt
+        return str(cublasLt.get_version())
+    except Exception:  # noqa: BLE001
+        return None
 
 
 BASELINES: dict[str, Callable[..., Kernel]] = {

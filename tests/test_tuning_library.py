@@ -1,0 +1,182 @@
+"""Library choices (cuBLASLt's fastest algorithm per problem): the database rule that decides
+what serves, export and merge, the search loop with a fake runner, and gemmgen.compile's use
+of them, all without a GPU."""
+from dataclasses import replace
+
+import pytest
+
+import gemmgen
+from gemmgen.compile import clear_cache
+from gemmgen.dsl.ir import Problem
+from gemmgen.errors import NoGPUError
+from gemmgen.kernel import library_source
+from gemmgen.torch_pass import estimated_gain_us
+from gemmgen.tune import library_choice, tune_library
+from gemmgen.tuning_db import Database, LibraryChoice, Trial
+from gemmgen.tuning_db.exchange import export, export_lines, merge, read_any
+from tuning_fakes import TEST_GPU
+from tuning_fakes import library_choice as make_choice
+from tuning_fakes import trial
+
+GPU = TEST_GPU.name
+P = Problem(8192, 16384, 512)
+
+
+@pytest.fixture
+def db(tmp_path):
+    clear_cache()
+    db = Database(tmp_path / "lib.sqlite")
+    yield db
+    db.close()
+    clear_cache()
+
+
+def _served(db) -> dict:
+    return {c.problem.key: c for c in db.library_winners(GPU)}
+
+
+def test_a_choice_serves_only_if_it_beats_torch_beyond_its_noise(db):
+    fast, slow, noisy = Problem(4096, 4096, 512), Problem(4096, 4096, 1024), Problem(4096, 4096, 2048)
+    db.record_library(make_choice(fast, device_ms=0.90, spread=0.02, torch_ms=1.0))
+    db.record_library(make_choice(slow, device_ms=1.01, spread=0.01, torch_ms=1.0))
+    db.record_library(make_choice(noisy, device_ms=0.98, spread=0.05, torch_ms=1.0))   # 0.98*1.05 > 1
+    db.record_library(make_choice(P, device_ms=0.5, torch_ms=1.0, check_passed=False))
+    assert set(_served(db)) == {fast.key}
+    assert db.stats()["library_choices"] == 4 and db.stats()["library_winners"] == {GPU: 1}
+
+
+def test_the_latest_search_decides_not_the_best_of_several(db):
+    db.record_library(make_choice(P, device_ms=0.8, created="2026-11-29T10:00:00.000000+00:00", algorithm="aa"))
+    assert _served(db)[P.key].algorithm == "aa"
+    db.record_library(make_choice(P, device_ms=1.02, created="2026-11-29T11:00:00.000000+00:00", algorithm="bb"))
+    assert P.key not in _served(db)       # re-measured: no longer faster than torch.matmul
+
+
+def test_export_and_merge_carry_library_choices(db, tmp_path):
+    db.record(trial(P, device_ms=1.3, baseline_ms=1.2))               # a trial that lost
+    db.record_library(make_choice(P))
+    path = tmp_path / "export.jsonl"
+    assert export(db, path) == 2
+    lines = path.read_text().splitlines()
+    assert '"kind":"library"' in lines[1] and '"kind"' not in lines[0]   # trials first, then the library
+    assert export_lines(db, winners_only=True) == [lines[1]]         # the trial did not win
+    other = Database(tmp_path / "other.sqlite")
+    assert merge(other, path) == (2, 0) and merge(other, path) == (0, 2)
+    assert other.library_choices() == db.library_choices()
+    assert sorted(type(r).__name__ for r in read_any(tmp_path / "other.sqlite")) == ["LibraryChoice", "Trial"]
+    other.close()
+
+
+class LibraryRunner:
+    device = TEST_GPU
+
+    def __init__(self, answers):
+        self.answers, self.asked = answers, []
+
+    def library(self, problem):
+        self.asked.append(problem)
+        return self.answers[problem.m]
+
+
+def _found(**kw):
+    base = {"library": "cublaslt", "version": "130100", "candidates": 9, "config": {"algorithm_id": 6},
+            "algorithm": "abcd", "check_passed": True, "max_rel_err": 1e-4, "err_bound": 2e-3,
+            "check_seed": 5, "device_ms": 0.9, "spread": 0.01, "torch_ms": 1.0, "torch_spread": 0.01}
+    return base | kw
+
+
+def test_tune_library_records_searches_and_resumes(db):
+    problems = [Problem(m, 4096, 512) for m in (1024, 2048, 4096)]
+    runner = LibraryRunner({1024: _found(), 2048: {"error": "timeout: no answer within 240 s"},
+                            4096: _found(check_passed=False, device_ms=None, torch_ms=None)})
+    report = tune_library(problems, runner=runner, db=db, progress=False)
+    assert report.recorded == 2 and report.statuses == {"ok": 1, "run_failed": 1, "check_failed": 1}
+    assert report.failures == [(problems[1].key, "timeout: no answer within 240 s")]
+    assert "timeout: no answer" in report.summary()
+    assert set(_served(db)) == {problems[0].key}
+    again = tune_library(problems, runner=runner, db=db, progress=False)
+    assert [p.m for p in runner.asked[3:]] == [2048]    # only the failed search runs again
+    assert again.skipped == 2
+
+
+def test_library_choice_refuses_incomplete_searches():
+    assert library_choice({"error": "crash"}, P, TEST_GPU) is None
+    assert library_choice(_found(device_ms=None), P, TEST_GPU) is None      # passed, but never timed
+    choice = library_choice(_found(), P, TEST_GPU)
+    assert isinstance(choice, LibraryChoice) and choice.beats_torch()
+
+
+def test_compile_serves_the_library_choice_where_no_program_won(db):
+    db.record(trial(P, device_ms=1.3, baseline_ms=1.2))
+    db.record_library(make_choice(P, device_ms=0.85, torch_ms=1.0))
+    k = gemmgen.compile((8192, 16384, 512), device=GPU, db=db)
+    assert k.provenance.how == "library" and k.backend == "cublaslt" and k.program is None
+    assert k.provenance.speedups["torch"] == pytest.approx(1 / 0.85)
+    assert k.provenance.baseline_ms_here == pytest.approx(1.0)
+    assert "cuBLASLt 130100" in k.source and "algorithm_id=66" in k.source
+    assert "1.176x" in k.describe() and "cuBLASLt algorithm" in k.describe()
+    assert estimated_gain_us(k) == pytest.approx(150.0)
+    a = b = None
+    with pytest.raises(NoGPUError):
+        k(a, b)
+
+
+def test_a_winning_program_comes_before_the_library(db):
+    db.record(trial(P, device_ms=0.7, baseline_ms=1.0))
+    db.record_library(make_choice(P, device_ms=0.85, torch_ms=1.0))
+    assert gemmgen.compile(P, device=GPU, db=db).provenance.how == "exact"
+
+
+def test_a_library_choice_that_lost_leaves_the_baseline(db):
+    db.record(trial(P, device_ms=1.3, baseline_ms=1.2))
+    db.record_library(make_choice(P, device_ms=1.0, torch_ms=0.99))
+    k = gemmgen.compile(P, device=GPU, db=db)
+    assert k.provenance.how == "baseline" and k.backend == "torch"
+
+
+def test_library_source_names_the_epilogue_in_torch():
+    p = replace(P, epilogue=replace(P.epilogue, bias="n", activation="gelu"))
+    text = library_source(p, make_choice(p))
+    assert "out.add_(bias)" in text and "gelu" in text and "fastest of 12 algorithms" in text
+    assert "epilogue" not in library_source(P, make_choice(P))
+
+
+def test_trial_lines_still_read_as_trials(db, tmp_path):
+    db.record(trial(P))
+    path = tmp_path / "t.jsonl"
+    export(db, path)
+    assert [type(r) for r in read_any(path)] == [Trial]
+
+
+def test_the_search_returns_what_the_loop_records(monkeypatch):
+    """search_cublaslt's dict, with the GPU parts stubbed, reads back as a LibraryChoice."""
+    import gemmgen.measure.baselines as baselines
+    import gemmgen.measure.checking as checking
+    import gemmgen.measure.library as library
+    import gemmgen.measure.timing as timing
+    from gemmgen.measure.checking import CheckResult
+
+    class Algo:
+        algorithm_id, tile, split_k = 21, "(128, 256)", 1
+
+        def as_numpy(self):
+            import numpy as np
+            return np.frombuffer(b"\x01\x02", dtype=np.uint8)
+
+    class Timed:
+        def __init__(self, ms):
+            self.device_ms, self.spread, self.host_ms, self.clocks = ms, 0.01, ms + 0.01, {"samples": 3}
+
+    seen = {}
+    monkeypatch.setattr(baselines, "autotune_lt", lambda problem, options: (None, [Algo(), Algo()], 1, {}))
+    monkeypatch.setattr(baselines, "cublaslt_version", lambda: "130100")
+    monkeypatch.setattr(library, "library_launcher", lambda p, text, version: seen.setdefault("hex", text))
+    monkeypatch.setattr(checking, "check", lambda fn, problem, seed=None: CheckResult(
+        passed=True, max_rel_err=1e-4, bound=2e-3, seed=9, failures=()))
+    monkeypatch.setattr(timing, "time_many", lambda kernels, mode, options=None: {
+        "library": Timed(0.8), "torch": Timed(1.0)})
+    found = library.search_cublaslt(P)
+    assert seen["hex"] == "0102" == found["algorithm"]
+    choice = library_choice(found, P, TEST_GPU)
+    assert choice.beats_torch() and choice.torch_ms == 1.0 and choice.config["algorithm_id"] == 21
+    assert choice.candidates == 2 and choice.check_seed == 9
