@@ -2,8 +2,9 @@
 
 A kernel holds the program chosen for one problem (or none: a recorded cuBLASLt algorithm,
 `library`, or the torch.matmul baseline), where that choice came from (`Provenance`), and,
-once first called on a GPU, the loaded launcher. Calls check the operands against the compiled problem (dtype, device, shape,
-major-ness, epilogue operands) and raise `KernelCallError` with what to change.
+once first called on a GPU, the loaded launcher. Calls check the operands against the
+compiled problem (dtype, device, shape, major-ness, epilogue operands) and raise
+`KernelCallError` with what to change.
 """
 from __future__ import annotations
 

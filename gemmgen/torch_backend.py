@@ -129,17 +129,19 @@ def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Op
     from gemmgen.compile import clear_cache
     from gemmgen.policy.proposers import get_proposer
     from gemmgen.torch_ops import clear_kernels, problem_of
-    from gemmgen.tune import tune_backends
+    from gemmgen.tune import split_library, tune_backends
     from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     problems = list(dict.fromkeys(problem_of(key) for key in keys))
     path = Path(db) if db is not None else default_db_path()
-    backends = tuple(backends) if backends else ("triton", "cutlass", "cuda")
+    library, programs = split_library(tuple(backends) if backends else ())
+    proposer = (get_proposer("heuristic", **({"backends": programs} if programs else {}))
+                if programs or not library else None)
     with Database(path) as database, WorkerRunner(mode="offline") as runner:
-        reports = tune_backends(problems, backends, proposer_for=lambda b: get_proposer("heuristic", backends=b),
-                                builder=PoolBuilder(), runner=runner, db=database, budget=budget,
-                                time_budget_s=time_budget_s, progress=False)
+        reports = tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(),
+                                runner=runner, db=database, budget=budget, time_budget_s=time_budget_s,
+                                progress=False)
     import logging
 
     summary = "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()) or "nothing run"

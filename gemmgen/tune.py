@@ -92,13 +92,14 @@ class TuneReport:
     stopped_by_time: bool = False
     wall_s: float = 0.0
     failures: list = field(default_factory=list)     # (problem key, why) of runs that recorded nothing
+    unit: str = "trials"                             # what `recorded` counts
 
     def summary(self) -> str:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "none"
         stop = " (stopped: time budget)" if self.stopped_by_time else ""
         failed = "".join(f"\n  {key}: {why}" for key, why in self.failures[:3])
         more = f"\n  ... and {len(self.failures) - 3} more" if len(self.failures) > 3 else ""
-        return (f"{self.shapes_done}/{self.shapes} shapes, {self.recorded} trials recorded "
+        return (f"{self.shapes_done}/{self.shapes} shapes, {self.recorded} {self.unit} recorded "
                 f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s{stop}{failed}{more}")
 
 
@@ -252,7 +253,7 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
     from tqdm import tqdm
 
     problems = list(dict.fromkeys(problems))
-    report = TuneReport(shapes=len(problems))
+    report = TuneReport(shapes=len(problems), unit="library choices")
     start = time.monotonic()
     device = runner.device
     todo = [p for p in problems if not db.library_choices(p.key, device.name)]
@@ -293,27 +294,32 @@ def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -
         check_seed=found.get("check_seed"))
 
 
-def tune_backends(problems: Iterable[Problem], backends: Sequence[str], *, proposer_for, builder: Builder,
+def split_library(backends: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
+    """(whether `LIBRARY` is asked for, the program backends) of a --backends list."""
+    from gemmgen.measure.library import LIBRARY
+
+    return LIBRARY in backends, tuple(b for b in backends if b != LIBRARY)
+
+
+def tune_backends(problems: Iterable[Problem], *, library: bool, proposer, builder: Builder,
                   runner: Runner, db: Database, budget: int, time_budget_s: Optional[float] = None,
                   seed: int = 0, progress: bool = True, announce=lambda line: None) -> dict[str, TuneReport]:
-    """The library search (if `LIBRARY` is among `backends`), then the program loop over the
-    other backends with what is left of one time budget. `proposer_for(backends)` makes the
-    proposer. Returns the reports by part: 'cublaslt', 'programs'."""
+    """The library search (if `library`), then the program loop (if a `proposer` is given)
+    with what is left of one time budget. Returns the reports by part: 'cublaslt', 'programs'."""
     from gemmgen.measure.library import LIBRARY
 
     problems = list(problems)
-    programs = tuple(b for b in backends if b != LIBRARY)
     start, reports = time.monotonic(), {}
-    if LIBRARY in backends:
+    if library:
         announce(f"searching cuBLASLt's algorithms for {len(problems)} shapes")
         reports[LIBRARY] = tune_library(problems, runner=runner, db=db, time_budget_s=time_budget_s,
                                         progress=progress)
-        announce(f"{LIBRARY}: " + reports[LIBRARY].summary().replace("trials", "choices"))
+        announce(f"{LIBRARY}: {reports[LIBRARY].summary()}")
     left = None if time_budget_s is None else time_budget_s - (time.monotonic() - start)
-    if programs and (left is None or left > 0):
-        proposer = proposer_for(programs)
-        announce(f"tuning {len(problems)} shapes: proposer {proposer.name} "
-                 f"v{proposer.version}, budget {budget}, backends {','.join(programs)}")
+    if proposer is not None and (left is None or left > 0):
+        names = ",".join(getattr(proposer, "backends", None) or ("all",))
+        announce(f"tuning {len(problems)} shapes: proposer {proposer.name} v{proposer.version}, "
+                 f"budget {budget}, backends {names}")
         reports["programs"] = tune(problems, proposer=proposer, builder=builder, runner=runner, db=db,
                                    budget=budget, time_budget_s=left, seed=seed, progress=progress)
         announce(reports["programs"].summary())

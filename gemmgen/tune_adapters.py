@@ -132,7 +132,6 @@ class WorkerRunner:
                 measured = replace(measured, server_ms=srv.timing["device_ms"], server_spread=srv.timing["spread"])
         return measured
 
-
     def library(self, problem: Problem) -> dict:
         """cuBLASLt's fastest algorithm for `problem`, searched in the isolated worker
         (gemmgen.measure.library); {"error": why} when the search failed."""
@@ -145,6 +144,7 @@ class WorkerRunner:
         if not result.ok:
             return {"error": f"{result.status}: {result.message}"}
         return result.value if isinstance(result.value, dict) else {"error": "no result came back"}
+
 
 
 def measurement_from(result) -> Measurement:

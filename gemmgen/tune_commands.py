@@ -77,21 +77,21 @@ def _tune(args) -> int:
 
     from gemmgen.compile import clear_cache
     from gemmgen.policy.proposers import get_proposer
-    from gemmgen.tune import tune_backends
+    from gemmgen.tune import split_library, tune_backends
     from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
-    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
     problems = tune_problems(args.shapes, args.shard, args.epilogue)
+    proposer = get_proposer(args.proposer, backends=backends) if backends else None
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     db_path = Path(args.db) if args.db else default_db_path()
     with Database(db_path) as db, WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout,
                                                baselines=baselines) as runner:
-        print(f"database: {db_path}")
-        tune_backends(problems, backends, proposer_for=lambda b: get_proposer(args.proposer, backends=b),
-                      builder=PoolBuilder(jobs=args.jobs), runner=runner, db=db, budget=args.budget,
-                      time_budget_s=args.time_budget, seed=args.seed, progress=not args.no_progress,
-                      announce=print)
+        print(f"tuning on {runner.device.name}, database {db_path}")
+        tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(jobs=args.jobs),
+                      runner=runner, db=db, budget=args.budget, time_budget_s=args.time_budget,
+                      seed=args.seed, progress=not args.no_progress, announce=print)
         winners = len(db.winners(runner.device.name))
         served = len(db.library_winners(runner.device.name))
     clear_cache()

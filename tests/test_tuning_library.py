@@ -180,3 +180,27 @@ def test_the_search_returns_what_the_loop_records(monkeypatch):
     choice = library_choice(found, P, TEST_GPU)
     assert choice.beats_torch() and choice.torch_ms == 1.0 and choice.config["algorithm_id"] == 21
     assert choice.candidates == 2 and choice.check_seed == 9
+
+
+def test_tune_backends_runs_the_library_search_then_the_programs(db):
+    from gemmgen.tune import split_library, tune_backends
+    from tuning_fakes import FakeBuilder, FakeRunner, ListProposer
+
+    class Both(FakeRunner):
+        def library(self, problem):
+            return _found()
+
+    assert split_library(["triton", "cublaslt", "cuda"]) == (True, ("triton", "cuda"))
+    assert split_library(["triton"]) == (False, ("triton",))
+    lines = []
+    problems = [Problem(1024, 1024, 512), Problem(2048, 1024, 512)]
+    reports = tune_backends(problems, library=True, proposer=ListProposer([((128, 128, 64), 4)]),
+                            builder=FakeBuilder(), runner=Both(), db=db, budget=1, progress=False,
+                            announce=lines.append)
+    assert set(reports) == {"cublaslt", "programs"}
+    assert reports["cublaslt"].recorded == 2 and "2 library choices recorded" in reports["cublaslt"].summary()
+    assert reports["programs"].recorded == 2 and len(db.trials()) == 2
+    assert lines[0].startswith("searching cuBLASLt") and "backends all" in lines[2]
+    only = tune_backends(problems, library=True, proposer=None, builder=FakeBuilder(), runner=Both(), db=db,
+                         budget=1, progress=False)
+    assert set(only) == {"cublaslt"} and only["cublaslt"].skipped == 2     # searched already
