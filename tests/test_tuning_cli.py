@@ -48,3 +48,20 @@ def test_tune_command_without_gpu_is_one_clear_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("gemmgen: error:") and "GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_db_and_compile_commands_show_library_choices(tmp_path, capsys):
+    from tuning_fakes import library_choice
+
+    q = Problem(8192, 16384, 512)
+    path = tmp_path / "t.sqlite"
+    with Database(path) as db:
+        db.record_library(library_choice(q, device_ms=0.8, torch_ms=1.0))
+    assert main(["db", "stats", "--db", str(path)]) == 0
+    assert "library choices: 1; problems they serve: Test GPU 1" in capsys.readouterr().out
+    assert main(["db", "--db", str(path), "show", "8192", "16384", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "0 trials, 1 library choices" in out and "1.250x * serves it" in out and "algorithm_id=66" in out
+    assert main(["compile", "8192x16384x512", "--db", str(path), "--device", "Test GPU", "--no-run"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: cublaslt" in out and "provenance: library" in out and "source (cublaslt):" in out
