@@ -145,6 +145,7 @@ def test_migrate_v1_file(tmp_path):
         assert db.winner(P, "Test GPU").program == "v1 program\n"
         db.record(trial(P, program="v2 program\n"))
         assert len(list(db.trials())) == 2
+        assert db.library_choices() == [] and db.library_winners("Test GPU") == []   # v4's table, empty
 
 
 def test_garbage_file_is_refused_by_name(tmp_path):
