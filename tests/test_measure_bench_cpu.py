@@ -284,6 +284,8 @@ def test_bench_refuses_unknown_names_before_measuring(tmp_path, stub_timer):
     from gemmgen.measure.bench import run
     with pytest.raises(UnknownName):
         run(_cfg(tmp_path, "M,N,K\n32,48,64\n", candidates=["no_such_candidate"]))
+    with pytest.raises(UnknownName, match="--same-session-reference 'cublas'"):
+        run(_cfg(tmp_path, "M,N,K\n32,48,64\n", reference="cublas"))   # derived: not timeable in a worker
     assert stub_timer == []
 
 

@@ -44,6 +44,8 @@ class BenchConfig:
     progress: bool = True
     command: str = ""
     device: str = "cuda"          # "cpu" only for tests of the loop itself (timing is stubbed there)
+    #: the baseline an isolated candidate is also timed against inside its worker's session
+    reference: str = "torch"
 
 
 def layout_letters(problem: Problem) -> str:
@@ -144,10 +146,6 @@ def _selection_options(cfg: BenchConfig) -> TimingOptions:
     return dataclasses.replace(cfg.timing, host_reps=0, max_reps=min(cfg.timing.max_reps, 60))
 
 
-#: The baseline an isolated candidate is also timed against inside its worker's session.
-SAME_SESSION_REFERENCE = "torch"
-
-
 def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, runner) -> list[dict]:
     from gemmgen.measure.baselines import Kernel
     from gemmgen.measure.worker import Job, load_named
@@ -158,10 +156,10 @@ def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, run
         if runner is not None:
             job = Job(name, load_named, (spec, problem), problem, seed=cases[0].seed,
                       mode=cfg.mode, timing=cfg.timing, timeout_s=cfg.trial_timeout_s,
-                      reference=SAME_SESSION_REFERENCE)
+                      reference=cfg.reference)
             res = runner.run(job)
             ref = res.reference_timing or {}
-            notes = {"isolated": True, "reference": SAME_SESSION_REFERENCE,
+            notes = {"isolated": True, "reference": cfg.reference,
                      "reference_device_ms": ref.get("device_ms"), "reference_error": ref.get("error"),
                      **candidate_registry.notes_for(name, problem)}
             rows.append(make_row(name, "candidate", shape, problem, check=res.check, timing=res.timing,
@@ -200,6 +198,10 @@ def _preflight(cfg: BenchConfig) -> list[str]:
     if cfg.mode not in MODES:
         raise GemmgenError(f"--mode {cfg.mode!r}: use offline, server or warm")
     measured = baseline_registry.expand(cfg.baselines)
+    if cfg.reference not in baseline_registry.BASELINES:
+        from gemmgen.measure.errors import UnknownName
+        raise UnknownName(f"--same-session-reference {cfg.reference!r}: choose one of "
+                          f"{', '.join(baseline_registry.BASELINES)}")
     for name in cfg.candidates:
         candidate_registry.spec_of(name)
     import torch
@@ -229,6 +231,7 @@ def run(cfg: BenchConfig) -> dict:
     meta = {
         "command": cfg.command or " ".join(sys.argv), "mode": cfg.mode, "shapes": cfg.shapes,
         "shard": cfg.shard, "out": str(out), "baselines": cfg.baselines, "candidates": cfg.candidates,
+        "same_session_reference": cfg.reference,
         "timing": dataclasses.asdict(cfg.timing),
         "timer": {"cupti": "CUPTI kernel records (torch.profiler)", "events": "CUDA events on the calling stream"}
         .get(cfg.timing.timer, cfg.timing.timer),

@@ -38,6 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--timer", default="cupti", choices=("cupti", "events"),
                    help="device timer: CUPTI kernel records (default) or CUDA events on the calling stream (fallback)")
     p.add_argument("--no-isolate", action="store_true", help="run candidates in this process, not in the worker")
+    p.add_argument("--same-session-reference", default="torch", metavar="BASELINE",
+                   help="the baseline also timed inside each isolated candidate's worker session, interleaved "
+                        "with it (default torch; lt_autotune autotunes there first)")
     p.add_argument("--trial-timeout", type=float, default=300.0, help="seconds a candidate trial may take")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_command)
@@ -67,6 +70,7 @@ def run_command(args: argparse.Namespace) -> int:
         timing=TimingOptions(min_reps=args.reps, max_reps=max(args.max_reps, args.reps),
                              mean_gap_s=args.mean_gap_ms * 1e-3, timer=args.timer),
         isolate=not args.no_isolate, trial_timeout_s=args.trial_timeout, progress=not args.no_progress,
+        reference=args.same_session_reference,
         command="gemmgen " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
     doc = run(cfg)
