@@ -112,11 +112,16 @@ class DirectLt:
                         mm.beta.ctypes.data, mm.c_layout_ptr, mm.d_layout_ptr, self._algo.ctypes.data,
                         self._workspace.data_ptr(), size)
         self._stream = torch.cuda.current_stream
+        self._device = torch.cuda.current_device()        # descriptors and workspace live there
         self._plan.drop_operands()                        # A, B and C of planning: not needed now
 
     def call(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
         from gemmgen.measure.baselines import _epilogue_after
 
+        if a.device.index != self._device:
+            from gemmgen.errors import GemmgenError
+            raise GemmgenError(f"this cuBLASLt kernel was planned on cuda:{self._device}; the operands are on "
+                               f"{a.device}: use one kernel per GPU, first called while that GPU is current")
         handle, desc, alpha_ptr, a_layout, b_layout, beta_ptr, c_layout, d_layout, algo, ws, size = self._static
         self._alpha[0], self._beta[0] = alpha, beta
         if beta != 0.0:
