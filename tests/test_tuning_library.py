@@ -204,3 +204,35 @@ def test_tune_backends_runs_the_library_search_then_the_programs(db):
     only = tune_backends(problems, library=True, proposer=None, builder=FakeBuilder(), runner=Both(), db=db,
                          budget=1, progress=False)
     assert set(only) == {"cublaslt"} and only["cublaslt"].skipped == 2     # searched already
+
+
+def test_direct_cublaslt_call_passes_the_operands_in_cublasLt_order():
+    """DirectLt.call with the binding stubbed: the pointers and descriptors reach cublasLtMatmul
+    in its order (A, B, C = out, D = out), alpha/beta land in the host scalars, and operands on
+    another GPU are refused."""
+    import numpy as np
+
+    from gemmgen.errors import GemmgenError
+    from gemmgen.measure.library import DirectLt
+
+    class T:                                   # a tensor's face: pointer and device only
+        def __init__(self, ptr, index=0):
+            self.ptr, self.device = ptr, type("D", (), {"index": index})()
+
+        def data_ptr(self):
+            return self.ptr
+
+    calls = []
+    lt = object.__new__(DirectLt)
+    lt.problem, lt._device = P, 0
+    lt._alpha, lt._beta = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    lt._static = ("handle", "desc", "alpha*", "a_layout", "b_layout", "beta*", "c_layout", "d_layout",
+                  "algo*", "ws*", 4096)
+    lt._matmul = lambda *args: calls.append(args)
+    lt._stream = lambda: type("S", (), {"cuda_stream": 77})()
+    lt.call(T(1), T(2), T(3), alpha=0.5)
+    assert calls == [("handle", "desc", "alpha*", 1, "a_layout", 2, "b_layout", "beta*", 3, "c_layout", 3,
+                      "d_layout", "algo*", "ws*", 4096, 77)]
+    assert lt._alpha[0] == 0.5 and lt._beta[0] == 0.0
+    with pytest.raises(GemmgenError, match="planned on cuda:0; the operands are on"):
+        lt.call(T(1, index=1), T(2, index=1), T(3, index=1))
