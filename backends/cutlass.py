@@ -7,8 +7,8 @@
 
 A program splits into a build key (the digest of its emitted source: tile,
 cluster, stages, schedule, tile scheduler, majors, epilogue shape) and runtime
-arguments (raster order, swizzle, splits, decomposition, alpha, beta), so one
-build serves every program that differs only at runtime. What the backend
+arguments (raster order, swizzle, splits, decomposition, reduction mode, alpha,
+beta), so one build serves every program that differs only at runtime. What the backend
 refuses, and why, is in cutlass_rules.py (read by the DSL validator via SUPPORT).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ SUPPORT = Support(
     mainloops=frozenset({"ws_cooperative", "ws_pingpong"}),
     schedulers=frozenset({"persistent", "stream_k"}),
     instr_kinds=frozenset({None, "wgmma"}),
-    split_k_reduces=frozenset({"workspace"}),
+    split_k_reduces=frozenset({"workspace", "unordered"}),
     activations=frozenset({"relu", "gelu", "silu"}),
     bias=True,
     residual=True,

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from gemmgen.backends.base import Artifact, BackendError
 from gemmgen.backends.triton_lower import grid_size
-from gemmgen.dsl.ir import Program
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 
 TORCH_DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
 DESC_CACHE_LIMIT = 64
@@ -191,7 +191,7 @@ class TritonLauncher:
                     template.append(None)
             kernels.append((lk, grid_size(kern["grid"], m, n), template, tuple(slots)))
         split = self.meta["split_k"]
-        atomic = self.meta["split_k_reduce"] == "atomic"
+        atomic = self.meta["split_k_reduce"] in ARRIVAL_ORDER_REDUCES
         ws = 0 if split == 1 else (m * n if atomic else split * m * n)
         row_align = max([kern["hints"].get(name, 1) for kern in self.meta["kernels"]
                          for name, _, role in kern["params"] if role in ("stride_c", "stride_residual")] or [1])
@@ -434,7 +434,7 @@ def _run_module(module, meta, program, tensors: dict, alpha, beta, workspace=Non
     if tensors.get("c") is not None:
         values["stride_c"] = tensors["c"].stride(0)
     if meta["split_k"] > 1:
-        atomic = meta["split_k_reduce"] == "atomic"
+        atomic = meta["split_k_reduce"] in ARRIVAL_ORDER_REDUCES
         size = m * n * (1 if atomic else meta["split_k"])
         values["workspace"] = (workspace(size, atomic) if workspace else
                                torch.zeros(size, dtype=torch.float32, device=a.device))

@@ -13,9 +13,11 @@ Two kernel shapes come out of here, both with the whole epilogue fused:
 
 Split-K writes fp32 partials; a second kernel in the same module reduces them
 (in slice order for `workspace`, so results are deterministic) and applies the
-epilogue. `atomic` adds partials into one fp32 buffer with `tl.atomic_add`; the
-finalize kernel reads it and writes zeros back, so the buffer is clean for the
-next call without a memset.
+epilogue. `unordered` and `atomic` add partials into one fp32 buffer with
+`tl.atomic_add`; the finalize kernel reads it, applies the epilogue and writes zeros
+back, so the buffer is clean for the next call without a memset. (Triton's `atomic`
+is this same buffer: the DSL's restriction of `atomic` to f32 out and no activation
+holds for backends that add into the output itself.)
 
 Everything a loader needs (kernel names, argument roles and types, constexprs,
 divisibility hints, grid recipe) travels in `Source.meta`, as plain data.
@@ -28,7 +30,7 @@ from typing import Optional
 
 from gemmgen.backends.base import Source
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import DTYPE_BYTES, Program
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, Program
 
 TRITON_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
 SIGNATURE_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
@@ -337,7 +339,7 @@ def {name}(
 
 
 def _partial_store(program: Program) -> str:
-    if program.split_k_reduce == "atomic":
+    if program.split_k_reduce in ARRIVAL_ORDER_REDUCES:
         return ("tl.atomic_add(ws_ptr + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask, sem=\"relaxed\")")
     return ("tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=mask)")
 
@@ -459,7 +461,7 @@ def _reduce_kernel(program: Program, name: str, bound: bool, epi_params: list[st
     constexprs = {"BLOCK_M": REDUCE_BLOCK[0], "BLOCK_N": REDUCE_BLOCK[1], "SPLIT_K": program.split_k}
     for c in constexprs:
         args.add(c, "constexpr", "const")
-    if program.split_k_reduce == "atomic":
+    if program.split_k_reduce in ARRIVAL_ORDER_REDUCES:
         doc = "Reads the atomically summed fp32 buffer, applies the epilogue, and zeroes the buffer for the next call."
         body = """    acc = tl.load(ws, mask=mask, other=0.0)
     tl.store(ws, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=mask)"""

@@ -51,7 +51,7 @@ def check_values(p: Program, hw: Hardware) -> Iterator[Finding]:
     if p.split_k < 1:
         yield "split_k", f"split_k {p.split_k}: write `split_k 1` for no split, or a count of at least 2"
     if p.split_k_reduce not in ir.SPLIT_K_REDUCES:
-        yield "split_k", f"unknown split-K reduction {p.split_k_reduce!r}: write workspace or atomic"
+        yield "split_k", f"unknown split-K reduction {p.split_k_reduce!r}: write workspace, unordered or atomic"
     if e.bias not in (None, "m", "n"):
         yield "epilogue", f"bias={e.bias!r}: write bias=n (one value per column) or bias=m (per row)"
     if e.activation not in (None, *ir.ACTIVATIONS):
@@ -229,10 +229,11 @@ def check_split_k(p: Program, hw: Hardware) -> Iterator[Finding]:
     if p.split_k_reduce == "atomic":
         if e.activation:
             yield "split_k", (f"split_k {s} atomic adds partial sums in place, so {e.activation} would see partial "
-                              f"sums: use `split_k {s} workspace`")
+                              f"sums: use `split_k {s} unordered` or `split_k {s} workspace`")
         if e.out_dtype != "f32":
             yield "split_k", (f"split_k {s} atomic adds fp32 partials into the {e.out_dtype} output, which "
-                              f"accumulates in {e.out_dtype}: use `split_k {s} workspace` or out=f32")
+                              f"accumulates in {e.out_dtype}: use `split_k {s} unordered`, `split_k {s} workspace` "
+                              f"or out=f32")
 
 
 def check_epilogue(p: Program, hw: Hardware) -> Iterator[Finding]:

@@ -20,7 +20,7 @@ Backend = Literal["triton", "cutlass", "cuda"]
 Mainloop = Literal["multistage", "ws_cooperative", "ws_pingpong"]
 Scheduler = Literal["tile", "persistent", "stream_k"]
 Activation = Literal["relu", "gelu", "silu"]
-SplitKReduce = Literal["workspace", "atomic"]
+SplitKReduce = Literal["workspace", "atomic", "unordered"]
 
 MAJORS: tuple[str, ...] = ("row", "col")
 DTYPES: tuple[str, ...] = ("f16", "bf16", "f32")
@@ -28,7 +28,10 @@ BACKENDS: tuple[str, ...] = ("triton", "cutlass", "cuda")
 MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong")
 SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
-SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic")
+SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered")
+#: Split-K reductions that add partials in arrival order (not bit-reproducible run to run):
+#: `atomic` into the output itself, `unordered` into an fp32 buffer the epilogue then reads.
+ARRIVAL_ORDER_REDUCES = frozenset({"atomic", "unordered"})
 SMEM_SWIZZLES: tuple[int, ...] = (0, 32, 64, 128)
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 

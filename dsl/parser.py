@@ -35,7 +35,7 @@ USAGE = {
     "scheduler": "scheduler tile|persistent|stream_k",
     "raster": "raster m|n swizzle=S, e.g. raster m swizzle=8",
     "smem_swizzle": "smem_swizzle auto|0|32|64|128",
-    "split_k": "split_k 1 | split_k N workspace | split_k N atomic",
+    "split_k": "split_k 1 | split_k N workspace | split_k N unordered | split_k N atomic",
 }
 
 # Readable names for the grammar's pattern terminals (string literals print as themselves).
@@ -52,7 +52,7 @@ _TERMINAL_WORDS = {
     "INSTR_KIND": "'wgmma' or 'mma'",
     "MAINLOOP": ", ".join(map(repr, ir.MAINLOOPS)),
     "SCHEDULER": ", ".join(map(repr, ir.SCHEDULERS)),
-    "SPLIT_K_REDUCE": "'workspace' or 'atomic'",
+    "SPLIT_K_REDUCE": "'workspace', 'unordered' or 'atomic'",
     "_NL": "end of line",
     "$END": "end of file",
 }
@@ -195,7 +195,8 @@ class _ToIR(Transformer):
         reduce = str(children[1]) if len(children) > 1 else None
         if n != 1 and reduce is None:
             raise self._error(f"split_k {n} needs a reduction: write `split_k {n} workspace` "
-                              f"(fp32 partials, then a reduce) or `split_k {n} atomic`", at, "split_k")
+                              f"(fp32 partials, then a reduce), `split_k {n} unordered` or `split_k {n} atomic`",
+                              at, "split_k")
         if n == 1 and reduce is not None:
             raise self._error(f"split_k {n} splits nothing, so it takes no reduction: write `split_k 1`",
                               at, "split_k")

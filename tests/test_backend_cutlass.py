@@ -241,3 +241,22 @@ def test_a_moved_cache_still_finds_its_library(tmp_path, monkeypatch):
     assert cutlass.library_path(Artifact("cutlass", "k123", path="/elsewhere/instance.so")) == str(so)
     with pytest.raises(BackendError, match="rebuild"):
         cutlass.library_path(Artifact("cutlass", "other", path="/elsewhere/instance.so"))
+
+
+def test_unordered_split_k_is_a_runtime_reduction_mode_of_the_same_build():
+    """`split_k N unordered` asks CUTLASS's stream-K scheduler for its nondeterministic
+    reduction (no turnstile between the splits); `workspace` keeps the deterministic one.
+    Both are runtime arguments of one build, and any epilogue is allowed: the final split
+    applies it to the fp32 sum."""
+    problem = Problem(256, 128, 8192, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))
+    turnstile = _program(problem, tile=Tile(128, 128, 64), split_k=16)
+    unordered = replace(turnstile, split_k_reduce="unordered")
+    assert validate(unordered) == unordered
+    assert cutlass.build_key(unordered) == cutlass.build_key(turnstile)
+    assert (runtime_args(turnstile).reduction, runtime_args(unordered).reduction) == (0, 1)
+    assert runtime_args(replace(turnstile, split_k=1, scheduler="stream_k")).reduction == 0
+    text = cutlass.lower(unordered).text
+    assert "args.scheduler.reduction_mode =" in text and "ReductionMode>(reduction)" in text
+    assert "int decomposition,\n                      int reduction, void* workspace" in text
+    atomic = replace(turnstile, split_k_reduce="atomic")
+    assert any("cannot reduce split-K by atomic" in m for _, m in _findings(atomic))

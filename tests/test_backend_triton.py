@@ -3,6 +3,7 @@ the search space, and the generated kernels' numbers under Triton's interpreter.
 from __future__ import annotations
 
 import pytest
+from dataclasses import replace
 
 pytest.importorskip("triton")
 
@@ -79,7 +80,7 @@ def test_support_lists_what_triton_can_do():
     s = tb.SUPPORT
     assert s.mainloops == {"multistage"}
     assert s.schedulers == {"tile", "persistent"}
-    assert s.split_k_reduces == {"workspace", "atomic"}
+    assert s.split_k_reduces == {"workspace", "unordered", "atomic"}
     assert s.max_cluster == 1 and s.instr_kinds == {None}
     assert s.activations == {"relu", "gelu", "silu"}
 
@@ -123,6 +124,13 @@ def test_split_k_lowers_a_second_kernel_that_reduces_in_order():
     atomic = tb.lower(program(64, 64, 4096, split_k=4, split_k_reduce="atomic", tile=(64, 64, 64), warps=(4, 1),
                               epilogue=Epilogue(out_dtype="f32")))
     assert "tl.atomic_add" in atomic.text and "tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=mask" in atomic.text
+    # `unordered`: the same fp32 buffer, and the epilogue after it, so f16 out and an activation are fine
+    unordered = dsl.validate(program(64, 64, 4096, split_k=4, split_k_reduce="unordered", tile=(64, 64, 64),
+                                     warps=(4, 1), epilogue=Epilogue(activation="gelu")))
+    lowered = tb.lower(unordered)
+    assert "tl.atomic_add" in lowered.text and lowered.meta["split_k_reduce"] == "unordered"
+    with pytest.raises(Exception, match="gelu would see partial sums"):
+        dsl.validate(replace(unordered, split_k_reduce="atomic"))
 
 
 def test_persistent_lowers_to_tma_descriptors():
@@ -264,6 +272,8 @@ INTERPRETED = [
     (program(40, 48, 96, tile=(32, 16, 16), warps=(4, 1), split_k=3, epilogue=Epilogue(activation="relu")), None),
     (program(40, 48, 96, tile=(32, 32, 16), warps=(4, 1), split_k=2, split_k_reduce="atomic",
              epilogue=Epilogue(alpha=0.5, out_dtype="f32")), None),
+    (program(40, 48, 96, b="col", tile=(32, 32, 16), warps=(4, 1), split_k=3, split_k_reduce="unordered",
+             epilogue=Epilogue(bias="n", activation="gelu")), None),
     (program(40, 48, 96, b="col", tile=(32, 32, 32), warps=(4, 1), scheduler="persistent", swizzle=2), None),
     (program(48, 40, 88, a="col", tile=(32, 16, 16), warps=(4, 1), scheduler="persistent", split_k=2,
              raster="n", swizzle=2, epilogue=Epilogue(bias="n", residual=True)), None),

@@ -114,7 +114,7 @@ ILLEGAL = [
     ({"split_k": "split_k 4 workspace", "scheduler": "scheduler stream_k"}, "split_k",
      "stream_k already splits K"),
     ({"split_k": "split_k 4 atomic", "epilogue": "epilogue gelu out=f32"}, "split_k",
-     "gelu would see partial sums: use `split_k 4 workspace`"),
+     "gelu would see partial sums: use `split_k 4 unordered` or `split_k 4 workspace`"),
     ({"split_k": "split_k 4 atomic"}, "split_k", "which accumulates in f16"),
     ({"epilogue": "epilogue alpha=0.0"}, "epilogue", "alpha=0.0 discards the product"),
     ({**WS, "gemm": "gemm 4096x4096x4100 a=row b=col"}, "mainloop",
