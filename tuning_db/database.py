@@ -175,29 +175,15 @@ class Database:
             self._device_ids[device] = did
         return did
 
-    @_sql_errors
-    def record(self, trial: Trial) -> Optional[int]:
-        """Commit one trial; returns its id (None if that exact trial was already stored)."""
+    def _insert(self, sql: str, row_of) -> Optional[int]:
+        """One INSERT in its own write transaction; `row_of(problem_id_of, device_id_of)` gives
+        the values. Returns the new id (None if the row was already stored)."""
         if self.readonly:
             raise DatabaseFileError(f"{self.path} is open read-only")
-        trial_created = trial.created or now_utc()
-        best = trial.best_baseline
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            pid = self._problem_id(trial.problem)
-            did = self._device_id(trial.device)
-            cur = conn.execute(queries.INSERT_TRIAL, (
-                pid, did, trial.program, trial.backend, trial.status,
-                _int(trial.build_ok), trial.build_msg, trial.build_s,
-                _int(trial.check_passed), trial.check_msg, trial.max_rel_err, trial.err_bound,
-                trial.check_seed, trial.device_ms, trial.spread, trial.server_ms,
-                trial.server_spread, trial.host_ms,
-                best[0] if best else None, best[1].device_ms if best else None,
-                trial.best_baseline_server_ms,
-                json.dumps({n: _baseline_dict(b) for n, b in sorted(trial.baselines.items())},
-                           sort_keys=True),
-                trial.proposer, trial.proposer_version, trial_created))
+            cur = conn.execute(sql, row_of(self._problem_id, self._device_id))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -208,26 +194,29 @@ class Database:
         return cur.lastrowid if cur.rowcount else None
 
     @_sql_errors
+    def record(self, trial: Trial) -> Optional[int]:
+        """Commit one trial; returns its id (None if that exact trial was already stored)."""
+        best = trial.best_baseline
+        return self._insert(queries.INSERT_TRIAL, lambda pid, did: (
+            pid(trial.problem), did(trial.device), trial.program, trial.backend, trial.status,
+            _int(trial.build_ok), trial.build_msg, trial.build_s,
+            _int(trial.check_passed), trial.check_msg, trial.max_rel_err, trial.err_bound,
+            trial.check_seed, trial.device_ms, trial.spread, trial.server_ms,
+            trial.server_spread, trial.host_ms,
+            best[0] if best else None, best[1].device_ms if best else None,
+            trial.best_baseline_server_ms,
+            json.dumps({n: _baseline_dict(b) for n, b in sorted(trial.baselines.items())}, sort_keys=True),
+            trial.proposer, trial.proposer_version, trial.created or now_utc()))
+
+    @_sql_errors
     def record_library(self, choice: LibraryChoice) -> Optional[int]:
         """Commit one library choice; returns its id (None if already stored)."""
-        if self.readonly:
-            raise DatabaseFileError(f"{self.path} is open read-only")
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            cur = conn.execute(queries.INSERT_LIBRARY, (
-                self._problem_id(choice.problem), self._device_id(choice.device), choice.library,
-                choice.version, json.dumps(dict(choice.config), sort_keys=True), choice.algorithm,
-                choice.candidates, int(bool(choice.check_passed)), choice.max_rel_err, choice.err_bound,
-                choice.check_seed, choice.device_ms, choice.spread, choice.torch_ms, choice.torch_spread,
-                choice.created or now_utc()))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            self._problem_ids.clear()
-            self._device_ids.clear()
-            raise
-        return cur.lastrowid if cur.rowcount else None
+        return self._insert(queries.INSERT_LIBRARY, lambda pid, did: (
+            pid(choice.problem), did(choice.device), choice.library,
+            choice.version, json.dumps(dict(choice.config), sort_keys=True), choice.algorithm,
+            choice.candidates, int(bool(choice.check_passed)), choice.max_rel_err, choice.err_bound,
+            choice.check_seed, choice.device_ms, choice.spread, choice.torch_ms, choice.torch_spread,
+            choice.created or now_utc()))
 
     def record_many(self, records: Iterable[Trial | LibraryChoice]) -> int:
         """Record trials (and library choices) one by one; returns how many were new."""
@@ -240,17 +229,9 @@ class Database:
 
     @_sql_errors
     def trials(self, problem_key: Optional[str] = None, device_name: Optional[str] = None) -> list[Trial]:
-        sql, args = queries.SELECT_TRIALS, []
-        where = []
-        if problem_key is not None:
-            where.append("p.key = ?")
-            args.append(problem_key)
-        if device_name is not None:
-            where.append("d.name = ?")
-            args.append(device_name)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        rows = self.conn.execute(sql + " ORDER BY p.key, t.program, d.name, t.created", args).fetchall()
+        where, args = _filter(problem_key, device_name)
+        rows = self.conn.execute(queries.SELECT_TRIALS + where + " ORDER BY p.key, t.program, d.name, t.created",
+                                 args).fetchall()
         return [trial_from_row(row) for row in rows]
 
     @_sql_errors
@@ -279,16 +260,9 @@ class Database:
     @_sql_errors
     def library_choices(self, problem_key: Optional[str] = None,
                         device_name: Optional[str] = None) -> list[LibraryChoice]:
-        sql, args, where = queries.SELECT_LIBRARY, [], []
-        if problem_key is not None:
-            where.append("p.key = ?")
-            args.append(problem_key)
-        if device_name is not None:
-            where.append("d.name = ?")
-            args.append(device_name)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        rows = self.conn.execute(sql + " ORDER BY p.key, c.library, d.name, c.created", args).fetchall()
+        where, args = _filter(problem_key, device_name)
+        rows = self.conn.execute(queries.SELECT_LIBRARY + where + " ORDER BY p.key, c.library, d.name, c.created",
+                                 args).fetchall()
         return [library_from_row(r) for r in rows]
 
     @_sql_errors
@@ -321,6 +295,16 @@ class Database:
             "winners": {name: {"problems": count, "geomean_speedup": math.exp(mean_log or 0.0)}
                         for name, count, mean_log in winners},
         }
+
+
+def _filter(problem_key: Optional[str], device_name: Optional[str]) -> tuple[str, list]:
+    """The WHERE clause (problems as p, devices as d) and its arguments for optional filters."""
+    where, args = [], []
+    for column, value in (("p.key", problem_key), ("d.name", device_name)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
 def _has_ln(conn: sqlite3.Connection) -> bool:
@@ -361,10 +345,14 @@ def _baseline_dict(b: BaselineTime) -> dict:
     return {k: v for k, v in vars(b).items() if v is not None}
 
 
+def _device_from_row(row: sqlite3.Row) -> Device:
+    return Device(row["d_name"], row["d_cc"], row["d_sms"], row["d_driver"], row["d_cuda"],
+                  json.loads(row["d_libraries"]))
+
+
 def trial_from_row(row: sqlite3.Row) -> Trial:
     problem = problem_from_key(row["problem_key"])
-    device = Device(row["d_name"], row["d_cc"], row["d_sms"], row["d_driver"], row["d_cuda"],
-                    json.loads(row["d_libraries"]))
+    device = _device_from_row(row)
     baselines = {n: BaselineTime(**b) for n, b in json.loads(row["baselines"]).items()}
     return Trial(
         problem=problem, device=device, program=row["program"], backend=row["backend"],
@@ -378,10 +366,8 @@ def trial_from_row(row: sqlite3.Row) -> Trial:
 
 
 def library_from_row(row: sqlite3.Row) -> LibraryChoice:
-    device = Device(row["d_name"], row["d_cc"], row["d_sms"], row["d_driver"], row["d_cuda"],
-                    json.loads(row["d_libraries"]))
     return LibraryChoice(
-        problem=problem_from_key(row["problem_key"]), device=device, library=row["library"],
+        problem=problem_from_key(row["problem_key"]), device=_device_from_row(row), library=row["library"],
         version=row["version"], config=json.loads(row["config"]), algorithm=row["algorithm"],
         candidates=row["candidates"], check_passed=bool(row["check_passed"]), device_ms=row["device_ms"],
         spread=row["spread"], torch_ms=row["torch_ms"], torch_spread=row["torch_spread"],

@@ -35,6 +35,10 @@ class Device:
     cuda: str = ""
     libraries: Mapping[str, str] = field(default_factory=dict, hash=False)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The export form (libraries as a plain dict)."""
+        return asdict(self) | {"libraries": dict(self.libraries)}
+
     def libraries_json(self) -> str:
         return json.dumps(dict(self.libraries), sort_keys=True)
 
@@ -182,7 +186,7 @@ def trial_to_json(trial: Trial) -> str:
     """One export line: sorted keys, no id (ids are local to one database file)."""
     record: dict[str, Any] = {name: getattr(trial, name) for name in _TRIAL_SCALARS}
     record["problem"] = trial.problem.key
-    record["device"] = asdict(trial.device) | {"libraries": dict(trial.device.libraries)}
+    record["device"] = trial.device.as_dict()
     record["baselines"] = {n: asdict(b) for n, b in sorted(trial.baselines.items())}
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
@@ -208,7 +212,7 @@ def library_to_json(choice: LibraryChoice) -> str:
     """One export line, marked `"kind": "library"` (trial lines carry no kind)."""
     record: dict[str, Any] = {name: getattr(choice, name) for name in _LIBRARY_SCALARS}
     record.update(kind="library", problem=choice.problem.key, config=dict(choice.config),
-                  device=asdict(choice.device) | {"libraries": dict(choice.device.libraries)})
+                  device=choice.device.as_dict())
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
