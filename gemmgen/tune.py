@@ -246,7 +246,8 @@ def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -
 
 def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
                  time_budget_s: Optional[float] = None, progress: bool = True) -> TuneReport:
-    """Record cuBLASLt's fastest algorithm for every problem not yet searched on this GPU.
+    """Record cuBLASLt's fastest algorithm for every problem not yet searched on this GPU by the
+    current method (`gemmgen.measure.library.SEARCH`; an older method's choice is searched again).
 
     `runner.library(problem)` selects, checks and times it beside torch.matmul
     (gemmgen.measure.library); a search that fails is reported, not recorded."""
@@ -256,7 +257,7 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
     report = TuneReport(shapes=len(problems), unit="library choices")
     start = time.monotonic()
     device = runner.device
-    todo = [p for p in problems if not db.library_choices(p.key, device.name)]
+    todo = [p for p in problems if not searched(db.library_choices(p.key, device.name))]
     report.skipped = len(problems) - len(todo)
     report.shapes_done = report.skipped
     try:
@@ -276,6 +277,13 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
     finally:
         report.wall_s = time.monotonic() - start
     return report
+
+
+def searched(choices: Iterable[LibraryChoice]) -> bool:
+    """Whether one of these choices came from the current library search method."""
+    from gemmgen.measure.library import SEARCH
+
+    return any(c.config.get("search") == SEARCH for c in choices)
 
 
 def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -> Optional[LibraryChoice]:

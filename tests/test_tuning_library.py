@@ -10,6 +10,7 @@ from gemmgen.compile import clear_cache
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import NoGPUError
 from gemmgen.kernel import library_source
+from gemmgen.measure.library import SEARCH, knob_changes
 from gemmgen.torch_pass import estimated_gain_us
 from gemmgen.tune import library_choice, tune_library
 from gemmgen.tuning_db import Database, LibraryChoice, Trial
@@ -79,7 +80,7 @@ class LibraryRunner:
 
 
 def _found(**kw):
-    base = {"library": "cublaslt", "version": "130100", "candidates": 9, "config": {"algorithm_id": 6},
+    base = {"library": "cublaslt", "version": "130100", "candidates": 9, "config": {"algorithm_id": 6, "search": SEARCH},
             "algorithm": "abcd", "check_passed": True, "max_rel_err": 1e-4, "err_bound": 2e-3,
             "check_seed": 5, "device_ms": 0.9, "spread": 0.01, "torch_ms": 1.0, "torch_spread": 0.01}
     return base | kw
@@ -97,6 +98,16 @@ def test_tune_library_records_searches_and_resumes(db):
     again = tune_library(problems, runner=runner, db=db, progress=False)
     assert [p.m for p in runner.asked[3:]] == [2048]    # only the failed search runs again
     assert again.skipped == 2
+
+
+def test_a_problem_searched_by_an_older_method_is_searched_again(db):
+    old = make_choice(P)                          # no "search" in its config: the heuristic list only
+    assert "search" not in old.config
+    db.record_library(old)
+    runner = LibraryRunner({P.m: _found()})
+    report = tune_library([P], runner=runner, db=db, progress=False)
+    assert runner.asked == [P] and report.recorded == 1
+    assert tune_library([P], runner=runner, db=db, progress=False).skipped == 1
 
 
 def test_library_choice_refuses_incomplete_searches():
@@ -121,10 +132,14 @@ def test_compile_serves_the_library_choice_where_no_program_won(db):
         k(a, b)
 
 
-def test_a_winning_program_comes_before_the_library(db):
+def test_the_larger_speedup_over_torch_serves_of_a_winner_and_a_library_choice(db):
+    # trial(): torch.matmul at 1.05 x baseline_ms, so this program is 1.5x torch.matmul
     db.record(trial(P, device_ms=0.7, baseline_ms=1.0))
-    db.record_library(make_choice(P, device_ms=0.85, torch_ms=1.0))
+    db.record_library(make_choice(P, device_ms=0.85, torch_ms=1.0))          # 1.18x
     assert gemmgen.compile(P, device=GPU, db=db).provenance.how == "exact"
+    clear_cache()
+    db.record_library(make_choice(P, device_ms=0.6, torch_ms=1.0, created="2026-11-29T21:00:00.000000+00:00"))
+    assert gemmgen.compile(P, device=GPU, db=db).provenance.how == "library"   # 1.67x
 
 
 def test_a_library_choice_that_lost_leaves_the_baseline(db):
@@ -148,38 +163,146 @@ def test_trial_lines_still_read_as_trials(db, tmp_path):
     assert [type(r) for r in read_any(path)] == [Trial]
 
 
-def test_the_search_returns_what_the_loop_records(monkeypatch):
-    """search_cublaslt's dict, with the GPU parts stubbed, reads back as a LibraryChoice."""
+class _Algo:
+    """What the search reads of an nvmath Algorithm."""
+    tile, stages, custom_option, cta_swizzling = "(128, 256)", "auto", 0, False
+
+    def __init__(self, algorithm_id=21, split_k=1, tag=b"\x01", capabilities=None):
+        self.algorithm_id, self.split_k, self.tag = algorithm_id, split_k, tag
+        if capabilities is not None:
+            self.capabilities = capabilities
+
+    def as_numpy(self):
+        import numpy as np
+        return np.frombuffer(self.tag, dtype=np.uint8)
+
+
+class _Timed:
+    def __init__(self, ms):
+        self.device_ms, self.spread, self.host_ms, self.clocks = ms, 0.01, ms + 0.01, {"samples": 3}
+
+
+def _stub_search(monkeypatch, *, neighbours=(), session=None, failing=()):
+    """search_cublaslt with the GPU stubbed: the heuristic offers two algorithms (the second faster),
+    `neighbours` are (changes, algorithm) of every base, `session` the second timing's device ms by
+    entry index, `failing` the hex texts whose check fails. Returns the hex texts checked, in order."""
     import gemmgen.measure.baselines as baselines
     import gemmgen.measure.checking as checking
     import gemmgen.measure.library as library
     import gemmgen.measure.timing as timing
     from gemmgen.measure.checking import CheckResult
 
-    class Algo:
-        algorithm_id, tile, split_k = 21, "(128, 256)", 1
+    class Plan:
+        def __init__(self, problem, algorithms):
+            self.algorithms = tuple(algorithms)
 
-        def as_numpy(self):
-            import numpy as np
-            return np.frombuffer(b"\x01\x02", dtype=np.uint8)
+        def fn(self, algorithm):
+            return algorithm
 
-    class Timed:
-        def __init__(self, ms):
-            self.device_ms, self.spread, self.host_ms, self.clocks = ms, 0.01, ms + 0.01, {"samples": 3}
-
-    seen = {}
-    monkeypatch.setattr(baselines, "autotune_lt", lambda problem, options: (None, [Algo(), Algo()], 1, {}))
+    heuristic = [_Algo(tag=b"\x01"), _Algo(tag=b"\x02")]
+    checked = []
+    monkeypatch.setattr(baselines, "autotune_lt", lambda problem, options: (
+        None, heuristic, 1, {"algo0": _Timed(1.0), "algo1": _Timed(0.9)}))
+    monkeypatch.setattr(baselines, "LtMatmul", Plan)
     monkeypatch.setattr(baselines, "cublaslt_version", lambda: "130100")
-    monkeypatch.setattr(library, "library_launcher", lambda p, text, version: seen.setdefault("hex", text))
+    monkeypatch.setattr(library, "neighbours", lambda lt, base, k: list(neighbours) if base is heuristic[1] else [])
+    monkeypatch.setattr(library, "library_launcher", lambda p, text, version: checked.append(text) or text)
     monkeypatch.setattr(checking, "check", lambda fn, problem, seed=None: CheckResult(
-        passed=True, max_rel_err=1e-4, bound=2e-3, seed=9, failures=()))
-    monkeypatch.setattr(timing, "time_many", lambda kernels, mode, options=None: {
-        "library": Timed(0.8), "torch": Timed(1.0)})
+        passed=fn not in failing, max_rel_err=1e-4, bound=2e-3, seed=9, failures=("planted",) if fn in failing else ()))
+
+    def time_many(kernels, mode, options=None):
+        if kernels[0][0] == "library":
+            return {"library": _Timed(0.8), "torch": _Timed(1.0)}
+        return {name: _Timed(session[int(name)]) for name, _, _ in kernels}
+    monkeypatch.setattr(timing, "time_many", time_many)
+    return checked
+
+
+def test_the_search_returns_what_the_loop_records(monkeypatch):
+    """search_cublaslt's dict, with the GPU parts stubbed, reads back as a LibraryChoice."""
+    from gemmgen.measure import library
+
+    checked = _stub_search(monkeypatch)
     found = library.search_cublaslt(P)
-    assert seen["hex"] == "0102" == found["algorithm"]
+    assert checked == ["02"] == [found["algorithm"]]          # the heuristic's faster one, no neighbours
     choice = library_choice(found, P, TEST_GPU)
     assert choice.beats_torch() and choice.torch_ms == 1.0 and choice.config["algorithm_id"] == 21
     assert choice.candidates == 2 and choice.check_seed == 9
+    assert choice.config["search"] == SEARCH and choice.config["from"] == "heuristic #1"
+    assert choice.config["selection"] == {"heuristic_best_ms": 0.9, "selected_ms": 0.9, "neighbours": 0}
+
+
+def test_a_faster_neighbour_is_chosen_in_one_session_with_its_bases(monkeypatch):
+    from gemmgen.measure import library
+
+    split = _Algo(split_k=4, tag=b"\x03")
+    # entries: the two bases (fastest first), then the neighbour; timed again together
+    _stub_search(monkeypatch, neighbours=[({"split_k": 4, "reduction_scheme": 2}, split)],
+                 session={0: 0.92, 1: 0.95, 2: 0.7})
+    found = library.search_cublaslt(P)
+    assert found["algorithm"] == "03" and found["candidates"] == 3
+    assert found["config"]["from"] == "heuristic #1 with split_k=4, reduction_scheme=2"
+    assert found["config"]["selection"] == {"heuristic_best_ms": 0.92, "selected_ms": 0.7, "neighbours": 1}
+
+
+def test_a_neighbour_that_fails_its_check_falls_back_to_the_heuristic(monkeypatch):
+    from gemmgen.measure import library
+
+    wrong = _Algo(split_k=8, tag=b"\x04")
+    checked = _stub_search(monkeypatch, neighbours=[({"split_k": 8, "reduction_scheme": 1}, wrong)],
+                           session={0: 0.92, 1: 0.95, 2: 0.7}, failing=("04",))
+    found = library.search_cublaslt(P)
+    assert checked == ["04", "02"] and found["algorithm"] == "02" and found["check_passed"]
+    assert found["config"]["rejected"] == [{"from": "heuristic #1 with split_k=8, reduction_scheme=1",
+                                            "failures": ["planted"]}]
+
+
+def test_neighbours_meet_in_sessions_then_the_finalists_and_bases_together(monkeypatch):
+    import gemmgen.measure.baselines as baselines
+    import gemmgen.measure.timing as timing
+    from gemmgen.measure import library
+
+    class Plan:
+        def __init__(self, problem, algorithms):
+            self.algorithms = tuple(algorithms)
+
+        def fn(self, algorithm):
+            return algorithm
+
+    sessions = []
+
+    def time_many(kernels, mode, options=None):
+        sessions.append([int(name) for name, _, _ in kernels])
+        return {name: _Timed(1.0 / (1 + int(name))) for name, _, _ in kernels}   # later entries are faster
+
+    monkeypatch.setattr(baselines, "LtMatmul", Plan)
+    monkeypatch.setattr(timing, "time_many", time_many)
+    size, n = library.SESSION_SIZE, library.SESSION_SIZE * 2 + 5
+    entries = [(f"e{i}", i) for i in range(n)]
+    planned, times = library._tournament(P, entries, 2, None)
+    assert planned == entries
+    assert sessions[:3] == [list(range(2, 2 + size)), list(range(2 + size, 2 + 2 * size)), list(range(2 + 2 * size, n))]
+    last = [1 + size, size, 1 + 2 * size, 2 * size, n - 1, n - 2]            # two fastest of each session
+    assert sessions[3] == [0, 1] + last and set(times) == set(sessions[3])
+
+
+def test_knob_changes_follow_the_capabilities():
+    from types import SimpleNamespace
+
+    caps = SimpleNamespace(splitk_support=1, reduction_scheme_mask=0b011, cta_swizzling_support=1,
+                           tile_ids=("(128, 256)", "(64, 128)"), stages_ids=("auto",), custom_option_max=1)
+    changes = knob_changes(_Algo(capabilities=caps), k=1024)
+    splits = [c for c in changes if "split_k" in c]
+    # K=1024 leaves 128 per slice up to split 8; of the mask 0b011, the fp32 workspace (2) is preferred
+    assert {c["split_k"] for c in splits} == {2, 3, 4, 6, 8}
+    assert {c["reduction_scheme"] for c in splits} == {2}
+    inplace_only = SimpleNamespace(**{**vars(caps), "reduction_scheme_mask": 0b001})
+    assert {c["reduction_scheme"] for c in knob_changes(_Algo(capabilities=inplace_only), k=1024) if "split_k" in c} == {1}
+    assert {"cta_swizzling": True} in changes and {"tile": "(64, 128)"} in changes
+    assert {"custom_option": 1} in changes and {"tile": "(128, 256)"} not in changes
+    assert not [c for c in changes if "stages" in c]        # the only stage count is the algorithm's own
+    assert {"split_k": 1, "reduction_scheme": 0} in knob_changes(_Algo(split_k=4, capabilities=caps), k=1024)
+    assert knob_changes(_Algo(), k=1024) == []              # capabilities unreadable: no neighbours
 
 
 def test_tune_backends_runs_the_library_search_then_the_programs(db):
