@@ -1,16 +1,19 @@
 """gemmgen.compile: the fastest known kernel for a problem, found in the tuning database.
 
 Lookup, in order:
-1. the winner for this exact problem on this GPU (by GPU name);
+1. the winner for this exact problem on this GPU (by GPU name), unless determinism is asked
+   for (`deterministic=True`, or torch's deterministic mode) and its split-K adds partials in
+   arrival order;
 2. a recorded library choice for this exact problem on this GPU: cuBLASLt's fastest
    algorithm, checked and timed beside torch.matmul, served only if it beat it by more
-   than its noise (`library_winners`);
+   than its noise (`library_winners`); where both a winner and a library choice exist, the
+   one with the larger speedup over torch.matmul (each timed beside it) serves;
    then, for a problem tuned on this GPU that nothing won: the baseline (the measurement
    said so; a neighbour's program is not a better guess than that);
 3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the
    same majors, dtypes and epilogue signature (Euclidean distance of log M, log N, log K,
    at most NEAREST_MAX_DISTANCE, and a winner by at least NEAREST_MIN_SPEEDUP), its program
-   re-bound to this shape and re-validated;
+   re-bound to this shape and re-validated (never a program with arrival-order split-K);
 4. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
 
 A winner is a trial that passed its check and satisfies the never-slower rule
@@ -27,7 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Union
 
-from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Epilogue, Problem
 from gemmgen.errors import GemmgenError
 from gemmgen.kernel import Kernel, Provenance
 
@@ -66,16 +69,22 @@ def clear_cache() -> None:
 
 
 def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: str = "row",
-            epilogue: Union[Epilogue, str, None] = None, device=None, db=None) -> Kernel:
+            epilogue: Union[Epilogue, str, None] = None, device=None, db=None,
+            deterministic: Optional[bool] = None) -> Kernel:
     """The kernel for `problem` (a Problem, or an (M, N, K) tuple with the keywords).
 
     device: None (the current CUDA device, or 'NVIDIA H200' without a GPU), a CUDA
     device (index, 'cuda:1', torch.device) or a GPU name to look records up for.
     db: a tuning database path or `Database` laid over the shipped records
     (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite).
+    deterministic: pass over programs whose split-K partials are added in arrival order
+    (`split_k N unordered`: results may differ in the last bits from run to run); None
+    follows `torch.are_deterministic_algorithms_enabled()`.
     """
+    if deterministic is None:
+        deterministic = _torch_deterministic()
     try:
-        key = (problem, a_major, b_major, epilogue, device, db)
+        key = (problem, a_major, b_major, epilogue, device, db, deterministic)
         return _KERNELS[key]
     except (KeyError, TypeError):
         pass
@@ -83,10 +92,10 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
     gpu = device_name(device)
     token = _db_token(db)
     with _LOCK:
-        kernel = _BY_PROBLEM.get((prob, gpu, token))
+        kernel = _BY_PROBLEM.get((prob, gpu, token, deterministic))
         if kernel is None:
-            kernel = _lookup(prob, gpu, _index(token, db, gpu))
-            _BY_PROBLEM[(prob, gpu, token)] = kernel
+            kernel = _lookup(prob, gpu, _index(token, db, gpu), deterministic=deterministic)
+            _BY_PROBLEM[(prob, gpu, token, deterministic)] = kernel
         try:
             _KERNELS[key] = kernel
         except TypeError:  # unhashable argument: no warm path for it
@@ -185,19 +194,42 @@ def _index(token, db, gpu: str):
     return index
 
 
-def _lookup(problem: Problem, gpu: str, index) -> Kernel:
+def _torch_deterministic() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.are_deterministic_algorithms_enabled())
+
+
+def _nondeterministic(program) -> bool:
+    return program.split_k > 1 and program.split_k_reduce in ARRIVAL_ORDER_REDUCES
+
+
+def _torch_speedup(trial) -> float:
+    """A winner's speedup over torch.matmul, timed in its own session where it was (the library
+    choice it competes with was timed that way too)."""
+    from gemmgen.tune import SAME_SESSION_BASELINE
+
+    speedups = trial.speedups()
+    return speedups.get(SAME_SESSION_BASELINE, speedups.get("torch", 0.0))
+
+
+def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -> Kernel:
     from gemmgen.dsl import parse, validate
     from gemmgen.dsl.diagnostics import ProgramError
 
     found = index.lookup(problem)
+    served = index.library_choice(problem)
     if found is not None:
         try:
             program = parse(found.trial.program).bind(problem)
-            return Kernel(problem, program, _provenance(found, gpu, "exact", "measured at this shape"))
+            if not (deterministic and _nondeterministic(program)) and (
+                    served is None or _torch_speedup(found.trial) >= served[1].torch_ms / served[1].device_ms):
+                return Kernel(problem, program, _provenance(found, gpu, "exact", "measured at this shape"))
         except ProgramError as exc:  # written by an older DSL: say so, then look further
             warnings.warn(f"gemmgen: the tuned program of trial #{found.trial.id} ({found.layer} database) "
                           f"no longer parses ({exc}); re-tune {problem.key}", RuntimeWarning)
-    served = index.library_choice(problem)
     if served is not None:
         layer, choice = served
         return Kernel(problem, None, Provenance(
@@ -222,6 +254,10 @@ def _lookup(problem: Problem, gpu: str, index) -> Kernel:
             program = parse(near.trial.program).bind(problem)
             validate(program)
         except ProgramError:
+            continue
+        if _nondeterministic(program):
+            # served only where it was checked: such programs failed the check at some shapes
+            # (Triton, 8-warp 128x256 tiles, cause not found: docs/backends.md)
             continue
         note = (f"program of {near.trial.problem.key} re-bound, distance {near.distance:.2f};"
                 " not measured at this shape")

@@ -102,6 +102,24 @@ def test_a_problem_tuned_without_winner_gets_the_baseline_not_a_neighbour(db):
     assert k.provenance.baseline_ms_here == pytest.approx(0.010)
 
 
+def test_determinism_passes_over_arrival_order_split_k(db, monkeypatch):
+    """`split_k N unordered` sums fp32 partials as they arrive: not bit-reproducible. With
+    deterministic=True, or torch's deterministic mode, compile serves what is next in line."""
+    import torch
+
+    skinny = Problem(256, 128, 8192)
+    unordered = replace(triton_program(skinny, (64, 64, 64), 4), split_k=16, split_k_reduce="unordered")
+    db.record(trial(skinny, device_ms=0.0075, baseline_ms=0.0084, program=program_text(unordered)))
+    assert "split_k 16 unordered" in gemmgen.compile(skinny, device=GPU, db=db).program
+    served = gemmgen.compile(skinny, device=GPU, db=db, deterministic=True)
+    assert served.provenance.how == "baseline" and served.ir is None
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert gemmgen.compile(skinny, device=GPU, db=db).provenance.how == "baseline"
+    # a neighbour's unordered program is never re-bound: it is served only where it was checked
+    near = Problem(256, 128, 6144)
+    assert gemmgen.compile(near, device=GPU, db=db, deterministic=False).provenance.how == "baseline"
+
+
 def test_never_slower_at_compile_time(tmp_path):
     clear_cache()
     db = Database(tmp_path / "slow.sqlite")
