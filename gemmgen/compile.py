@@ -13,7 +13,8 @@ Lookup, in order:
 3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the
    same majors, dtypes and epilogue signature (Euclidean distance of log M, log N, log K,
    at most NEAREST_MAX_DISTANCE, and a winner by at least NEAREST_MIN_SPEEDUP), its program
-   re-bound to this shape and re-validated (never a program with arrival-order split-K);
+   re-bound to this shape and re-validated (only to a problem with no longer K and no more
+   work than the one it won at; never a program with arrival-order split-K);
 4. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
 
 A winner is a trial that passed its check and satisfies the never-slower rule
@@ -206,6 +207,14 @@ def _nondeterministic(program) -> bool:
     return program.split_k > 1 and program.split_k_reduce in ARRIVAL_ORDER_REDUCES
 
 
+def _smaller_or_equal(problem: Problem, tuned: Problem) -> bool:
+    """A program is re-bound only to a problem with no longer K and no more work than the one it
+    won at: its stages and split were chosen for that loop length, its tile for that much work.
+    On the H200's 1,000 shapes, re-bound programs lost (0.94x, 22 of 29 under 0.97x) where K
+    grew, and gained where neither grew (1.115x, none under 0.97x; docs/compile.md)."""
+    return problem.k <= tuned.k and problem.m * problem.n * problem.k <= tuned.m * tuned.n * tuned.k
+
+
 def _torch_speedup(trial) -> float:
     """A winner's speedup over torch.matmul, timed in its own session where it was (the library
     choice it competes with was timed that way too)."""
@@ -250,6 +259,8 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
     for tries, near in enumerate(candidates):
         if near.distance > NEAREST_MAX_DISTANCE or tries >= NEAREST_TRIES:
             break
+        if not _smaller_or_equal(problem, near.trial.problem):
+            continue
         try:
             program = parse(near.trial.program).bind(problem)
             validate(program)

@@ -55,11 +55,21 @@ def test_nearest_problem_is_rebound_and_revalidated(db):
     assert k.ir.problem == Problem(300, 128, 1600) and "gemm 300x128x1600" in k.program
     assert k.provenance.distance == pytest.approx(math.hypot(math.log(300 / 256), math.log(1600 / 2048)))
     # same shape family only: majors and epilogue must match
-    nt = gemmgen.compile((256, 1024, 1024), b_major="col", epilogue="bias=n gelu", device=GPU, db=db)
+    nt = gemmgen.compile((256, 768, 512), b_major="col", epilogue="bias=n gelu", device=GPU, db=db)
     assert nt.provenance.tuned_problem == SMALL_NT.key and "tile 64x128x64" in nt.program
     assert nt.ir.problem.epilogue == Epilogue(bias="n", activation="gelu")
-    plain_nt = gemmgen.compile((256, 1024, 1024), b_major="col", device=GPU, db=db)
+    plain_nt = gemmgen.compile((256, 768, 512), b_major="col", device=GPU, db=db)
     assert plain_nt.provenance.how == "baseline"
+
+
+def test_a_program_is_not_rebound_to_a_longer_k_or_more_work(db):
+    """Measured on the H200's 1,000 shapes: re-bound programs lost where K grew."""
+    def how(m, n, k):
+        return gemmgen.compile((m, n, k), b_major="col", epilogue="bias=n gelu", device=GPU, db=db).provenance.how
+    assert (SMALL_NT.m, SMALL_NT.n, SMALL_NT.k) == (256, 1024, 512)
+    assert how(256, 1024, 1024) == "baseline"          # K doubled
+    assert how(512, 1024, 512) == "baseline"           # same K, twice the work
+    assert how(256, 512, 384) == "nearest"             # shorter K, less work
 
 
 def test_a_large_problem_gets_the_baseline_not_a_neighbours_program(db):
