@@ -21,13 +21,19 @@ from pathlib import Path
 from gemmgen.measure.numerics import bucket_names, bucket_of, geomean
 
 
-def rows_of(path: Path) -> list[dict]:
+def rows_of(path: Path, search: str) -> list[dict]:
+    """The checked and timed choices of the `search` method ('any': every method), the latest per problem."""
     from gemmgen.tuning_db.exchange import read_any
     from gemmgen.tuning_db.records import LibraryChoice
 
-    rows = []
+    latest: dict[str, LibraryChoice] = {}
     for c in read_any(path):
-        if not isinstance(c, LibraryChoice) or not c.check_passed or not c.device_ms:
+        if isinstance(c, LibraryChoice) and (search == "any" or c.config.get("search", "heuristic") == search):
+            if c.problem.key not in latest or c.created > latest[c.problem.key].created:
+                latest[c.problem.key] = c
+    rows = []
+    for c in latest.values():
+        if not c.check_passed or not c.device_ms:
             continue
         p, sel = c.problem, c.config.get("selection") or {}
         rows.append({"m": p.m, "n": p.n, "k": p.k, "gflop": p.flops / 1e9, "bucket": bucket_of(p.flops / 1e9),
@@ -95,8 +101,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("export", help="a `gemmgen db export` file (or a database)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--search", default=None, help="only choices of this search method (default: the current "
+                    "one, gemmgen.measure.library.SEARCH; 'any': all)")
     args = ap.parse_args(argv)
-    rows = rows_of(Path(args.export))
+    from gemmgen.measure.library import SEARCH
+
+    rows = rows_of(Path(args.export), args.search or SEARCH)
     if not rows:
         print(f"no checked and timed library choices in {args.export}", file=sys.stderr)
         return 1
