@@ -7,11 +7,12 @@ baseline). `search_cublaslt` does what the tuning database needs to serve such a
 algorithm honestly:
 
 1. time every algorithm the heuristic offers (up to 100) with the device timer, cold L2;
-2. widen: the fastest few, each with one knob changed (split-K with each reduction scheme,
-   CTA swizzling, tile, stages, custom option), kept where cuBLASLt's own check
-   (`cublasLtMatmulAlgoCheck`) accepts them; these and their bases are timed together in one
-   session, so the heuristic's best and its neighbours compete on the same clocks;
-3. check the fastest one on fresh random inputs (`gemmgen.measure.check`);
+2. widen: the fastest few, each with one knob changed (split-K, CTA swizzling, tile,
+   stages, custom option), kept where cuBLASLt's own check (`cublasLtMatmulAlgoCheck`)
+   accepts them; these are timed in short sessions, and each session's fastest meet the
+   bases in a final one, so the heuristic's best and its neighbours compete on the same clocks;
+3. check the fastest one on fresh random inputs (`gemmgen.measure.check`); a neighbour that
+   fails gives way to the heuristic's best;
 4. time it beside torch.matmul, interleaved in one session, so the comparison shares the
    GPU's clock state (a separate session can differ by 10 % or more under the power cap:
    benchmarks/results/process_bias/).
