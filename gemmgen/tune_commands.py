@@ -48,6 +48,8 @@ def register(subparsers) -> None:
     comp.add_argument("--epilogue", default=None, help="e.g. 'bias=n gelu' or 'alpha=0.5 residual'")
     comp.add_argument("--db", metavar="PATH", help="database laid over the shipped records")
     comp.add_argument("--device", default=None, help="GPU name to look up (default: this GPU, or NVIDIA H200)")
+    comp.add_argument("--deterministic", action="store_true",
+                      help="pass over programs whose split-K adds partials in arrival order (`unordered`)")
     comp.add_argument("--no-source", action="store_true", help="do not print the generated source")
     comp.add_argument("--no-run", action="store_true", help="do not check or time, even with a GPU")
     comp.set_defaults(func=_compile)
@@ -104,7 +106,8 @@ def _compile(args) -> int:
     from gemmgen.compile import compile
 
     kernel = compile(parse_shape(args.shape), a_major=args.a_major, b_major=args.b_major,
-                     epilogue=args.epilogue, device=args.device, db=args.db)
+                     epilogue=args.epilogue, device=args.device, db=args.db,
+                     deterministic=True if args.deterministic else None)
     print(kernel.describe())
     if not args.no_source:
         print(f"\nsource ({kernel.backend}):")

@@ -1,8 +1,10 @@
 """The `gemmgen db`, `gemmgen compile` and `gemmgen tune` commands, run in process on CPU."""
+from dataclasses import replace
+
 from gemmgen.cli import main
 from gemmgen.dsl.ir import Problem
 from gemmgen.tuning_db import Database
-from tuning_fakes import trial
+from tuning_fakes import program_text, trial, triton_program
 
 P = Problem(1024, 2048, 512)
 
@@ -35,6 +37,17 @@ def test_compile_command_prints_program_provenance_source(tmp_path, capsys):
     assert "source (triton):" in out
     assert main(["compile", "1024x2048", "--no-run"]) == 2
     assert "MxNxK" in capsys.readouterr().err
+
+
+def test_compile_command_deterministic_passes_over_unordered_split_k(tmp_path, capsys):
+    skinny = Problem(256, 128, 8192)
+    unordered = replace(triton_program(skinny, (64, 64, 64), 4), split_k=16, split_k_reduce="unordered")
+    path = tmp_path / "t.sqlite"
+    with Database(path) as db:
+        db.record(trial(skinny, device_ms=0.0075, baseline_ms=0.0084, program=program_text(unordered)))
+    args = ["compile", "256x128x8192", "--db", str(path), "--device", "Test GPU", "--no-run", "--no-source"]
+    assert main(args) == 0 and "split_k 16 unordered" in capsys.readouterr().out
+    assert main(args + ["--deterministic"]) == 0 and "provenance: baseline" in capsys.readouterr().out
 
 
 def test_tune_command_without_gpu_is_one_clear_line(tmp_path, capsys):
