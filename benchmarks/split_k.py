@@ -12,13 +12,15 @@ the same programs with each reduction, on Triton and CUTLASS, to see what the tu
              torch.matmul and the passing ones are timed in one session (offline: L2 flushed,
              CUPTI device time).
 
-Writes --out/split_k.json (every program's check and time) and prints, per shape, the best
-of each (backend, reduction) against torch.matmul of the same session.
+Writes --out/split_k.json (every program's check and time) and split_k.png, and prints, per
+shape, the best of each (backend, reduction) against torch.matmul of the same session
+(`--report` redraws both from the JSON, without a GPU).
 
     python benchmarks/split_k.py --out benchmarks/results/split_k -j 16
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
@@ -104,6 +106,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Per shape, the best of each (backend, reduction) as x torch.matmul: grouped bars."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    keys = list(dict.fromkeys(common.shape_key(r) for r in rows))
+    columns = [(b, r) for b in ("triton", "cutlass") for r in ("none",) + REDUCES]
+    width = 0.8 / len(columns)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for c, (backend, red) in enumerate(columns):
+        heights = [max([r["speedup_vs_torch"] for r in rows if common.shape_key(r) == key and r["status"] == "ok"
+                        and r["backend"] == backend and r["reduction"] == red] or [0.0]) for key in keys]
+        ax.bar([i + c * width for i in range(len(keys))], heights, width, label=f"{backend} {red}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))])
+    ax.set_xticklabels(["x".join(map(str, k[:3])) for k in keys], rotation=30, ha="right")
+    ax.set_ylabel("x torch.matmul (same session)")
+    ax.set_title("split-K reductions on small M x N, long K (H200, device time, offline)")
+    ax.legend(ncol=2, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     import argparse
     import os
@@ -114,7 +143,13 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after")
     ap.add_argument("--trial-timeout", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--report", action="store_true", help="table and plot from --out/split_k.json (no GPU)")
     args = ap.parse_args(argv)
+    if args.report:
+        rows = json.loads((Path(args.out) / "split_k.json").read_text())["rows"]
+        plot(rows, Path(args.out) / "split_k.png")
+        print(table(rows))
+        return 0
 
     from gemmgen.backends import get
     from gemmgen.backends.build import build_many
@@ -153,6 +188,7 @@ def main(argv=None) -> int:
             print(table([r for r in rows if common.shape_key(r) == (shape.m, shape.n, shape.k, shape.layout)])
                   .splitlines()[-1], flush=True)
     common.write_doc(out / "split_k.json", start, rows=rows)
+    plot(rows, out / "split_k.png")
     print(table(rows))
     return 0
 
