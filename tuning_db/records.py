@@ -191,20 +191,6 @@ def trial_to_json(trial: Trial) -> str:
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
-def trial_from_json(line: str, where: str = "<line>") -> Trial:
-    try:
-        record = json.loads(line)
-        problem = problem_from_key(record.pop("problem"))
-        device = Device(**record.pop("device"))
-        baselines = {n: BaselineTime(**b) for n, b in record.pop("baselines", {}).items()}
-        return Trial(problem=problem, device=device, baselines=baselines, **record)
-    except RecordError as exc:
-        raise RecordError(f"{where}: {exc}") from None
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise RecordError(f"{where}: not a gemmgen trial record ({exc}); "
-                          "expected a line written by `gemmgen db export`") from None
-
-
 _LIBRARY_SCALARS = [f.name for f in fields(LibraryChoice) if f.name not in ("problem", "device", "config", "id")]
 
 
@@ -217,21 +203,27 @@ def library_to_json(choice: LibraryChoice) -> str:
 
 
 def record_from_json(line: str, where: str = "<line>") -> "Trial | LibraryChoice":
-    """A trial or a library choice, whichever the export line holds."""
+    """A trial or a library choice (`"kind": "library"`), whichever the export line holds; the
+    line is parsed once. Errors name `where` and say what was expected."""
     try:
         record = json.loads(line)
     except ValueError as exc:
         raise RecordError(f"{where}: not a gemmgen export line ({exc})") from None
-    if not isinstance(record, dict) or record.get("kind") != "library":
-        return trial_from_json(line, where)
+    library = isinstance(record, dict) and record.get("kind") == "library"
+    what = "library" if library else "trial"
     try:
-        record.pop("kind")
+        if library:
+            record.pop("kind")
         problem = problem_from_key(record.pop("problem"))
-        return LibraryChoice(problem=problem, device=Device(**record.pop("device")), **record)
+        device = Device(**record.pop("device"))
+        if library:
+            return LibraryChoice(problem=problem, device=device, **record)
+        baselines = {n: BaselineTime(**b) for n, b in record.pop("baselines", {}).items()}
+        return Trial(problem=problem, device=device, baselines=baselines, **record)
     except RecordError as exc:
         raise RecordError(f"{where}: {exc}") from None
-    except (TypeError, KeyError, AttributeError) as exc:
-        raise RecordError(f"{where}: not a gemmgen library record ({exc}); "
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise RecordError(f"{where}: not a gemmgen {what} record ({exc}); "
                           "expected a line written by `gemmgen db export`") from None
 
 
