@@ -193,6 +193,11 @@ class Program:
     def num_warps(self) -> int:
         return self.warps[0] * self.warps[1]
 
+    @property
+    def deterministic(self) -> bool:
+        """Bit-identical run to run: no split-K whose partials are added in arrival order."""
+        return self.split_k == 1 or self.split_k_reduce not in ARRIVAL_ORDER_REDUCES
+
     def bind(self, problem_or_shape) -> "Program":
         """The same decisions for a concrete problem (or an (M, N, K) shape).
 

@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Union
 
-from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Epilogue, Problem
+from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError
 from gemmgen.kernel import Kernel, Provenance
 
@@ -203,10 +203,6 @@ def _torch_deterministic() -> bool:
     return bool(torch.are_deterministic_algorithms_enabled())
 
 
-def _nondeterministic(program) -> bool:
-    return program.split_k > 1 and program.split_k_reduce in ARRIVAL_ORDER_REDUCES
-
-
 def _smaller_or_equal(problem: Problem, tuned: Problem) -> bool:
     """A program is re-bound only to a problem with no longer K and no more work than the one it
     won at: its stages and split were chosen for that loop length, its tile for that much work.
@@ -233,7 +229,7 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
     if found is not None:
         try:
             program = parse(found.trial.program).bind(problem)
-            if not (deterministic and _nondeterministic(program)) and (
+            if (program.deterministic or not deterministic) and (
                     served is None or _torch_speedup(found.trial) >= served[1].torch_ms / served[1].device_ms):
                 return Kernel(problem, program, _provenance(found, gpu, "exact", "measured at this shape"))
         except ProgramError as exc:  # written by an older DSL: say so, then look further
@@ -266,7 +262,7 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
             validate(program)
         except ProgramError:
             continue
-        if _nondeterministic(program):
+        if not program.deterministic:
             # served only where it was checked: such programs failed the check at some shapes
             # (Triton, 8-warp 128x256 tiles, cause not found: docs/backends.md)
             continue
