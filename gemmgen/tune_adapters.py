@@ -146,7 +146,6 @@ class WorkerRunner:
         return result.value if isinstance(result.value, dict) else {"error": "no result came back"}
 
 
-
 def measurement_from(result) -> Measurement:
     """A worker's TrialResult as the loop's Measurement: a failed check keeps its numbers; a
     hang, crash or error (a floor violation included) is a failure; otherwise the times."""
