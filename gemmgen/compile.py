@@ -6,7 +6,8 @@ Lookup, in order:
    arrival order;
 2. a recorded library choice for this exact problem on this GPU: cuBLASLt's fastest
    algorithm, checked and timed beside torch.matmul, served only if it beat it by more
-   than its noise (`library_winners`); where both a winner and a library choice exist, the
+   than its noise (`library_winners`: the noise of the paired comparison,
+   `gemmgen.measure.comparison`, or for older choices the spread of its time); where both a winner and a library choice exist, the
    one with the larger speedup over torch.matmul (each timed beside it) serves;
    then, for a problem tuned on this GPU that nothing won: the baseline (the measurement
    said so; a neighbour's program is not a better guess than that);
@@ -239,7 +240,7 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
         layer, choice = served
         return Kernel(problem, None, Provenance(
             "library", gpu, layer=layer, tuned_problem=problem.key, device_ms=choice.device_ms,
-            spread=choice.spread, speedups={"torch": choice.torch_ms / choice.device_ms},
+            spread=choice.spread, noise=choice.noise, speedups={"torch": choice.torch_ms / choice.device_ms},
             best_baseline="torch", best_baseline_ms=choice.torch_ms, date=choice.created,
             note=f"cuBLASLt {choice.version}: the fastest of {choice.candidates} algorithms, "
                  "timed beside torch.matmul"), library=choice)

@@ -40,6 +40,7 @@ class Provenance:
     speedups: Mapping[str, float] = field(default_factory=dict, hash=False)
     device_ms: Optional[float] = None
     spread: Optional[float] = None
+    noise: Optional[float] = None          # of the library speedup (gemmgen.measure.comparison)
     best_baseline: Optional[str] = None
     best_baseline_ms: Optional[float] = None
     proposer: str = ""
@@ -66,7 +67,8 @@ class Provenance:
         elif self.how == "library" and self.device_ms and self.best_baseline_ms:
             lines.append(f"  measured {self.date} ({self.layer} database): {self.device_ms:.4f} ms (spread "
                          f"{100 * (self.spread or 0):.1f} %) against torch.matmul {self.best_baseline_ms:.4f} ms "
-                         f"in the same session, {self.best_baseline_ms / self.device_ms:.3f}x")
+                         f"in the same session, {self.best_baseline_ms / self.device_ms:.3f}x"
+                         + (f" (noise {100 * self.noise:.1f} %)" if self.noise is not None else ""))
         return "\n".join(lines)
 
 

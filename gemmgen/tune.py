@@ -247,7 +247,7 @@ def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -
 def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
                  time_budget_s: Optional[float] = None, progress: bool = True) -> TuneReport:
     """Record cuBLASLt's fastest algorithm for every problem not yet searched on this GPU by the
-    current method (`gemmgen.measure.library.SEARCH`; an older method's choice is searched again).
+    current method (`searched`; an older method's choice is searched again).
 
     `runner.library(problem)` selects, checks and times it beside torch.matmul
     (gemmgen.measure.library); a search that fails is reported, not recorded."""
@@ -280,10 +280,11 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
 
 
 def searched(choices: Iterable[LibraryChoice]) -> bool:
-    """Whether one of these choices came from the current library search method."""
+    """Whether one of these choices came from the current library search method and carries the
+    noise of its speedup (choices recorded before it are judged by their spread: search again)."""
     from gemmgen.measure.library import SEARCH
 
-    return any(c.config.get("search") == SEARCH for c in choices)
+    return any(c.config.get("search") == SEARCH and c.noise is not None for c in choices)
 
 
 def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -> Optional[LibraryChoice]:
@@ -298,7 +299,7 @@ def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -
         config=found["config"], algorithm=found["algorithm"], candidates=found["candidates"],
         check_passed=bool(found["check_passed"]), device_ms=found.get("device_ms"),
         spread=found.get("spread"), torch_ms=found.get("torch_ms"), torch_spread=found.get("torch_spread"),
-        max_rel_err=found.get("max_rel_err"), err_bound=found.get("err_bound"),
+        noise=found.get("noise"), max_rel_err=found.get("max_rel_err"), err_bound=found.get("err_bound"),
         check_seed=found.get("check_seed"))
 
 

@@ -113,9 +113,22 @@ def test_same_session_reference_is_summarised_apart_from_the_cross_process_pairs
             r["notes"] = {"isolated": True, "reference": "torch", "reference_device_ms": r["device_ms"] * 1.5}
     s = results.summarize(rows)
     assert s["geomean"]["mine/torch"] == pytest.approx(2.0)          # across processes, as before
-    assert s["same_session"] == {"mine": {"reference": "torch", "geomean": pytest.approx(1.5), "n": 2}}
+    assert s["same_session"] == {"mine": {"reference": "torch", "geomean": pytest.approx(1.5), "n": 2, "min": 1.5,
+                                          "slower_beyond_noise": 0, "with_noise": 0}}
     assert s["by_bucket"][">256"]["same_session"]["mine"]["n"] == 1
-    assert "mine vs torch timed in mine's own worker session: 1.500 over 2 shapes" in table({"rows": rows})
+    assert "mine vs torch timed in mine's own worker session: 1.500 over 2 shapes, lowest 1.500" in table({"rows": rows})
+
+
+def test_slower_beyond_noise_counts_only_rows_whose_loss_exceeds_their_own_noise():
+    rows = _rows()
+    mine = [r for r in rows if r["name"] == "mine" and r["passed"]]
+    for r, ratio in zip(mine, (0.99, 0.9)):          # 1 % slower: noise; 10 % slower: a loss
+        r["notes"] = {"isolated": True, "reference": "torch", "reference_device_ms": r["device_ms"] * ratio,
+                      "speedup_noise": 0.016}
+    same = results.summarize(rows)["same_session"]["mine"]
+    assert same["slower_beyond_noise"] == 1 and same["with_noise"] == 2
+    assert same["min"] == pytest.approx(0.9)
+    assert "1 of 2 slower beyond noise" in table({"rows": rows})
 
 
 def test_save_load_roundtrip_turns_nan_into_null(tmp_path):

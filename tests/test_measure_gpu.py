@@ -153,6 +153,16 @@ def test_side_stream_work_still_counts():
     assert r["side"].device_ms == pytest.approx(r["direct"].device_ms, rel=0.2)
 
 
+def test_the_same_kernel_twice_is_within_its_own_speedup_noise():
+    """The noise the never-slower rule allows (gemmgen.measure.comparison) covers a kernel
+    timed against itself, interleaved in one session."""
+    from gemmgen.measure.comparison import speedup_noise
+    r = time_many([("one", matmul, BIG), ("two", matmul, BIG)], "offline", options=FAST)
+    noise = speedup_noise(r["one"].samples_ms, r["two"].samples_ms)
+    assert noise is not None and noise < 0.05
+    assert abs(r["two"].device_ms / r["one"].device_ms - 1) <= noise
+
+
 def test_time_under_the_floor_raises():
     def fn(a, b, out, **_):
         out.view(-1)[:1].zero_()           # a 2 us kernel pretending to be a 137 GFLOP GEMM

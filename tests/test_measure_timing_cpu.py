@@ -89,6 +89,12 @@ def test_summary_median_and_spread():
     assert t.fraction_of_floor == pytest.approx(Problem(4096, 4096, 4096).floor_s * 1e3 / 1.005)
 
 
+def test_samples_keep_round_order_for_pairing_and_stay_out_of_the_dict():
+    t = _summarise(_entry([1003.0, 1001.0, 1002.0] * 4), "offline", TimingOptions())
+    assert t.samples_ms[:3] == pytest.approx((1.003, 1.001, 1.002)) and len(t.samples_ms) == 12
+    assert "samples_ms" not in t.to_dict() and "samples_ms" not in repr(t)
+
+
 def test_time_under_the_floor_is_refused():
     floor_us = Problem(4096, 4096, 4096).floor_s * 1e6
     with pytest.raises(FloorViolation, match="below the physical floor"):

@@ -50,6 +50,7 @@ def test_plain_job_returns_its_value():
 class _Timing:
     def __init__(self, ms):
         self.ms = ms
+        self.samples_ms = (ms,) * 12
 
     def to_dict(self):
         return {"device_ms": self.ms}
@@ -63,6 +64,7 @@ def test_reference_is_timed_in_the_same_session_as_the_kernel(monkeypatch):
     """Job.reference: the worker times the kernel and the baseline together, interleaved."""
     from gemmgen.dsl.ir import Problem
     from gemmgen.measure import timing, worker
+    from gemmgen.measure.comparison import REPLICATE_NOISE
     from gemmgen.measure.errors import FloorViolation
 
     sessions = []
@@ -78,7 +80,8 @@ def test_reference_is_timed_in_the_same_session_as_the_kernel(monkeypatch):
                {"kernel": FloorViolation("faster than the floor"), "reference": _Timing(1.5)}]
     r = worker._execute(job)
     assert sessions == [(["kernel", "reference"], "server")]
-    assert r.ok and r.timing == {"device_ms": 1.0} and r.reference_timing == {"device_ms": 1.5}
+    assert r.ok and r.reference_timing == {"device_ms": 1.5}
+    assert r.timing == {"device_ms": 1.0, "speedup_noise": REPLICATE_NOISE}   # 12 steady paired rounds
     r = worker._execute(job)                       # a reference that fails costs the reference only
     assert r.ok and r.reference_timing == {"error": "torch: no kernel was recorded"}
     r = worker._execute(job)                       # the kernel's own failure is the trial's

@@ -195,3 +195,23 @@ def test_bad_export_line_names_file_and_line(tmp_path):
     path.write_text(json.dumps({"problem": P.key}) + "\n")
     with pytest.raises(RecordError, match=r"bad.jsonl:1"):
         merge(Database(":memory:"), path)
+
+
+def test_migrate_v4_library_choices_keep_the_spread_rule(tmp_path):
+    """Choices recorded before the noise column judge by their spread; new ones by their noise."""
+    path = tmp_path / "v4.sqlite"
+    with Database(path, migrate_to=4) as db:
+        db.conn.execute("INSERT INTO problems (key, m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, "
+                        "epilogue, family) VALUES (?, ?, ?, ?, 'row', 'row', 'row', 'f16', 'f32', 'f16', ?)",
+                        (P.key, P.m, P.n, P.k, P.key.split(":", 1)[1]))
+        db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
+        db.conn.execute("INSERT INTO library_choices (problem_id, device_id, library, version, config, algorithm, "
+                        "candidates, check_passed, device_ms, spread, torch_ms, torch_spread, created) VALUES "
+                        "(1, 1, 'cublaslt', '130100', '{}', 'aa', 3, 1, 0.97, 0.01, 1.0, 0.01, "
+                        "'2026-11-29T10:00:00+00:00')")
+        db.conn.commit()
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        (old,) = db.library_choices()
+        assert old.noise is None and old.margin == 0.01
+        assert [c.algorithm for c in db.library_winners("Test GPU")] == ["aa"]

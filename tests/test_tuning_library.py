@@ -10,6 +10,7 @@ from gemmgen.compile import clear_cache
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import NoGPUError
 from gemmgen.kernel import library_source
+from gemmgen.measure.comparison import REPLICATE_NOISE
 from gemmgen.measure.library import SEARCH, knob_changes
 from gemmgen.torch_pass import estimated_gain_us
 from gemmgen.tune import library_choice, tune_library
@@ -46,6 +47,18 @@ def test_a_choice_serves_only_if_it_beats_torch_beyond_its_noise(db):
     assert db.stats()["library_choices"] == 4 and db.stats()["library_winners"] == {GPU: 1}
 
 
+def test_a_choice_with_its_speedup_noise_is_judged_by_that_not_by_its_spread(db):
+    wide, steady, unsure = Problem(4096, 4096, 512), Problem(4096, 4096, 1024), Problem(4096, 4096, 2048)
+    # 1.031x with a 5 % spread: the spread rule refuses it; a 1.6 % noise lets it serve
+    db.record_library(replace(make_choice(wide, device_ms=0.97, spread=0.05, torch_ms=1.0), noise=0.016))
+    db.record_library(make_choice(steady, device_ms=0.97, spread=0.05, torch_ms=1.0))        # older: no noise
+    db.record_library(replace(make_choice(unsure, device_ms=0.97, spread=0.01, torch_ms=1.0), noise=0.04))
+    assert set(_served(db)) == {wide.key}
+    assert {c.problem.key: c.beats_torch() for c in db.library_choices()} == {
+        wide.key: True, steady.key: False, unsure.key: False}
+    assert _served(db)[wide.key].noise == 0.016
+
+
 def test_the_latest_search_decides_not_the_best_of_several(db):
     db.record_library(make_choice(P, device_ms=0.8, created="2026-11-29T10:00:00.000000+00:00", algorithm="aa"))
     assert _served(db)[P.key].algorithm == "aa"
@@ -68,6 +81,19 @@ def test_export_and_merge_carry_library_choices(db, tmp_path):
     other.close()
 
 
+def test_export_writes_the_noise_only_where_it_was_measured(db, tmp_path):
+    db.record_library(make_choice(P, created="2026-11-29T10:00:00.000000+00:00"))
+    db.record_library(replace(make_choice(P, created="2026-11-29T11:00:00.000000+00:00"), noise=0.021))
+    older, newer = export_lines(db)
+    assert '"noise"' not in older and '"noise":0.021' in newer     # older lines stay byte for byte
+    path = tmp_path / "export.jsonl"
+    export(db, path)
+    other = Database(tmp_path / "other.sqlite")
+    merge(other, path)
+    assert [c.noise for c in other.library_choices()] == [None, 0.021]
+    other.close()
+
+
 class LibraryRunner:
     device = TEST_GPU
 
@@ -82,7 +108,7 @@ class LibraryRunner:
 def _found(**kw):
     base = {"library": "cublaslt", "version": "130100", "candidates": 9, "config": {"algorithm_id": 6, "search": SEARCH},
             "algorithm": "abcd", "check_passed": True, "max_rel_err": 1e-4, "err_bound": 2e-3,
-            "check_seed": 5, "device_ms": 0.9, "spread": 0.01, "torch_ms": 1.0, "torch_spread": 0.01}
+            "check_seed": 5, "device_ms": 0.9, "spread": 0.01, "torch_ms": 1.0, "torch_spread": 0.01, "noise": 0.016}
     return base | kw
 
 
@@ -108,6 +134,13 @@ def test_a_problem_searched_by_an_older_method_is_searched_again(db):
     report = tune_library([P], runner=runner, db=db, progress=False)
     assert runner.asked == [P] and report.recorded == 1
     assert tune_library([P], runner=runner, db=db, progress=False).skipped == 1
+
+
+def test_a_choice_of_the_current_search_without_its_noise_is_searched_again(db):
+    db.record_library(replace(make_choice(P), config={"algorithm_id": 6, "search": SEARCH}))
+    runner = LibraryRunner({P.m: _found()})
+    assert tune_library([P], runner=runner, db=db, progress=False).recorded == 1
+    assert runner.asked == [P] and db.library_choices()[-1].noise == 0.016
 
 
 def test_library_choice_refuses_incomplete_searches():
@@ -180,6 +213,7 @@ class _Algo:
 class _Timed:
     def __init__(self, ms):
         self.device_ms, self.spread, self.host_ms, self.clocks = ms, 0.01, ms + 0.01, {"samples": 3}
+        self.samples_ms = (ms,) * 12
 
 
 def _stub_search(monkeypatch, *, neighbours=(), session=None, failing=()):
@@ -230,6 +264,7 @@ def test_the_search_returns_what_the_loop_records(monkeypatch):
     assert choice.candidates == 2 and choice.check_seed == 9
     assert choice.config["search"] == SEARCH and choice.config["from"] == "heuristic #1"
     assert choice.config["selection"] == {"heuristic_best_ms": 0.9, "selected_ms": 0.9, "neighbours": 0}
+    assert choice.noise == REPLICATE_NOISE          # twelve identical rounds: only the floor is left
 
 
 def test_a_faster_neighbour_is_chosen_in_one_session_with_its_bases(monkeypatch):

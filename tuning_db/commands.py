@@ -94,8 +94,9 @@ def _show(args) -> int:
     print(f"problem {problem.key}: {len(trials)} trials, {len(library)} library choices")
     for c in library:
         mark = " * serves it" if c.id in serving else ""
+        noise = f" (noise {100 * c.noise:.1f}%)" if c.noise is not None else ""
         timed = (f"{c.device_ms:.4f} ms (spread {100 * (c.spread or 0):.1f}%) vs torch.matmul {c.torch_ms:.4f} ms, "
-                 f"{c.torch_ms / c.device_ms:.3f}x" if c.device_ms and c.torch_ms else "not timed")
+                 f"{c.torch_ms / c.device_ms:.3f}x{noise}" if c.device_ms and c.torch_ms else "not timed")
         print(f"  {c.library} {c.version} on {c.device.name}, {c.created[:19]}: "
               f"{'passed' if c.check_passed else 'FAILED its check'}, {timed}{mark}")
         print("    " + ", ".join(f"{k}={v}" for k, v in sorted(c.config.items())))

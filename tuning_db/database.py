@@ -25,7 +25,8 @@ APPLICATION_ID = 0x47454D4D
 
 #: Schema migrations in order; PRAGMA user_version = how many have been applied.
 MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql",
-              "migration_003_same_session.sql", "migration_004_library.sql")
+              "migration_003_same_session.sql", "migration_004_library.sql",
+              "migration_005_speedup_noise.sql")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 60_000
@@ -216,7 +217,7 @@ class Database:
             choice.version, json.dumps(dict(choice.config), sort_keys=True), choice.algorithm,
             choice.candidates, int(bool(choice.check_passed)), choice.max_rel_err, choice.err_bound,
             choice.check_seed, choice.device_ms, choice.spread, choice.torch_ms, choice.torch_spread,
-            choice.created or now_utc()))
+            choice.noise, choice.created or now_utc()))
 
     def record_many(self, records: Iterable[Trial | LibraryChoice]) -> int:
         """Record trials (and library choices) one by one; returns how many were new."""
@@ -370,6 +371,6 @@ def library_from_row(row: sqlite3.Row) -> LibraryChoice:
         problem=problem_from_key(row["problem_key"]), device=_device_from_row(row), library=row["library"],
         version=row["version"], config=json.loads(row["config"]), algorithm=row["algorithm"],
         candidates=row["candidates"], check_passed=bool(row["check_passed"]), device_ms=row["device_ms"],
-        spread=row["spread"], torch_ms=row["torch_ms"], torch_spread=row["torch_spread"],
+        spread=row["spread"], torch_ms=row["torch_ms"], torch_spread=row["torch_spread"], noise=row["noise"],
         max_rel_err=row["max_rel_err"], err_bound=row["err_bound"], check_seed=row["check_seed"],
         created=row["created"], id=row["id"])

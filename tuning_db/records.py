@@ -130,16 +130,24 @@ class LibraryChoice:
     spread: Optional[float] = None
     torch_ms: Optional[float] = None  # torch.matmul in the same session
     torch_spread: Optional[float] = None
+    #: relative noise of torch_ms / device_ms (gemmgen.measure.comparison); None in choices
+    #: recorded before gemmgen's seventh tuning session, which are judged by their spread
+    noise: Optional[float] = None
     max_rel_err: Optional[float] = None
     err_bound: Optional[float] = None
     check_seed: Optional[int] = None
     created: str = ""
     id: Optional[int] = field(default=None, compare=False)
 
+    @property
+    def margin(self) -> Optional[float]:
+        """What the speedup must exceed 1 by to serve: its noise, else (older choices) its spread."""
+        return self.noise if self.noise is not None else self.spread
+
     def beats_torch(self) -> bool:
-        """The never-slower rule against torch.matmul: device_ms * (1 + spread) < torch_ms."""
-        return bool(self.check_passed and self.device_ms and self.spread is not None and self.torch_ms
-                    and self.device_ms * (1.0 + self.spread) < self.torch_ms)
+        """The never-slower rule against torch.matmul: device_ms * (1 + margin) < torch_ms."""
+        return bool(self.check_passed and self.device_ms and self.margin is not None and self.torch_ms
+                    and self.device_ms * (1.0 + self.margin) < self.torch_ms)
 
 
 def now_utc() -> str:
@@ -197,6 +205,8 @@ _LIBRARY_SCALARS = [f.name for f in fields(LibraryChoice) if f.name not in ("pro
 def library_to_json(choice: LibraryChoice) -> str:
     """One export line, marked `"kind": "library"` (trial lines carry no kind)."""
     record: dict[str, Any] = {name: getattr(choice, name) for name in _LIBRARY_SCALARS}
+    if record["noise"] is None:
+        del record["noise"]          # older lines stay as they were written
     record.update(kind="library", problem=choice.problem.key, config=dict(choice.config),
                   device=choice.device.as_dict())
     return json.dumps(record, sort_keys=True, separators=(",", ":"))

@@ -161,6 +161,7 @@ def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, run
             ref = res.reference_timing or {}
             notes = {"isolated": True, "reference": cfg.reference,
                      "reference_device_ms": ref.get("device_ms"), "reference_error": ref.get("error"),
+                     "speedup_noise": (res.timing or {}).get("speedup_noise"),
                      **candidate_registry.notes_for(name, problem)}
             rows.append(make_row(name, "candidate", shape, problem, check=res.check, timing=res.timing,
                                  status=res.status, message=res.message,
@@ -295,7 +296,9 @@ def table(doc: dict) -> str:
         lines.append(f"{name:<14}{passed:>8}" + "".join(cells) + (f"{frac:>12.3f}" if frac else f"{'-':>12}"))
     for name, same in (s.get("same_session") or {}).items():
         lines.append(f"{name} vs {same['reference']} timed in {name}'s own worker session: "
-                     f"{same['geomean']:.3f} over {same['n']} shapes")
+                     f"{same['geomean']:.3f} over {same['n']} shapes, lowest {same['min']:.3f}"
+                     + (f", {same['slower_beyond_noise']} of {same['with_noise']} slower beyond noise"
+                        if same.get("with_noise") else ""))
     if doc.get("meta", {}).get("stopped"):
         lines.append(f"stopped early: {doc['meta']['stopped']}")
     return "\n".join(lines)

@@ -15,7 +15,8 @@ algorithm honestly:
    fails gives way to the heuristic's best;
 4. time it beside torch.matmul, interleaved in one session, so the comparison shares the
    GPU's clock state (a separate session can differ by 10 % or more under the power cap:
-   benchmarks/results/process_bias/).
+   benchmarks/results/process_bias/), and record the noise of that speedup
+   (`gemmgen.measure.comparison`).
 
 It runs in the isolated worker (`library_job`), like every candidate, and returns plain
 data the tuning loop records as a `tuning_db.LibraryChoice`.
@@ -60,6 +61,7 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
     launcher that `gemmgen.compile` serves, so what is recorded is what runs later."""
     from gemmgen.measure.baselines import cublaslt_version, make_torch
     from gemmgen.measure.checking import check
+    from gemmgen.measure.comparison import speedup_noise
     from gemmgen.measure.timing import time_many
 
     options = timing_options or TimingOptions()
@@ -90,7 +92,8 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
         return record
     mine, torch_ = timed["library"], timed["torch"]
     record.update(device_ms=mine.device_ms, spread=mine.spread, host_ms=mine.host_ms, torch_ms=torch_.device_ms,
-                  torch_spread=torch_.spread, torch_host_ms=torch_.host_ms, clocks=mine.clocks)
+                  torch_spread=torch_.spread, torch_host_ms=torch_.host_ms, clocks=mine.clocks,
+                  noise=speedup_noise(mine.samples_ms, torch_.samples_ms))
     return record
 
 

@@ -76,10 +76,16 @@ def _same_session(rows: list[dict], names: list[str]) -> dict[str, dict]:
     candidate's worker session (the comparison free of the two processes' difference)."""
     out = {}
     for n in names:
-        pairs = [(r["notes"]["reference"], r["notes"]["reference_device_ms"] / r["device_ms"])
-                 for r in rows if r["name"] == n and _usable(r) and (r.get("notes") or {}).get("reference_device_ms")]
-        if pairs:
-            out[n] = {"reference": pairs[0][0], "geomean": geomean([x for _, x in pairs]), "n": len(pairs)}
+        timed = [r for r in rows if r["name"] == n and _usable(r) and (r.get("notes") or {}).get("reference_device_ms")]
+        if not timed:
+            continue
+        speedups = [r["notes"]["reference_device_ms"] / r["device_ms"] for r in timed]
+        noises = [r["notes"].get("speedup_noise") for r in timed]
+        out[n] = {"reference": timed[0]["notes"]["reference"], "geomean": geomean(speedups), "n": len(timed),
+                  "min": min(speedups),
+                  # slower than the reference by more than the comparison's noise (rows that carry one)
+                  "slower_beyond_noise": sum(1 for s, z in zip(speedups, noises) if z is not None and s * (1 + z) < 1),
+                  "with_noise": sum(1 for z in noises if z is not None)}
     return out
 
 

@@ -78,6 +78,9 @@ class Timing:
     timer: str = "cupti"
     notes: tuple[str, ...] = field(default_factory=tuple)
     clocks: dict = field(default_factory=dict, compare=False)   # the session's ClockSampler.summary()
+    #: every call's device time in round order (sample i of each kernel of one session was
+    #: timed in round i): what `comparison.speedup_noise` pairs; left out of to_dict()
+    samples_ms: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def spread(self) -> float:
@@ -90,6 +93,7 @@ class Timing:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["samples_ms"]
         d["spread"] = self.spread
         d["fraction_of_floor"] = self.fraction_of_floor
         return d
@@ -415,7 +419,7 @@ def _summarise(entry: _Entry, mode: str, options: TimingOptions, clocks: Optiona
         host_p10_ms=quantile(host, 0.1) if host else math.nan,
         host_p90_ms=quantile(host, 0.9) if host else math.nan,
         reps=len(dev), floor_ms=floor_ms, kernels=entry.kernels, timer=options.timer, notes=notes,
-        clocks=clocks or {},
+        clocks=clocks or {}, samples_ms=tuple(us * 1e-3 for us in entry.device_us),
     )
 
 

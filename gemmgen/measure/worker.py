@@ -132,15 +132,19 @@ def _execute(job: Job) -> TrialResult:
 def _time_with_reference(kernel, job: Job) -> tuple[dict, dict]:
     """The kernel's Timing and its reference's, from one interleaved session."""
     from gemmgen.measure import baselines
+    from gemmgen.measure.comparison import speedup_noise
     from gemmgen.measure.timing import time_many
 
     ref = baselines.make(job.reference, job.problem)
     got = time_many([("kernel", kernel, job.problem), ("reference", ref.fn, job.problem)], job.mode,
                     options=job.timing)
-    if isinstance(got["kernel"], Exception):
-        raise got["kernel"]
-    theirs = got["reference"]
-    return got["kernel"].to_dict(), ({"error": str(theirs)} if isinstance(theirs, Exception) else theirs.to_dict())
+    mine, theirs = got["kernel"], got["reference"]
+    if isinstance(mine, Exception):
+        raise mine
+    if isinstance(theirs, Exception):
+        return mine.to_dict(), {"error": str(theirs)}
+    noise = speedup_noise(mine.samples_ms, theirs.samples_ms)
+    return mine.to_dict() | {"speedup_noise": noise}, theirs.to_dict()
 
 
 def _serve(conn, gpu: bool) -> None:

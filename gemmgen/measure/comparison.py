@@ -1,0 +1,55 @@
+"""How sure a same-session speedup is: the noise the never-slower rule allows for.
+
+A kernel and torch.matmul timed interleaved in one session (`timing.time_many`) share the
+GPU's clock state, so their ratio is steadier than either time. On the H200 the 32 cuBLASLt
+choices served in `benchmarks/results/gemmgen_sample100_offline_s6b/` measured, in that
+later session, within 0.8 % (one standard deviation of the log ratio) of the speedup their
+tuning session recorded, while the spread (p10 to p90) of each time was 1 to 16 %. Judged by
+that spread, 20 of those shapes' choices (recorded 1.02-1.06x) could not serve.
+
+The noise of a speedup is the larger of
+- the half-width of the 95 % interval of the median of per-round ratios (reference time over
+  kernel time, the two calls of one round of the interleaved loop), distribution-free
+  (binomial order statistics), relative to that median; and
+- `REPLICATE_NOISE`, two of those session-to-session standard deviations: what a later
+  session can add that one session cannot see.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+#: 2 x 0.8 %: the standard deviation of log(speedup in a later session / recorded speedup)
+#: over the 32 served cuBLASLt choices of gemmgen_sample100_offline_s6b (server mode: 1.0 %)
+REPLICATE_NOISE = 0.016
+#: fewer paired rounds than this give no interval (the rule then falls back to the spread)
+MIN_PAIRS = 10
+_Z95 = 1.96
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(low, median, high): a 95 % interval of the median, from order statistics."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval of no values")
+    mid = (xs[(n - 1) // 2] + xs[n // 2]) / 2
+    half = _Z95 * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return xs[lo], mid, xs[hi]
+
+
+def speedup_noise(kernel_ms: Sequence[float], reference_ms: Sequence[float]) -> Optional[float]:
+    """Relative noise of reference/kernel from samples of one interleaved session, in round
+    order (sample i of each was timed in round i). None when too few rounds pair up."""
+    pairs = [r / k for k, r in zip(kernel_ms, reference_ms) if k > 0 and r > 0]
+    if len(pairs) < MIN_PAIRS:
+        return None
+    lo, mid, hi = median_interval(pairs)
+    return max(REPLICATE_NOISE, (mid - lo) / mid, (hi - mid) / mid)
+
+
+def beyond_noise(speedup: float, noise: Optional[float]) -> bool:
+    """Whether a speedup over the reference is a win: more than 1 + noise."""
+    return noise is not None and speedup > 1.0 + noise
