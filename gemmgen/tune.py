@@ -280,11 +280,12 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
 
 
 def searched(choices: Iterable[LibraryChoice]) -> bool:
-    """Whether one of these choices came from the current library search method and carries the
-    noise of its speedup (choices recorded before it are judged by their spread: search again)."""
+    """Whether one of these choices came from the current search: its method, the noise of its
+    speedup and, if it would serve, its server-mode time (older choices are searched again)."""
     from gemmgen.measure.library import SEARCH
 
-    return any(c.config.get("search") == SEARCH and c.noise is not None for c in choices)
+    return any(c.config.get("search") == SEARCH and c.noise is not None
+               and (c.server_ms is not None or not c.beats_torch()) for c in choices)
 
 
 def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -> Optional[LibraryChoice]:
@@ -299,7 +300,8 @@ def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -
         config=found["config"], algorithm=found["algorithm"], candidates=found["candidates"],
         check_passed=bool(found["check_passed"]), device_ms=found.get("device_ms"),
         spread=found.get("spread"), torch_ms=found.get("torch_ms"), torch_spread=found.get("torch_spread"),
-        noise=found.get("noise"), max_rel_err=found.get("max_rel_err"), err_bound=found.get("err_bound"),
+        noise=found.get("noise"), server_ms=found.get("server_ms"), torch_server_ms=found.get("torch_server_ms"),
+        server_noise=found.get("server_noise"), max_rel_err=found.get("max_rel_err"), err_bound=found.get("err_bound"),
         check_seed=found.get("check_seed"))
 
 

@@ -59,6 +59,27 @@ def test_a_choice_with_its_speedup_noise_is_judged_by_that_not_by_its_spread(db)
     assert _served(db)[wide.key].noise == 0.016
 
 
+def test_a_choice_slower_than_torch_in_server_mode_beyond_its_noise_does_not_serve(db):
+    slower, within = Problem(4096, 4096, 512), Problem(4096, 4096, 1024)
+    timed = dict(device_ms=0.95, spread=0.05, torch_ms=1.0)
+    db.record_library(replace(make_choice(slower, **timed), noise=0.016, server_ms=1.04, torch_server_ms=1.0,
+                              server_noise=0.016))                       # 0.96x with idle gaps: a loss
+    db.record_library(replace(make_choice(within, **timed), noise=0.016, server_ms=1.01, torch_server_ms=1.0,
+                              server_noise=0.016))                       # 0.99x: within its noise
+    assert set(_served(db)) == {within.key}
+    assert {c.problem.key: c.beats_torch() for c in db.library_choices()} == {slower.key: False, within.key: True}
+
+
+def test_a_serving_choice_without_its_server_time_is_searched_again(db):
+    db.record_library(replace(make_choice(P), config={"algorithm_id": 6, "search": SEARCH}, noise=0.016))
+    lost = Problem(1024, 1024, 1024)                                      # cannot serve: nothing to check
+    db.record_library(replace(make_choice(lost, device_ms=1.1), config={"algorithm_id": 6, "search": SEARCH},
+                              noise=0.016))
+    runner = LibraryRunner({P.m: _found()})
+    tune_library([P, lost], runner=runner, db=db, progress=False)
+    assert runner.asked == [P] and db.library_choices(P.key)[-1].server_ms == 0.9
+
+
 def test_the_latest_search_decides_not_the_best_of_several(db):
     db.record_library(make_choice(P, device_ms=0.8, created="2026-11-29T10:00:00.000000+00:00", algorithm="aa"))
     assert _served(db)[P.key].algorithm == "aa"
@@ -83,14 +104,16 @@ def test_export_and_merge_carry_library_choices(db, tmp_path):
 
 def test_export_writes_the_noise_only_where_it_was_measured(db, tmp_path):
     db.record_library(make_choice(P, created="2026-11-29T10:00:00.000000+00:00"))
-    db.record_library(replace(make_choice(P, created="2026-11-29T11:00:00.000000+00:00"), noise=0.021))
+    db.record_library(replace(make_choice(P, created="2026-11-29T11:00:00.000000+00:00"), noise=0.021,
+                              server_ms=0.91, torch_server_ms=1.0, server_noise=0.02))
     older, newer = export_lines(db)
-    assert '"noise"' not in older and '"noise":0.021' in newer     # older lines stay byte for byte
+    assert '"noise"' not in older and '"server_ms"' not in older    # older lines stay byte for byte
+    assert '"noise":0.021' in newer and '"server_ms":0.91' in newer
     path = tmp_path / "export.jsonl"
     export(db, path)
     other = Database(tmp_path / "other.sqlite")
     merge(other, path)
-    assert [c.noise for c in other.library_choices()] == [None, 0.021]
+    assert [(c.noise, c.server_noise) for c in other.library_choices()] == [(None, None), (0.021, 0.02)]
     other.close()
 
 
@@ -108,7 +131,8 @@ class LibraryRunner:
 def _found(**kw):
     base = {"library": "cublaslt", "version": "130100", "candidates": 9, "config": {"algorithm_id": 6, "search": SEARCH},
             "algorithm": "abcd", "check_passed": True, "max_rel_err": 1e-4, "err_bound": 2e-3,
-            "check_seed": 5, "device_ms": 0.9, "spread": 0.01, "torch_ms": 1.0, "torch_spread": 0.01, "noise": 0.016}
+            "check_seed": 5, "device_ms": 0.9, "spread": 0.01, "torch_ms": 1.0, "torch_spread": 0.01, "noise": 0.016,
+            "server_ms": 0.9, "torch_server_ms": 1.0, "server_noise": 0.016}
     return base | kw
 
 
@@ -265,6 +289,7 @@ def test_the_search_returns_what_the_loop_records(monkeypatch):
     assert choice.config["search"] == SEARCH and choice.config["from"] == "heuristic #1"
     assert choice.config["selection"] == {"heuristic_best_ms": 0.9, "selected_ms": 0.9, "neighbours": 0}
     assert choice.noise == REPLICATE_NOISE          # twelve identical rounds: only the floor is left
+    assert (choice.server_ms, choice.torch_server_ms, choice.server_noise) == (0.8, 1.0, REPLICATE_NOISE)
 
 
 def test_a_faster_neighbour_is_chosen_in_one_session_with_its_bases(monkeypatch):

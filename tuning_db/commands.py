@@ -95,6 +95,8 @@ def _show(args) -> int:
     for c in library:
         mark = " * serves it" if c.id in serving else ""
         noise = f" (noise {100 * c.noise:.1f}%)" if c.noise is not None else ""
+        if c.server_ms and c.torch_server_ms:
+            noise += f"; server mode {c.torch_server_ms / c.server_ms:.3f}x"
         timed = (f"{c.device_ms:.4f} ms (spread {100 * (c.spread or 0):.1f}%) vs torch.matmul {c.torch_ms:.4f} ms, "
                  f"{c.torch_ms / c.device_ms:.3f}x{noise}" if c.device_ms and c.torch_ms else "not timed")
         print(f"  {c.library} {c.version} on {c.device.name}, {c.created[:19]}: "

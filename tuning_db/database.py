@@ -217,7 +217,8 @@ class Database:
             choice.version, json.dumps(dict(choice.config), sort_keys=True), choice.algorithm,
             choice.candidates, int(bool(choice.check_passed)), choice.max_rel_err, choice.err_bound,
             choice.check_seed, choice.device_ms, choice.spread, choice.torch_ms, choice.torch_spread,
-            choice.noise, choice.created or now_utc()))
+            choice.noise, choice.server_ms, choice.torch_server_ms, choice.server_noise,
+            choice.created or now_utc()))
 
     def record_many(self, records: Iterable[Trial | LibraryChoice]) -> int:
         """Record trials (and library choices) one by one; returns how many were new."""
@@ -372,5 +373,6 @@ def library_from_row(row: sqlite3.Row) -> LibraryChoice:
         version=row["version"], config=json.loads(row["config"]), algorithm=row["algorithm"],
         candidates=row["candidates"], check_passed=bool(row["check_passed"]), device_ms=row["device_ms"],
         spread=row["spread"], torch_ms=row["torch_ms"], torch_spread=row["torch_spread"], noise=row["noise"],
+        server_ms=row["server_ms"], torch_server_ms=row["torch_server_ms"], server_noise=row["server_noise"],
         max_rel_err=row["max_rel_err"], err_bound=row["err_bound"], check_seed=row["check_seed"],
         created=row["created"], id=row["id"])

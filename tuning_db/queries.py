@@ -54,8 +54,9 @@ SELECT_WINNER = _WINNER_COLUMNS + " WHERE w.problem_key = ? AND w.device_name = 
 INSERT_LIBRARY = """
 INSERT OR IGNORE INTO library_choices
     (problem_id, device_id, library, version, config, algorithm, candidates, check_passed,
-     max_rel_err, err_bound, check_seed, device_ms, spread, torch_ms, torch_spread, noise, created)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+     max_rel_err, err_bound, check_seed, device_ms, spread, torch_ms, torch_spread, noise,
+     server_ms, torch_server_ms, server_noise, created)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 
 _LIBRARY_COLUMNS = """
 SELECT c.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms,

@@ -133,6 +133,10 @@ class LibraryChoice:
     #: relative noise of torch_ms / device_ms (gemmgen.measure.comparison); None in choices
     #: recorded before gemmgen's seventh tuning session, which are judged by their spread
     noise: Optional[float] = None
+    #: the same pair timed in server mode (idle gaps before each call), since session 7
+    server_ms: Optional[float] = None
+    torch_server_ms: Optional[float] = None
+    server_noise: Optional[float] = None
     max_rel_err: Optional[float] = None
     err_bound: Optional[float] = None
     check_seed: Optional[int] = None
@@ -145,9 +149,13 @@ class LibraryChoice:
         return self.noise if self.noise is not None else self.spread
 
     def beats_torch(self) -> bool:
-        """The never-slower rule against torch.matmul: device_ms * (1 + margin) < torch_ms."""
-        return bool(self.check_passed and self.device_ms and self.margin is not None and self.torch_ms
-                    and self.device_ms * (1.0 + self.margin) < self.torch_ms)
+        """The never-slower rule against torch.matmul: device_ms * (1 + margin) < torch_ms, and,
+        where server mode was timed, not slower there beyond its noise (the `library_winners` view)."""
+        offline = bool(self.check_passed and self.device_ms and self.margin is not None and self.torch_ms
+                       and self.device_ms * (1.0 + self.margin) < self.torch_ms)
+        if not offline or not (self.server_ms and self.torch_server_ms):
+            return offline
+        return self.server_ms * (1.0 - (self.server_noise or 0.0)) <= self.torch_server_ms
 
 
 def now_utc() -> str:
@@ -200,13 +208,16 @@ def trial_to_json(trial: Trial) -> str:
 
 
 _LIBRARY_SCALARS = [f.name for f in fields(LibraryChoice) if f.name not in ("problem", "device", "config", "id")]
+#: fields added by schema version 5, written only where measured
+_SINCE_V5 = ("noise", "server_ms", "torch_server_ms", "server_noise")
 
 
 def library_to_json(choice: LibraryChoice) -> str:
     """One export line, marked `"kind": "library"` (trial lines carry no kind)."""
     record: dict[str, Any] = {name: getattr(choice, name) for name in _LIBRARY_SCALARS}
-    if record["noise"] is None:
-        del record["noise"]          # older lines stay as they were written
+    for name in _SINCE_V5:
+        if record[name] is None:
+            del record[name]         # older lines stay as they were written
     record.update(kind="library", problem=choice.problem.key, config=dict(choice.config),
                   device=choice.device.as_dict())
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
