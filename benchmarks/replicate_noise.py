@@ -18,6 +18,7 @@ import json
 import math
 import statistics
 from pathlib import Path
+from typing import Optional
 
 
 def choices_by_problem(path: str) -> dict[tuple, list]:
@@ -63,9 +64,9 @@ def replicate(bench_dir: str, choices: dict) -> dict:
             "sd": statistics.stdev(logs) if len(logs) > 1 else None, "rows": rows}
 
 
-def pooled_sd(runs: list[dict]) -> float:
+def pooled_sd(runs: list[dict]) -> Optional[float]:
     dof = sum(r["n"] - 1 for r in runs if r["sd"] is not None)
-    return math.sqrt(sum((r["n"] - 1) * r["sd"] ** 2 for r in runs if r["sd"] is not None) / dof)
+    return math.sqrt(sum((r["n"] - 1) * r["sd"] ** 2 for r in runs if r["sd"] is not None) / dof) if dof else None
 
 
 def plot(runs: list[dict], floor: float, path: Path) -> None:
@@ -102,20 +103,21 @@ def main(argv=None) -> None:
 
     choices = choices_by_problem(args.records)
     runs = [replicate(d, choices) for d in args.bench_dirs]
-    offline = [r for r in runs if r["mode"] == "offline" and r["n"] > 1]
-    summary = {"pooled_sd_offline": pooled_sd(offline) if offline else None,
-               "pooled_sd_server": pooled_sd([r for r in runs if r["mode"] == "server" and r["n"] > 1]),
-               "replicate_noise": REPLICATE_NOISE}
+    summary = {f"pooled_sd_{mode}": pooled_sd([r for r in runs if r["mode"] == mode]) for mode in ("offline", "server")}
+    summary["replicate_noise"] = REPLICATE_NOISE
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "replicate_noise.json").write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
     plot(runs, REPLICATE_NOISE, out / "replicate_noise.png")
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.2f} %"
+
     for r in runs:
         below = sum(1 for x in r["rows"] if x["measured"] < 1.0)
-        print(f"{r['bench']:58s} {r['mode']:8s} n={r['n']:3d} mean {100 * r['mean']:+.2f} % "
-              f"sd {100 * r['sd']:.2f} %  served under 1.00x: {below}")
-    print(f"pooled sd: offline {100 * summary['pooled_sd_offline']:.2f} %, server "
-          f"{100 * summary['pooled_sd_server']:.2f} %; REPLICATE_NOISE {100 * REPLICATE_NOISE:.1f} %")
+        print(f"{r['bench']:58s} {r['mode']:8s} n={r['n']:3d} mean {pct(r['mean'])} sd {pct(r['sd'])}  "
+              f"served under 1.00x: {below}")
+    print(f"pooled sd: offline {pct(summary['pooled_sd_offline'])}, server {pct(summary['pooled_sd_server'])}; "
+          f"REPLICATE_NOISE {100 * REPLICATE_NOISE:.1f} %")
 
 
 if __name__ == "__main__":

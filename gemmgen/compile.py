@@ -7,8 +7,10 @@ Lookup, in order:
 2. a recorded library choice for this exact problem on this GPU: cuBLASLt's fastest
    algorithm, checked and timed beside torch.matmul, served only if it beat it by more
    than its noise (`library_winners`: the noise of the paired comparison,
-   `gemmgen.measure.comparison`, or for older choices the spread of its time); where both a winner and a library choice exist, the
-   one with the larger speedup over torch.matmul (each timed beside it) serves;
+   `gemmgen.measure.comparison`, or for older choices the spread of its time) and not
+   slower in server mode beyond that mode's noise; where both a winner and a library
+   choice exist, the one with the larger speedup over torch.matmul (each timed beside
+   it) serves;
    then, for a problem tuned on this GPU that nothing won: the baseline (the measurement
    said so; a neighbour's program is not a better guess than that);
 3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the

@@ -51,8 +51,3 @@ def speedup_noise(kernel_ms: Sequence[float], reference_ms: Sequence[float]) -> 
         return None
     lo, mid, hi = median_interval(pairs)
     return max(REPLICATE_NOISE, (mid - lo) / mid, (hi - mid) / mid)
-
-
-def beyond_noise(speedup: float, noise: Optional[float]) -> bool:
-    """Whether a speedup over the reference is a win: more than 1 + noise."""
-    return noise is not None and speedup > 1.0 + noise
