@@ -37,7 +37,7 @@ def rows_of(path: Path, search: str) -> list[dict]:
             continue
         p, sel = c.problem, c.config.get("selection") or {}
         rows.append({"m": p.m, "n": p.n, "k": p.k, "gflop": p.flops / 1e9, "bucket": bucket_of(p.flops / 1e9),
-                     "x_torch": c.torch_ms / c.device_ms, "serves": c.beats_torch(), "noise": c.noise,
+                     "x_torch": c.speedup, "serves": c.beats_torch(), "noise": c.noise,
                      "from": c.config.get("from", "heuristic"),
                      "x_heuristic": (sel["heuristic_best_ms"] / sel["selected_ms"]
                                      if sel.get("heuristic_best_ms") and sel.get("selected_ms") else None)})

@@ -37,7 +37,7 @@ def recorded(choice, mode: str) -> tuple[float, str]:
     """The speedup the choice recorded for `mode` (server mode falls back to the offline one)."""
     if mode == "server" and choice.server_ms and choice.torch_server_ms:
         return choice.torch_server_ms / choice.server_ms, "server"
-    return choice.torch_ms / choice.device_ms, "offline"
+    return choice.speedup, "offline"
 
 
 def replicate(bench_dir: str, choices: dict) -> dict:

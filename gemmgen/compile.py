@@ -223,6 +223,14 @@ def _torch_speedup(trial) -> float:
     return speedups.get(SAME_SESSION_BASELINE, speedups.get("torch", 0.0))
 
 
+def _library_speedups(choice) -> dict[str, float]:
+    """Over torch.matmul, offline and (where timed) in server mode."""
+    speedups = {"torch": choice.speedup}
+    if choice.server_ms and choice.torch_server_ms:
+        speedups["torch, server mode"] = choice.torch_server_ms / choice.server_ms
+    return speedups
+
+
 def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -> Kernel:
     from gemmgen.dsl import parse, validate
     from gemmgen.dsl.diagnostics import ProgramError
@@ -233,7 +241,7 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
         try:
             program = parse(found.trial.program).bind(problem)
             if (program.deterministic or not deterministic) and (
-                    served is None or _torch_speedup(found.trial) >= served[1].torch_ms / served[1].device_ms):
+                    served is None or _torch_speedup(found.trial) >= served[1].speedup):
                 return Kernel(problem, program, _provenance(found, gpu, "exact", "measured at this shape"))
         except ProgramError as exc:  # written by an older DSL: say so, then look further
             warnings.warn(f"gemmgen: the tuned program of trial #{found.trial.id} ({found.layer} database) "
@@ -242,7 +250,7 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
         layer, choice = served
         return Kernel(problem, None, Provenance(
             "library", gpu, layer=layer, tuned_problem=problem.key, device_ms=choice.device_ms,
-            spread=choice.spread, noise=choice.noise, speedups={"torch": choice.torch_ms / choice.device_ms},
+            spread=choice.spread, noise=choice.noise, speedups=_library_speedups(choice),
             best_baseline="torch", best_baseline_ms=choice.torch_ms, date=choice.created,
             note=f"cuBLASLt {choice.version}: the fastest of {choice.candidates} algorithms, "
                  "timed beside torch.matmul"), library=choice)

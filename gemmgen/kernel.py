@@ -69,6 +69,9 @@ class Provenance:
                          f"{100 * (self.spread or 0):.1f} %) against torch.matmul {self.best_baseline_ms:.4f} ms "
                          f"in the same session, {self.best_baseline_ms / self.device_ms:.3f}x"
                          + (f" (noise {100 * self.noise:.1f} %)" if self.noise is not None else ""))
+            if "torch, server mode" in self.speedups:
+                lines.append(f"  server mode (idle gaps before each call): "
+                             f"{self.speedups['torch, server mode']:.3f}x torch.matmul")
         return "\n".join(lines)
 
 

@@ -189,6 +189,15 @@ def test_compile_serves_the_library_choice_where_no_program_won(db):
         k(a, b)
 
 
+def test_the_provenance_of_a_library_kernel_gives_its_noise_and_server_mode(db):
+    db.record_library(replace(make_choice(P, device_ms=0.85, torch_ms=1.0), noise=0.019, server_ms=0.9,
+                              torch_server_ms=1.0, server_noise=0.02))
+    k = gemmgen.compile((8192, 16384, 512), device=GPU, db=db)
+    assert k.provenance.speedups == pytest.approx({"torch": 1 / 0.85, "torch, server mode": 1 / 0.9})
+    assert k.provenance.noise == 0.019
+    assert "(noise 1.9 %)" in k.describe() and "server mode (idle gaps before each call): 1.111x" in k.describe()
+
+
 def test_the_larger_speedup_over_torch_serves_of_a_winner_and_a_library_choice(db):
     # trial(): torch.matmul at 1.05 x baseline_ms, so this program is 1.5x torch.matmul
     db.record(trial(P, device_ms=0.7, baseline_ms=1.0))

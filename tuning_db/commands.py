@@ -98,7 +98,7 @@ def _show(args) -> int:
         if c.server_ms and c.torch_server_ms:
             noise += f"; server mode {c.torch_server_ms / c.server_ms:.3f}x"
         timed = (f"{c.device_ms:.4f} ms (spread {100 * (c.spread or 0):.1f}%) vs torch.matmul {c.torch_ms:.4f} ms, "
-                 f"{c.torch_ms / c.device_ms:.3f}x{noise}" if c.device_ms and c.torch_ms else "not timed")
+                 f"{c.speedup:.3f}x{noise}" if c.speedup else "not timed")
         print(f"  {c.library} {c.version} on {c.device.name}, {c.created[:19]}: "
               f"{'passed' if c.check_passed else 'FAILED its check'}, {timed}{mark}")
         print("    " + ", ".join(f"{k}={v}" for k, v in sorted(c.config.items())))

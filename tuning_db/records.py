@@ -144,6 +144,11 @@ class LibraryChoice:
     id: Optional[int] = field(default=None, compare=False)
 
     @property
+    def speedup(self) -> Optional[float]:
+        """torch.matmul's time over the library's, both offline in one session."""
+        return self.torch_ms / self.device_ms if self.device_ms and self.torch_ms else None
+
+    @property
     def margin(self) -> Optional[float]:
         """What the speedup must exceed 1 by to serve: its noise, else (older choices) its spread."""
         return self.noise if self.noise is not None else self.spread
