@@ -20,7 +20,7 @@ import time
 import zlib
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
 
 from gemmgen.dsl.ir import Problem, Program
@@ -295,14 +295,11 @@ def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -
         return None
     if found["check_passed"] and not (found.get("device_ms") and found.get("torch_ms")):
         return None
-    return LibraryChoice(
-        problem=problem, device=device, library=found["library"], version=found["version"],
-        config=found["config"], algorithm=found["algorithm"], candidates=found["candidates"],
-        check_passed=bool(found["check_passed"]), device_ms=found.get("device_ms"),
-        spread=found.get("spread"), torch_ms=found.get("torch_ms"), torch_spread=found.get("torch_spread"),
-        noise=found.get("noise"), server_ms=found.get("server_ms"), torch_server_ms=found.get("torch_server_ms"),
-        server_noise=found.get("server_noise"), max_rel_err=found.get("max_rel_err"), err_bound=found.get("err_bound"),
-        check_seed=found.get("check_seed"))
+    # the search's dict names the record's fields; it also carries what the record leaves out
+    # (host times, clocks, the check's failures); `created` and `id` are the database's
+    recorded = {f.name: found[f.name] for f in fields(LibraryChoice)
+                if f.name in found and f.name not in ("problem", "device", "created", "id")}
+    return LibraryChoice(problem=problem, device=device, **recorded | {"check_passed": bool(found["check_passed"])})
 
 
 def split_library(backends: Sequence[str]) -> tuple[bool, tuple[str, ...]]:

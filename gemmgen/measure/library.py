@@ -85,8 +85,8 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
         rejected.append({"from": config["from"], "failures": list(checked.failures)[:3]})
     if not record["check_passed"]:
         return record
-    timed = time_many([("library", fn, problem), ("torch", make_torch(problem).fn, problem)],
-                      "offline", options=options)
+    pair = [("library", fn, problem), ("torch", make_torch(problem).fn, problem)]
+    timed = time_many(pair, "offline", options=options)
     failed = [f"{name} could not be timed: {t}" for name, t in timed.items() if isinstance(t, Exception)]
     if failed:
         record["error"] = "; ".join(failed)
@@ -97,8 +97,7 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
                   noise=speedup_noise(mine.samples_ms, torch_.samples_ms))
     # the same pair with idle gaps before each call: an algorithm ahead back to back may not be
     # (a 4096x16384x16384 choice recorded 1.037x offline and measured 0.963x in server mode)
-    gapped = time_many([("library", fn, problem), ("torch", make_torch(problem).fn, problem)],
-                       "server", options=options)
+    gapped = time_many(pair, "server", options=options)
     mine, torch_ = gapped["library"], gapped["torch"]
     if not isinstance(mine, Exception) and not isinstance(torch_, Exception):
         record.update(server_ms=mine.device_ms, torch_server_ms=torch_.device_ms,
