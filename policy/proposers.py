@@ -4,10 +4,11 @@ A proposer only proposes: it never compiles or times (the tuning loop does that)
 
 - `HeuristicProposer`: the union of every present backend's `space(problem)` (the
   programs an expert enumerates), ranked by `estimated_seconds`, a roofline prior:
-      t = max(compute, DRAM, L2) + split-K reduction + launch
-  where compute counts whole waves of CTAs on 132 SMs (fractional for persistent and
-  stream-K schedules) at the tensor-core peak per SM, DRAM moves the problem's bytes at
-  4.8 TB/s, and L2 feeds every CTA its A and B panels at ~10 TB/s. Estimates are
+      t = max(compute, DRAM, L2) + split-K reduction (a second launch) + launch
+  where compute counts whole waves of CTAs on 132 SMs (fractional for stream-K, the one
+  schedule that splits a tile's K loop across SMs) at the tensor-core peak per SM, DRAM moves the problem's bytes at
+  4.8 TB/s, and L2 feeds every CTA its A and B panels at ~10 TB/s; a persistent or
+  stream-K kernel adds its start-up (`PERSISTENT_START_S`). Estimates are
   compared in 5 % buckets so that near-ties keep the backend's own expert order, and the
   backends are interleaved so each is tried.
 - `RandomProposer`: uniform over the valid space by rejection sampling: every field drawn
@@ -27,6 +28,13 @@ from gemmgen.errors import GemmgenError
 SMS = 132
 L2_BYTES_PER_S = 10e12
 LAUNCH_S = 3e-6
+#: a persistent kernel's start before its first load (Triton's builds TMA descriptors on the
+#: device); measured ~0.5 us on the H200 (`gemmgen.backends.triton_space.PERSISTENT_START_US`)
+PERSISTENT_START_S = 0.5e-6
+#: the second kernel a split-K program launches (the reduction, or the epilogue after fp32 partials
+#: are added in place): split-K's best cost 1.35 us more than the best unsplit program at
+#: 64x64x256 and 0.9 us more at 64x64x512 (shipped database, H200)
+REDUCE_LAUNCH_S = 1.5e-6
 ALL_BACKENDS = ("triton", "cutlass", "cuda")
 
 
@@ -71,15 +79,16 @@ def estimated_seconds(program: Program) -> float:
     split = max(1, program.split_k)
     k_slice = math.ceil(p.k / split)
     ctas = math.ceil(p.m / t.m) * math.ceil(p.n / t.n) * split
-    waves = ctas / SMS if program.scheduler in ("persistent", "stream_k") else math.ceil(ctas / SMS)
+    waves = ctas / SMS if program.scheduler == "stream_k" else math.ceil(ctas / SMS)
     compute = waves * 2 * t.m * t.n * k_slice / (PEAK_FLOPS / SMS)
     dram = p.bytes / PEAK_BYTES_PER_S
     l2 = ctas * (t.m + t.n) * k_slice * 2 / L2_BYTES_PER_S
     reduce = 0.0
     if split > 1:
         partial_bytes = split * p.m * p.n * 4
-        reduce = (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
-    return max(compute, dram, l2) + reduce + LAUNCH_S
+        reduce = REDUCE_LAUNCH_S + (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
+    start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
+    return max(compute, dram, l2) + reduce + LAUNCH_S + start
 
 
 def _bucket(seconds: float) -> int:
