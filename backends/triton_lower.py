@@ -14,8 +14,12 @@ Two kernel shapes come out of here, both with the whole epilogue fused:
 Split-K writes fp32 partials; a second kernel in the same module reduces them
 (in slice order for `workspace`, so results are deterministic) and applies the
 epilogue. `unordered` and `atomic` add partials into one fp32 buffer with
-`tl.atomic_add`; the finalize kernel reads it, applies the epilogue and writes zeros
-back, so the buffer is clean for the next call without a memset. (Triton's `atomic`
+`tl.atomic_add`; the finalize kernel takes it with `tl.atomic_xchg` (reading each sum and
+leaving a zero, so the buffer is clean for the next call without a memset) and applies the
+epilogue. It read the buffer with a plain load and stored zeros until the H200 showed that
+load returning values the atomics had not yet added in: 1024x2048x12288, split 2, 128x128
+tiles lost 0.01-1 % of its outputs in 12 of 12 calls, and with an L2-only load (`.cg`)
+still in 9 of 12; with the exchange, in none (2026-11-30, notes in docs/backends.md). (Triton's `atomic`
 is this same buffer: the DSL's restriction of `atomic` to f32 out and no activation
 holds for backends that add into the output itself.)
 
@@ -462,9 +466,13 @@ def _reduce_kernel(program: Program, name: str, bound: bool, epi_params: list[st
     for c in constexprs:
         args.add(c, "constexpr", "const")
     if program.split_k_reduce in ARRIVAL_ORDER_REDUCES:
-        doc = "Reads the atomically summed fp32 buffer, applies the epilogue, and zeroes the buffer for the next call."
-        body = """    acc = tl.load(ws, mask=mask, other=0.0)
-    tl.store(ws, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=mask)"""
+        doc = ("Takes the atomically summed fp32 buffer with an atomic exchange (read and zeroed for the "
+               "next call in one step), applies the epilogue.")
+        # exchanged as 32-bit integers: the same atom.exch.b32 on the GPU, and what Triton's
+        # interpreter (the CPU tests) can exchange
+        body = """    bits = tl.atomic_xchg(ws.to(tl.pointer_type(tl.int32)), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32),
+                          mask=mask, sem="relaxed")
+    acc = bits.to(tl.float32, bitcast=True)"""
     else:
         doc = "Sums the SPLIT_K fp32 partials in slice order (deterministic), then applies the epilogue."
         body = """    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
