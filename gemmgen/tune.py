@@ -66,6 +66,8 @@ class Measurement:
     failure: str = ""
     #: torch.matmul timed in the candidate's own worker session, interleaved with it
     reference: Optional[BaselineTime] = None
+    #: the noise of the speedup over that reference (gemmgen.measure.comparison.speedup_noise)
+    noise: Optional[float] = None
 
 
 class Builder(Protocol):
@@ -241,7 +243,7 @@ def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -
                  check_msg=m.failure or m.check_msg, max_rel_err=m.max_rel_err, err_bound=m.err_bound,
                  check_seed=m.seed, device_ms=m.device_ms,
                  spread=m.spread, server_ms=m.server_ms, server_spread=m.server_spread,
-                 host_ms=m.host_ms, baselines=baselines, **base)
+                 host_ms=m.host_ms, baselines=baselines, noise=m.noise if m.reference is not None else None, **base)
 
 
 def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,

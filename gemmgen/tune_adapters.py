@@ -161,7 +161,8 @@ def measurement_from(result) -> Measurement:
     reference = (BaselineTime(ref["device_ms"], _finite(ref.get("spread")), None, _finite(ref.get("host_ms")))
                  if ref.get("device_ms") else None)
     return Measurement(device_ms=timing.get("device_ms"), spread=timing.get("spread"),
-                       host_ms=_finite(timing.get("host_ms")), reference=reference, **fields)
+                       host_ms=_finite(timing.get("host_ms")), reference=reference,
+                       noise=_finite(timing.get("speedup_noise")), **fields)
 
 
 def _finite(x):

@@ -215,3 +215,55 @@ def test_migrate_v4_library_choices_keep_the_spread_rule(tmp_path):
         (old,) = db.library_choices()
         assert old.noise is None and old.margin == 0.01
         assert [c.algorithm for c in db.library_winners("Test GPU")] == ["aa"]
+
+
+@pytest.mark.parametrize("spread, noise, wins", [
+    (0.10, 0.019, True),    # 1.08x with a 10 % spread: its paired noise lets it win
+    (0.10, None, False),    # the same trial recorded before schema 6: its spread refuses it
+    (0.01, 0.09, False),    # a steady kernel whose ratio to torch.matmul wandered: no claim
+])
+def test_a_trial_with_its_speedup_noise_is_judged_by_that_not_by_its_spread(spread, noise, wins):
+    from dataclasses import replace
+
+    t = replace(trial(P, device_ms=1.0, spread=spread, baseline_ms=1.08), noise=noise)
+    assert t.beats_baseline() is wins and t.margin == (noise if noise is not None else spread)
+    db = Database(":memory:")
+    db.record(t)
+    assert (db.winner(P, TEST_GPU.name) is not None) is wins   # the SQL view and the Python rule agree
+    assert db.trials()[0].noise == noise
+
+
+def test_export_writes_a_trials_noise_only_where_it_was_measured(tmp_path):
+    from dataclasses import replace
+
+    from gemmgen.tuning_db.records import trial_to_json
+
+    older = trial_to_json(trial(P, program="a\n"))
+    newer = trial_to_json(replace(trial(P, program="b\n"), noise=0.021))
+    assert '"noise"' not in older and '"noise":0.021' in newer        # older lines stay byte for byte
+    from gemmgen.tuning_db.exchange import merge
+
+    db = Database(":memory:")
+    path = tmp_path / "x.jsonl"
+    path.write_text(older + "\n" + newer + "\n")
+    merge(db, path)
+    assert sorted((t.program, t.noise) for t in db.trials()) == [("a\n", None), ("b\n", 0.021)]
+
+
+def test_migrate_v5_trials_keep_the_spread_rule(tmp_path):
+    path = tmp_path / "v5.sqlite"
+    with Database(path, migrate_to=5) as db:
+        db.conn.execute("INSERT INTO problems (key, m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, "
+                        "epilogue, family) VALUES (?, ?, ?, ?, 'row', 'row', 'row', 'f16', 'f32', 'f16', ?)",
+                        (P.key, P.m, P.n, P.k, P.key.split(":", 1)[1]))
+        db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
+        db.conn.execute("INSERT INTO trials (problem_id, device_id, program, backend, status, check_passed, "
+                        "device_ms, spread, best_baseline, best_baseline_ms, baselines, created) VALUES "
+                        "(1, 1, 'p\n', 'triton', 'ok', 1, 1.0, 0.01, 'torch', 1.2, "
+                        "'{\"torch\": {\"device_ms\": 1.2}}', '2026-11-29T10:00:00+00:00')")
+        db.conn.commit()
+    with Database(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        (old,) = db.trials()
+        assert old.noise is None and old.margin == 0.01
+        assert db.winner(P, TEST_GPU.name) is not None

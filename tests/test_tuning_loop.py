@@ -140,9 +140,10 @@ def test_worker_results_map_to_trial_outcomes():
                                       timing={"device_ms": 0.5, "spread": 0.02, "host_ms": 0.51}))
     assert (ok.check_passed, ok.device_ms, ok.spread, ok.seed, ok.failure) == (True, 0.5, 0.02, 99, "")
     assert ok.reference is None                     # no torch.matmul timed alongside
-    paired = measurement_from(TrialResult("k", "ok", check=check, timing={"device_ms": 0.5, "spread": 0.02},
+    paired = measurement_from(TrialResult("k", "ok", check=check,
+                                          timing={"device_ms": 0.5, "spread": 0.02, "speedup_noise": 0.019},
                                           reference_timing={"device_ms": 0.55, "spread": 0.01}))
-    assert (paired.reference.device_ms, paired.reference.spread) == (0.55, 0.01)
+    assert (paired.reference.device_ms, paired.reference.spread, paired.noise) == (0.55, 0.01, 0.019)
     assert measurement_from(TrialResult("k", "ok", check=check, timing={"device_ms": 0.5, "spread": 0.02},
                                         reference_timing={"error": "cuBLAS failed"})).reference is None
     bad = measurement_from(TrialResult("k", "failed_check", "main: rel err 0.2 > 0.004",
@@ -169,7 +170,7 @@ def test_torch_timed_in_the_candidates_session_is_one_more_baseline(tmp_path):
             m = super().measure(program, artifact, seed=seed)
             if m.device_ms is None:
                 return m
-            return dc_replace(m, reference=BaselineTime(m.device_ms * 0.9, 0.01))  # torch 10 % faster here
+            return dc_replace(m, reference=BaselineTime(m.device_ms * 0.9, 0.01), noise=0.019)  # torch 10 % faster
 
     db = Database(tmp_path / "t.sqlite")
     tune(PROBLEMS[:1], proposer=ListProposer(VARIANTS[:2]), builder=FakeBuilder(), runner=SlowSessionRunner(),
@@ -177,5 +178,6 @@ def test_torch_timed_in_the_candidates_session_is_one_more_baseline(tmp_path):
     trials = [t for t in db.trials(PROBLEMS[0].key)]
     assert len(trials) == 2 and all(SAME_SESSION_BASELINE in t.baselines for t in trials)
     assert all(t.best_baseline[0] == SAME_SESSION_BASELINE for t in trials)
+    assert all(t.noise == 0.019 for t in trials)     # the paired noise is recorded with the trial
     assert all(t.device_ms < 0.98 for t in trials)   # faster than the tuning process's baselines ...
     assert db.winner(PROBLEMS[0], TEST_GPU.name) is None   # ... not than torch.matmul beside it

@@ -104,14 +104,15 @@ def _show(args) -> int:
         print("    " + ", ".join(f"{k}={v}" for k, v in sorted(c.config.items())))
     if not trials:
         return 0
-    print(f"{'id':>6} {'status':<12} {'backend':<8} {'device ms':>10} {'spread':>7} "
+    # margin: what the speedup must exceed 1 by to win, the paired noise (schema 6) or the spread
+    print(f"{'id':>6} {'status':<12} {'backend':<8} {'device ms':>10} {'margin':>7} "
           f"{'best base ms':>12} {'speedup':>8}  device / proposer")
     for t in sorted(trials, key=lambda t: (t.device.name, t.device_ms or float("inf"), t.id)):
         best = t.best_baseline
         win = winners.get(t.device.name)
         mark = " *" if win is not None and win.id == t.id else ""
         ms = f"{t.device_ms:.4f}" if t.device_ms else "-"
-        spread = f"{100 * t.spread:.1f}%" if t.spread is not None else "-"
+        spread = f"{100 * t.margin:.1f}%" if t.margin is not None else "-"
         base = f"{best[1].device_ms:.4f}" if best else "-"
         speed = f"{best[1].device_ms / t.device_ms:.3f}x" if best and t.device_ms else "-"
         print(f"{t.id:>6} {t.status:<12} {t.backend:<8} {ms:>10} {spread:>7} {base:>12} {speed:>8}  "

@@ -26,7 +26,7 @@ APPLICATION_ID = 0x47454D4D
 #: Schema migrations in order; PRAGMA user_version = how many have been applied.
 MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql",
               "migration_003_same_session.sql", "migration_004_library.sql",
-              "migration_005_speedup_noise.sql")
+              "migration_005_speedup_noise.sql", "migration_006_trial_noise.sql")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 60_000
@@ -89,6 +89,8 @@ class Database:
             self._open(migrate_to)
         except sqlite3.DatabaseError as exc:
             raise _foreign(self.path, f"SQLite says: {exc}") from None
+        except MemoryError:   # SQLite reports some corrupt pages as out of memory (SQLITE_NOMEM)
+            raise _foreign(self.path, "SQLite ran out of memory reading it, a sign of corrupt pages") from None
         self._problem_ids: dict[str, int] = {}
         self._device_ids: dict[Device, int] = {}
 
@@ -207,7 +209,7 @@ class Database:
             best[0] if best else None, best[1].device_ms if best else None,
             trial.best_baseline_server_ms,
             json.dumps({n: _baseline_dict(b) for n, b in sorted(trial.baselines.items())}, sort_keys=True),
-            trial.proposer, trial.proposer_version, trial.created or now_utc()))
+            trial.proposer, trial.proposer_version, trial.created or now_utc(), trial.noise))
 
     @_sql_errors
     def record_library(self, choice: LibraryChoice) -> Optional[int]:
@@ -364,7 +366,7 @@ def trial_from_row(row: sqlite3.Row) -> Trial:
         device_ms=row["device_ms"], spread=row["spread"], server_ms=row["server_ms"],
         server_spread=row["server_spread"], host_ms=row["host_ms"], baselines=baselines,
         proposer=row["proposer"], proposer_version=row["proposer_version"],
-        created=row["created"], id=row["id"])
+        created=row["created"], noise=row["noise"], id=row["id"])
 
 
 def library_from_row(row: sqlite3.Row) -> LibraryChoice:

@@ -17,8 +17,8 @@ INSERT OR IGNORE INTO trials
     (problem_id, device_id, program, backend, status, build_ok, build_msg, build_s,
      check_passed, check_msg, max_rel_err, err_bound, check_seed, device_ms, spread,
      server_ms, server_spread, host_ms, best_baseline, best_baseline_ms,
-     best_baseline_server_ms, baselines, proposer, proposer_version, created)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+     best_baseline_server_ms, baselines, proposer, proposer_version, created, noise)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 
 _TRIAL_COLUMNS = """
 SELECT t.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms,

@@ -79,6 +79,9 @@ class Trial:
     proposer: str = ""
     proposer_version: str = ""
     created: str = ""
+    #: relative noise of torch.matmul's time over this one, both timed in the candidate's
+    #: worker session (gemmgen.measure.comparison); None in trials recorded before schema 6
+    noise: Optional[float] = None
     id: Optional[int] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -96,14 +99,20 @@ class Trial:
         times = [b.server_ms for b in self.baselines.values() if b.server_ms and b.server_ms > 0]
         return min(times) if times else None
 
+    @property
+    def margin(self) -> Optional[float]:
+        """What the speedup must exceed 1 by to win: its noise, else (older trials) its spread."""
+        return self.noise if self.noise is not None else self.spread
+
     def beats_baseline(self) -> bool:
-        """The never-slower rule: device_ms * (1 + spread) < best baseline's device_ms."""
+        """The never-slower rule: device_ms * (1 + margin) < best baseline's device_ms (the
+        `winners` view)."""
         best = self.best_baseline
         if self.status != "ok" or not self.check_passed or best is None:
             return False
-        if self.device_ms is None or self.device_ms <= 0 or self.spread is None:
+        if self.device_ms is None or self.device_ms <= 0 or self.margin is None:
             return False
-        return self.device_ms * (1.0 + self.spread) < best[1].device_ms
+        return self.device_ms * (1.0 + self.margin) < best[1].device_ms
 
     def speedups(self) -> dict[str, float]:
         """Baseline time over kernel time, per baseline of the same run (offline)."""
@@ -203,9 +212,16 @@ def problem_from_key(key: str) -> Problem:
 _TRIAL_SCALARS = [f.name for f in fields(Trial) if f.name not in ("problem", "device", "baselines", "id")]
 
 
+#: trial fields added by schema version 6, written only where measured
+_TRIAL_SINCE_V6 = ("noise",)
+
+
 def trial_to_json(trial: Trial) -> str:
     """One export line: sorted keys, no id (ids are local to one database file)."""
     record: dict[str, Any] = {name: getattr(trial, name) for name in _TRIAL_SCALARS}
+    for name in _TRIAL_SINCE_V6:
+        if record[name] is None:
+            del record[name]         # older lines stay as they were written
     record["problem"] = trial.problem.key
     record["device"] = trial.device.as_dict()
     record["baselines"] = {n: asdict(b) for n, b in sorted(trial.baselines.items())}
