@@ -267,3 +267,23 @@ def test_migrate_v5_trials_keep_the_spread_rule(tmp_path):
         (old,) = db.trials()
         assert old.noise is None and old.margin == 0.01
         assert db.winner(P, TEST_GPU.name) is not None
+
+
+def test_migrate_v6_supersedes_arrival_order_trials_timed_with_the_old_finalize(tmp_path):
+    from dataclasses import replace
+
+    from tuning_fakes import program_text, triton_program
+
+    small = Problem(64, 64, 4096)
+    unordered = program_text(replace(triton_program(small, (64, 64, 128), 3), split_k=16, split_k_reduce="unordered"))
+    path = tmp_path / "v6.sqlite"
+    with Database(path, migrate_to=6) as db:
+        db.record(trial(small, device_ms=0.8, program=unordered, created="2026-11-29T22:00:00+00:00"))
+        db.record(trial(P, device_ms=0.8, created="2026-11-29T22:00:00+00:00"))          # unsplit: kept
+        assert db.winner(small, TEST_GPU.name) is not None
+    with Database(path) as db:
+        assert {t.problem.key: t.status for t in db.trials()} == {small.key: "superseded", P.key: "ok"}
+        assert db.winner(small, TEST_GPU.name) is None and db.winner(P, TEST_GPU.name) is not None
+        assert db.measured_programs(small, TEST_GPU.name) == set()    # the next run measures it again
+        db.record(trial(small, device_ms=0.9, program=unordered, created="2026-11-30T02:00:00+00:00"))
+        assert db.winner(small, TEST_GPU.name).device_ms == 0.9       # measured with today's finalize

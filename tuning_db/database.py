@@ -26,7 +26,8 @@ APPLICATION_ID = 0x47454D4D
 #: Schema migrations in order; PRAGMA user_version = how many have been applied.
 MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql",
               "migration_003_same_session.sql", "migration_004_library.sql",
-              "migration_005_speedup_noise.sql", "migration_006_trial_noise.sql")
+              "migration_005_speedup_noise.sql", "migration_006_trial_noise.sql",
+              "migration_007_superseded_arrival_order.sql")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 60_000

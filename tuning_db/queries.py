@@ -30,7 +30,7 @@ FROM trials t JOIN problems p ON p.id = t.problem_id JOIN devices d ON d.id = t.
 SELECT_TRIED_PROGRAMS = """
 SELECT DISTINCT t.program FROM trials t
 JOIN problems p ON p.id = t.problem_id JOIN devices d ON d.id = t.device_id
-WHERE p.key = ? AND d.name = ?"""
+WHERE p.key = ? AND d.name = ? AND t.status != 'superseded'"""
 
 _WINNER_COLUMNS = """
 SELECT w.*, w.problem_key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms,

@@ -14,7 +14,9 @@ from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError
 
 #: Trial outcomes; only "ok" trials can win.
-STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed")
+#: `superseded`: measured, but of a kernel gemmgen no longer builds (see migration_007); never a
+#: winner, and measured again by the next tuning run
+STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed", "superseded")
 
 #: The device gemmgen ships tuned records for, and the one compile() assumes without a GPU.
 DEFAULT_DEVICE_NAME = "NVIDIA H200"
