@@ -21,8 +21,9 @@ Lookup, in order:
 4. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
 
 A winner is a trial that passed its check and satisfies the never-slower rule
-    device_ms * (1 + spread) < best_baseline_ms
-with both times from the same tuning run (the `winners` view of the database).
+    device_ms * (1 + noise) < best_baseline_ms
+with both times from the same tuning run (the `winners` view of the database); `noise` is
+that of its speedup over torch.matmul timed beside it, or for older trials its spread.
 
 Kernels are cached in memory by the call's arguments, so a warm lookup is a dict hit;
 built artifacts are cached on disk by the backends' builder.
@@ -290,7 +291,7 @@ def _provenance(found, gpu: str, how: str, note: str) -> Provenance:
     return Provenance(
         how=how, gpu=gpu, trial_id=t.id, layer=found.layer, tuned_problem=t.problem.key,
         distance=found.distance, speedups=t.speedups(), device_ms=t.device_ms, spread=t.spread,
-        best_baseline=best[0] if best else None, best_baseline_ms=best[1].device_ms if best else None,
+        noise=t.noise, best_baseline=best[0] if best else None, best_baseline_ms=best[1].device_ms if best else None,
         proposer=f"{t.proposer} {t.proposer_version}".strip(), date=t.created, note=note)
 
 

@@ -40,7 +40,7 @@ class Provenance:
     speedups: Mapping[str, float] = field(default_factory=dict, hash=False)
     device_ms: Optional[float] = None
     spread: Optional[float] = None
-    noise: Optional[float] = None          # of the library speedup (gemmgen.measure.comparison)
+    noise: Optional[float] = None          # of the speedup over torch.matmul (gemmgen.measure.comparison)
     best_baseline: Optional[str] = None
     best_baseline_ms: Optional[float] = None
     proposer: str = ""
@@ -58,8 +58,9 @@ class Provenance:
         if self.trial_id is not None:
             lines.append(f"  trial: #{self.trial_id} in the {self.layer} database, measured {self.date}"
                          f" on {self.tuned_problem}")
-            lines.append(f"  device time: {self.device_ms:.4f} ms (spread {100 * (self.spread or 0):.1f} %);"
-                         f" best baseline {self.best_baseline} {self.best_baseline_ms:.4f} ms")
+            lines.append(f"  device time: {self.device_ms:.4f} ms (spread {100 * (self.spread or 0):.1f} %"
+                         + (f", speedup noise {100 * self.noise:.1f} %" if self.noise is not None else "")
+                         + f"); best baseline {self.best_baseline} {self.best_baseline_ms:.4f} ms")
             if self.speedups:
                 lines.append("  speedup over: " + ", ".join(f"{n} {s:.3f}x" for n, s in self.speedups.items()))
             if self.proposer:

@@ -145,6 +145,19 @@ def test_never_slower_at_compile_time(tmp_path):
     assert gemmgen.compile(p, device=GPU, db=db).provenance.how == "exact"
 
 
+def test_a_program_serves_beyond_its_paired_noise_and_says_so(tmp_path):
+    from dataclasses import replace
+
+    clear_cache()
+    db = Database(tmp_path / "noise.sqlite")
+    p = Problem(64, 256, 128)
+    # 1.09x with a 10 % spread (a 2 us kernel): only its paired noise lets it serve
+    db.record(replace(trial(p, device_ms=0.92, spread=0.10, baseline_ms=1.0), noise=0.019))
+    k = gemmgen.compile(p, device=GPU, db=db)
+    assert k.provenance.how == "exact" and k.provenance.noise == 0.019
+    assert "speedup noise 1.9 %" in k.provenance.describe()
+
+
 def test_without_gpu_calling_raises_no_gpu_error(db):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
