@@ -39,9 +39,10 @@ SM_BYTES_PER_S = 150e9          # most operand bandwidth one SM sustains on its 
 MEMORY_LATENCY_S = 0.8e-6       # DRAM round trip under load, what the pipeline must cover
 REDUCE_LAUNCH_US = 2.5
 LAUNCH_US = 2.0
-#: what a persistent TMA kernel pays before its first load (tensor descriptors built on the
-#: device): in the shipped database the best `scheduler tile` program beat the best persistent
-#: one by 0.13-1.25 us (median 0.45 us) on all 25 problems under 2 GFLOP where both were timed
+#: what a persistent TMA kernel costs more than a pointer kernel when there is little work (not
+#: profiled: its tile loop's set-up and TMA loads are the candidates): in the shipped database the
+#: best `scheduler tile` program beat the best persistent one by 0.13-1.25 us (median 0.45 us) on
+#: all 25 problems under 2 GFLOP where both were timed
 PERSISTENT_START_US = 0.5
 SPACE_SIZE = 48
 

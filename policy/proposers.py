@@ -6,9 +6,9 @@ A proposer only proposes: it never compiles or times (the tuning loop does that)
   programs an expert enumerates), ranked by `estimated_seconds`, a roofline prior:
       t = max(compute, DRAM, L2) + split-K reduction (a second launch) + launch
   where compute counts whole waves of CTAs on 132 SMs (fractional for stream-K, the one
-  schedule that splits a tile's K loop across SMs) at the tensor-core peak per SM, DRAM moves the problem's bytes at
-  4.8 TB/s, and L2 feeds every CTA its A and B panels at ~10 TB/s; a persistent or
-  stream-K kernel adds its start-up (`PERSISTENT_START_S`). Estimates are
+  schedule that splits a tile's K loop across SMs) at the tensor-core peak per SM, DRAM
+  moves the problem's bytes at 4.8 TB/s, and L2 feeds every CTA its A and B panels at
+  ~10 TB/s; a persistent or stream-K kernel adds its start-up (`PERSISTENT_START_S`). Estimates are
   compared in 5 % buckets so that near-ties keep the backend's own expert order, and the
   backends are interleaved so each is tried.
 - `RandomProposer`: uniform over the valid space by rejection sampling: every field drawn
@@ -28,8 +28,8 @@ from gemmgen.errors import GemmgenError
 SMS = 132
 L2_BYTES_PER_S = 10e12
 LAUNCH_S = 3e-6
-#: a persistent kernel's start before its first load (Triton's builds TMA descriptors on the
-#: device); measured ~0.5 us on the H200 (`gemmgen.backends.triton_space.PERSISTENT_START_US`)
+#: what a persistent kernel costs more than a one-CTA-per-tile one when there is little work:
+#: ~0.5 us on the H200 (`gemmgen.backends.triton_space.PERSISTENT_START_US`)
 PERSISTENT_START_S = 0.5e-6
 #: the second kernel a split-K program launches (the reduction, or the epilogue after fp32 partials
 #: are added in place): split-K's best cost 1.35 us more than the best unsplit program at

@@ -287,3 +287,21 @@ def test_migrate_v6_supersedes_arrival_order_trials_timed_with_the_old_finalize(
         assert db.measured_programs(small, TEST_GPU.name) == set()    # the next run measures it again
         db.record(trial(small, device_ms=0.9, program=unordered, created="2026-11-30T02:00:00+00:00"))
         assert db.winner(small, TEST_GPU.name).device_ms == 0.9       # measured with today's finalize
+
+
+def test_the_shipped_records_are_kept_built_on_disk(tmp_path, monkeypatch):
+    """Parsing the shipped export takes ~1.5 s; a later process copies the kept build instead."""
+    from gemmgen.tuning_db import exchange, shipped_database
+
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
+    first = shipped_database(fresh=True)
+    (kept,) = tmp_path.glob("shipped-*.sqlite")
+    with monkeypatch.context() as m:
+        m.setattr(exchange, "read_jsonl", lambda path: pytest.fail("parsed again despite the kept build"))
+        second = shipped_database(fresh=True)
+    summary = lambda db: (len(db.trials()), len(db.library_choices()),          # noqa: E731
+                          [w.id for w in db.winners("NVIDIA H200")])
+    assert summary(second) == summary(first) and second.schema_version == SCHEMA_VERSION
+    kept.write_bytes(b"not a database" * 100)                      # damaged: parsed again, kept again
+    assert summary(shipped_database(fresh=True)) == summary(first)
+    assert Database(kept, readonly=True).schema_version == SCHEMA_VERSION

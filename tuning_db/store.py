@@ -8,48 +8,102 @@ fastest algorithm, `LibraryChoice`) are layered the same way.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import sqlite3
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Optional
 
 from gemmgen.dsl.ir import Problem
-from gemmgen.tuning_db.database import Database
+from gemmgen.tuning_db.database import SCHEMA_VERSION, Database
 from gemmgen.tuning_db.records import LibraryChoice, Trial
 
 SHIPPED_FILES = ("h200.jsonl",)
 
 
+def _cache_root() -> Path:
+    cache = os.environ.get("GEMMGEN_CACHE_DIR")
+    return Path(cache).expanduser() if cache else Path.home() / ".cache" / "gemmgen"
+
+
 def default_db_path() -> Path:
     env = os.environ.get("GEMMGEN_DB")
-    if env:
-        return Path(env).expanduser()
-    cache = os.environ.get("GEMMGEN_CACHE_DIR")
-    root = Path(cache).expanduser() if cache else Path.home() / ".cache" / "gemmgen"
-    return root / "tuning.sqlite"
+    return Path(env).expanduser() if env else _cache_root() / "tuning.sqlite"
 
 
 _SHIPPED: list[Database] = []
 
 
 def shipped_database(*, fresh: bool = False) -> Database:
-    """The shipped records as an in-memory database, read once per process (treat it as read-only)."""
+    """The shipped records as an in-memory database, read once per process (treat it as read-only).
+
+    Parsing the export (5,600 records) takes ~1.5 s, so the built database is also kept on disk
+    (`shipped_cache_path`), keyed by the files' bytes and the schema version; a later process
+    copies it into memory in milliseconds. Without a writable cache directory it is parsed each time.
+    """
     from gemmgen.tuning_db.exchange import read_jsonl
 
     if _SHIPPED and not fresh:
         return _SHIPPED[0]
-    db = Database(":memory:")
     folder = resources.files("gemmgen.tuning_db").joinpath("shipped")
-    for name in SHIPPED_FILES:
-        entry = folder.joinpath(name)
-        if entry.is_file():
+    entries = [folder.joinpath(name) for name in SHIPPED_FILES if folder.joinpath(name).is_file()]
+    cache = shipped_cache_path([e.read_bytes() for e in entries])
+    db = _load_copy(cache)
+    if db is None:
+        db = Database(":memory:")
+        for entry in entries:
             with resources.as_file(entry) as path:
                 db.record_many(read_jsonl(path))
+        _save_copy(db, cache)
     if not fresh:
         _SHIPPED[:] = [db]
     return db
+
+
+def shipped_cache_path(contents: list[bytes]) -> Path:
+    """Where the database built from these shipped files is kept (the cache root, GEMMGEN_CACHE_DIR)."""
+    digest = hashlib.sha256(f"schema {SCHEMA_VERSION}".encode())
+    for data in contents:
+        digest.update(hashlib.sha256(data).digest())
+    return _cache_root() / f"shipped-{digest.hexdigest()[:20]}.sqlite"
+
+
+def _load_copy(cache: Path) -> Optional[Database]:
+    """A kept build copied into memory; None if there is none or it cannot be read whole."""
+    if not cache.is_file():
+        return None
+    db = Database(":memory:")
+    try:
+        source = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+        try:
+            if source.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                return None
+            source.backup(db.conn)
+        finally:
+            source.close()
+        if db.schema_version != SCHEMA_VERSION:
+            return None
+    except (sqlite3.Error, MemoryError):
+        return None
+    return db
+
+
+def _save_copy(db: Database, cache: Path) -> None:
+    """Keep the build for the next process, atomically; a cache that cannot be written is skipped."""
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        target = sqlite3.connect(tmp)
+        try:
+            db.conn.backup(target)
+        finally:
+            target.close()
+        os.replace(tmp, cache)
+    except (OSError, sqlite3.Error):
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
