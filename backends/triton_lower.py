@@ -18,10 +18,10 @@ epilogue. `unordered` and `atomic` add partials into one fp32 buffer with
 leaving a zero, so the buffer is clean for the next call without a memset) and applies the
 epilogue. It read the buffer with a plain load and stored zeros until the H200 showed that
 load returning values the atomics had not yet added in: 1024x2048x12288, split 2, 128x128
-tiles lost 0.01-1 % of its outputs in 12 of 12 calls, and with an L2-only load (`.cg`)
-still in 9 of 12; with the exchange, in none (2026-11-30, notes in docs/backends.md). (Triton's `atomic`
-is this same buffer: the DSL's restriction of `atomic` to f32 out and no activation
-holds for backends that add into the output itself.)
+tiles lost up to 0.6 % of its outputs in 12 of 12 calls, and with an L2-only load (`.cg`)
+still in 9 of 12; with the exchange, in none (2026-11-30, docs/backends.md).
+(Triton's `atomic` is this same buffer: the DSL's restriction of `atomic` to f32 out and no
+activation holds for backends that add into the output itself.)
 
 Everything a loader needs (kernel names, argument roles and types, constexprs,
 divisibility hints, grid recipe) travels in `Source.meta`, as plain data.
