@@ -291,7 +291,8 @@ def _provenance(found, gpu: str, how: str, note: str) -> Provenance:
     return Provenance(
         how=how, gpu=gpu, trial_id=t.id, layer=found.layer, tuned_problem=t.problem.key,
         distance=found.distance, speedups=t.speedups(), device_ms=t.device_ms, spread=t.spread,
-        noise=t.noise, best_baseline=best[0] if best else None, best_baseline_ms=best[1].device_ms if best else None,
+        noise=t.noise, best_baseline=best[0] if best else None,
+        best_baseline_ms=best[1].device_ms if best else None,
         proposer=f"{t.proposer} {t.proposer_version}".strip(), date=t.created, note=note)
 
 
