@@ -197,14 +197,20 @@ def test_bad_export_line_names_file_and_line(tmp_path):
         merge(Database(":memory:"), path)
 
 
+def _add_problem_and_device(db):
+    """Rows 1 of `problems` (P) and `devices` ('Test GPU'), written by hand into a file kept at
+    an older schema version, whose insert statements differ from today's."""
+    db.conn.execute("INSERT INTO problems (key, m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, "
+                    "epilogue, family) VALUES (?, ?, ?, ?, 'row', 'row', 'row', 'f16', 'f32', 'f16', ?)",
+                    (P.key, P.m, P.n, P.k, P.key.split(":", 1)[1]))
+    db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
+
+
 def test_migrate_v4_library_choices_keep_the_spread_rule(tmp_path):
     """Choices recorded before the noise column judge by their spread; new ones by their noise."""
     path = tmp_path / "v4.sqlite"
     with Database(path, migrate_to=4) as db:
-        db.conn.execute("INSERT INTO problems (key, m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, "
-                        "epilogue, family) VALUES (?, ?, ?, ?, 'row', 'row', 'row', 'f16', 'f32', 'f16', ?)",
-                        (P.key, P.m, P.n, P.k, P.key.split(":", 1)[1]))
-        db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
+        _add_problem_and_device(db)
         db.conn.execute("INSERT INTO library_choices (problem_id, device_id, library, version, config, algorithm, "
                         "candidates, check_passed, device_ms, spread, torch_ms, torch_spread, created) VALUES "
                         "(1, 1, 'cublaslt', '130100', '{}', 'aa', 3, 1, 0.97, 0.01, 1.0, 0.01, "
@@ -236,13 +242,12 @@ def test_a_trial_with_its_speedup_noise_is_judged_by_that_not_by_its_spread(spre
 def test_export_writes_a_trials_noise_only_where_it_was_measured(tmp_path):
     from dataclasses import replace
 
+    from gemmgen.tuning_db.exchange import merge
     from gemmgen.tuning_db.records import trial_to_json
 
     older = trial_to_json(trial(P, program="a\n"))
     newer = trial_to_json(replace(trial(P, program="b\n"), noise=0.021))
     assert '"noise"' not in older and '"noise":0.021' in newer        # older lines stay byte for byte
-    from gemmgen.tuning_db.exchange import merge
-
     db = Database(":memory:")
     path = tmp_path / "x.jsonl"
     path.write_text(older + "\n" + newer + "\n")
@@ -253,10 +258,7 @@ def test_export_writes_a_trials_noise_only_where_it_was_measured(tmp_path):
 def test_migrate_v5_trials_keep_the_spread_rule(tmp_path):
     path = tmp_path / "v5.sqlite"
     with Database(path, migrate_to=5) as db:
-        db.conn.execute("INSERT INTO problems (key, m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, "
-                        "epilogue, family) VALUES (?, ?, ?, ?, 'row', 'row', 'row', 'f16', 'f32', 'f16', ?)",
-                        (P.key, P.m, P.n, P.k, P.key.split(":", 1)[1]))
-        db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
+        _add_problem_and_device(db)
         db.conn.execute("INSERT INTO trials (problem_id, device_id, program, backend, status, check_passed, "
                         "device_ms, spread, best_baseline, best_baseline_ms, baselines, created) VALUES "
                         "(1, 1, 'p\n', 'triton', 'ok', 1, 1.0, 0.01, 'torch', 1.2, "

@@ -49,7 +49,7 @@ def shipped_database(*, fresh: bool = False) -> Database:
     if _SHIPPED and not fresh:
         return _SHIPPED[0]
     folder = resources.files("gemmgen.tuning_db").joinpath("shipped")
-    entries = [folder.joinpath(name) for name in SHIPPED_FILES if folder.joinpath(name).is_file()]
+    entries = [entry for entry in map(folder.joinpath, SHIPPED_FILES) if entry.is_file()]
     cache = shipped_cache_path([e.read_bytes() for e in entries])
     db = _load_copy(cache)
     if db is None:
