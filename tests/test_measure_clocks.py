@@ -57,3 +57,16 @@ def test_without_nvml_or_when_it_fails_timing_gets_a_reason_not_an_error(monkeyp
 def test_reason_names():
     assert reason_names(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert reason_names(0x10000) == ["0x10000"]
+
+
+def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
+    """Two tuning processes, one per GPU, each see their GPU as CUDA device 0; NVML does not."""
+    from gemmgen.measure.clocks import nvml_index
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert nvml_index(0) == 0 and nvml_index(1) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert nvml_index(0) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 2")
+    assert (nvml_index(0), nvml_index(1)) == (3, 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8d1a0a4e")      # a UUID: left as CUDA numbers it
+    assert nvml_index(0) == 0

@@ -10,6 +10,7 @@ thermal, ...). Without NVML (`pynvml` from nvidia-ml-py) it records nothing.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from gemmgen.measure.numerics import median
@@ -27,6 +28,16 @@ REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
+
+
+def nvml_index(cuda_index: int) -> int:
+    """NVML numbers every GPU of the host and ignores CUDA_VISIBLE_DEVICES, which CUDA honours:
+    with CUDA_VISIBLE_DEVICES=1, CUDA's device 0 is NVML's device 1. Entries that are not
+    numbers (UUIDs, MIG names) are left as CUDA numbers them."""
+    entries = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    if cuda_index < len(entries) and all(e.isdigit() for e in entries):
+        return int(entries[cuda_index])
+    return cuda_index
 
 
 def reason_names(mask: int) -> list[str]:

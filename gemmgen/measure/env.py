@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from typing import Any, Optional
 
+from gemmgen.measure.clocks import nvml_index
+
 PACKAGES = ("torch", "triton", "nvmath-python", "nvidia-cutlass", "cuda-bindings", "nvidia-ml-py", "gemmgen")
 SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
               "power.draw", "power.limit", "temperature.gpu", "pstate")
@@ -85,7 +87,9 @@ def _from_smi(index: int) -> Optional[dict[str, Any]]:
 
 
 def gpu_record(index: int = 0) -> Optional[dict[str, Any]]:
-    """Clocks and power now (call it next to the measurement); None without a GPU."""
+    """Clocks and power now (call it next to the measurement) of CUDA device `index`; None
+    without a GPU."""
+    index = nvml_index(index)
     return _from_nvml(index) or _from_smi(index)
 
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from gemmgen.dsl.ir import Problem
-from gemmgen.measure.clocks import ClockSampler
+from gemmgen.measure.clocks import ClockSampler, nvml_index
 from gemmgen.measure.errors import FloorViolation, MeasureError
 from gemmgen.measure.numerics import median, quantile
 
@@ -480,12 +480,11 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
 
 
 def _nvml_index(device) -> int:
-    """The NVML index of a CUDA device: torch's index (NVML numbers all GPUs, so this holds
-    unless CUDA_VISIBLE_DEVICES reorders them)."""
+    """The NVML index of a CUDA device, so a session's clocks are read from the GPU it ran on."""
     import torch
 
     dev = torch.device(device)
-    return dev.index if dev.index is not None else torch.cuda.current_device()
+    return nvml_index(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def time(fn: Callable, problem: Problem, mode: str = "offline", *,
