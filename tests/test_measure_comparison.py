@@ -1,9 +1,11 @@
 """The noise of a same-session speedup: pure arithmetic over paired rounds, no GPU."""
+import math
 import random
 
 import pytest
 
-from gemmgen.measure.comparison import MIN_PAIRS, REPLICATE_NOISE, median_interval, speedup_noise
+from gemmgen.measure.comparison import (MIN_PAIRS, REPLICATE_NOISE, median_interval, ratio_of_medians_interval,
+                                         speedup_noise)
 
 
 def test_median_interval_brackets_the_median_by_order_statistics():
@@ -40,3 +42,30 @@ def test_rounds_pair_by_position_and_unequal_lengths_pair_the_common_rounds():
     kernel = [1.0] * 40
     reference = [1.05] * 20                        # the reference ran fewer rounds
     assert speedup_noise(kernel, reference) == REPLICATE_NOISE
+
+
+def test_one_kernel_against_itself_under_the_power_cap_is_within_its_noise():
+    """One kernel timed against itself while the clock flips between two states (what
+    benchmarks/results/noise_probe/ measured on the H200). The two calls of a round mostly
+    share a state, so the per-round ratios are 1 and their interval is tight; but where the
+    clock flipped between them (2 rounds of 30), the slow state is the majority of one
+    time's samples and the minority of the other's, and the medians land in different
+    states. The recorded speedup, a ratio of medians, is then 0.89x: the noise must cover it."""
+    rng = random.Random(3)
+    slow_kernel = set(range(16))                   # rounds where each call ran at the slow clock
+    slow_reference = set(range(14))                # the clock flipped within rounds 14 and 15
+    kernel = [(1.12 if i in slow_kernel else 1.0) * (1 + rng.gauss(0, 1e-4)) for i in range(30)]
+    reference = [(1.12 if i in slow_reference else 1.0) * (1 + rng.gauss(0, 1e-4)) for i in range(30)]
+    lo, mid, hi = median_interval([r / k for k, r in zip(kernel, reference)])
+    assert hi / lo < 1.001                         # the per-round interval alone: the floor
+    low, recorded, high = ratio_of_medians_interval(list(zip(kernel, reference)))
+    assert recorded == pytest.approx(1 / 1.12, rel=1e-3) and low < recorded < high
+    noise = speedup_noise(kernel, reference)
+    assert abs(math.log(recorded)) <= math.log1p(noise)     # "the same speed", within noise
+
+
+def test_the_bootstrap_is_seeded():
+    rng = random.Random(4)
+    kernel = [1 + rng.gauss(0, 0.05) for _ in range(50)]
+    reference = [1 + rng.gauss(0, 0.05) for _ in range(50)]
+    assert speedup_noise(kernel, reference) == speedup_noise(kernel, reference)
