@@ -1,6 +1,8 @@
 """The tuning database: schema, records, the never-slower winners query, migrations, bad files."""
 import json
+import os
 import sqlite3
+import time
 
 import pytest
 
@@ -292,11 +294,19 @@ def test_migrate_v6_supersedes_arrival_order_trials_timed_with_the_old_finalize(
 
 
 def test_the_shipped_records_are_kept_built_on_disk(tmp_path, monkeypatch):
-    """Parsing the shipped export takes ~1.5 s; a later process copies the kept build instead."""
+    """Parsing the shipped export takes ~5 s; a later process copies the kept build instead.
+    Builds of other releases' files go once unused for a week."""
     from gemmgen.tuning_db import exchange, shipped_database
+    from gemmgen.tuning_db.store import STALE_BUILD_S
 
     monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
+    stale, recent = tmp_path / "shipped-0000stale.sqlite", tmp_path / "shipped-0000recent.sqlite"
+    for other, age in ((stale, STALE_BUILD_S + 60), (recent, STALE_BUILD_S - 3600)):
+        other.write_bytes(b"a build of another release")
+        os.utime(other, (time.time() - age, time.time() - age))
     first = shipped_database(fresh=True)
+    assert not stale.exists() and recent.exists()
+    recent.unlink()
     (kept,) = tmp_path.glob("shipped-*.sqlite")
     with monkeypatch.context() as m:
         m.setattr(exchange, "read_jsonl", lambda path: pytest.fail("parsed again despite the kept build"))

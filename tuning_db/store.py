@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,7 +41,7 @@ _SHIPPED: list[Database] = []
 def shipped_database(*, fresh: bool = False) -> Database:
     """The shipped records as an in-memory database, read once per process (treat it as read-only).
 
-    Parsing the export (5,600 records) takes ~1.5 s, so the built database is also kept on disk
+    Parsing the export (8,400 records) takes ~5 s, so the built database is also kept on disk
     (`shipped_cache_path`), keyed by the files' bytes and the schema version; a later process
     copies it into memory in milliseconds. Without a writable cache directory it is parsed each time.
     """
@@ -71,10 +72,18 @@ def shipped_cache_path(contents: list[bytes]) -> Path:
     return _cache_root() / f"shipped-{digest.hexdigest()[:20]}.sqlite"
 
 
+#: a kept build of other shipped files (an older release) unused this long is removed
+STALE_BUILD_S = 7 * 24 * 3600
+
+
 def _load_copy(cache: Path) -> Optional[Database]:
     """A kept build copied into memory; None if there is none or it cannot be read whole."""
     if not cache.is_file():
         return None
+    try:
+        os.utime(cache)            # in use: not stale (see _save_copy)
+    except OSError:
+        pass
     db = Database(":memory:")
     try:
         source = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
@@ -104,6 +113,20 @@ def _save_copy(db: Database, cache: Path) -> None:
         os.replace(tmp, cache)
     except (OSError, sqlite3.Error):
         tmp.unlink(missing_ok=True)
+        return
+    _remove_stale_builds(cache)
+
+
+def _remove_stale_builds(current: Path) -> None:
+    """Each release's shipped files get their own build (7-12 MB); drop those unused for a week,
+    not sooner, since another installed version may share the cache directory."""
+    now = time.time()
+    for old in current.parent.glob("shipped-*.sqlite"):
+        try:
+            if old != current and now - old.stat().st_mtime > STALE_BUILD_S:
+                old.unlink()
+        except OSError:
+            pass
 
 
 @dataclass(frozen=True)
