@@ -33,7 +33,9 @@ def served_by(row: dict) -> str:
 
 
 def split(rows: list) -> list[dict]:
-    """Per shape: GFLOP, bucket, what was served, speedup of gemmgen over torch (both measured)."""
+    """Per shape: GFLOP, bucket, what was served, speedup of gemmgen over torch: timed in the
+    bench process (`speedup`) and, where the row has it, beside torch.matmul in gemmgen's own
+    worker session (`same_session`), which drift between the two sessions does not touch."""
     by_shape: dict = defaultdict(dict)
     for r in rows:
         if r.get("status") == "ok" and r.get("device_ms"):
@@ -42,8 +44,10 @@ def split(rows: list) -> list[dict]:
     for (m, n, k, layout), named in sorted(by_shape.items()):
         if "gemmgen" in named and "torch" in named:
             g = named["gemmgen"]
+            reference = g.get("notes", {}).get("reference_device_ms")
             out.append({"m": m, "n": n, "k": k, "layout": layout, "gflop": g["gflop"], "bucket": g["bucket"],
-                        "how": served_by(g), "speedup": named["torch"]["device_ms"] / g["device_ms"]})
+                        "how": served_by(g), "speedup": named["torch"]["device_ms"] / g["device_ms"],
+                        "same_session": reference / g["device_ms"] if reference else None})
     return out
 
 
@@ -51,9 +55,16 @@ def summarise(shapes: list[dict]) -> dict:
     groups: dict = defaultdict(list)
     for s in shapes:
         for key in (s["how"], f"{s['how']} {s['bucket']}", "all"):
-            groups[key].append(s["speedup"])
-    return {key: {"shapes": len(v), "geomean": round(geomean(v), 4), "min": round(min(v), 4),
-                  "below_0.97": sum(x < 0.97 for x in v)} for key, v in sorted(groups.items())}
+            groups[key].append(s)
+    summary = {}
+    for key, members in sorted(groups.items()):
+        v = [s["speedup"] for s in members]
+        same = [s["same_session"] for s in members if s["same_session"]]
+        summary[key] = {"shapes": len(v), "geomean": round(geomean(v), 4), "min": round(min(v), 4),
+                        "below_0.97": sum(x < 0.97 for x in v),
+                        "same_session_geomean": round(geomean(same), 4) if same else None,
+                        "same_session_min": round(min(same), 4) if same else None}
+    return summary
 
 
 def plot(shapes: list[dict], path: Path, title: str) -> None:
@@ -96,9 +107,11 @@ def main(argv=None) -> int:
             "nearest_max_gflop": args.nearest_max_gflop}
     (run / "provenance.json").write_text(json.dumps({"meta": meta, "summary": summary, "shapes": shapes}, indent=1))
     plot(shapes, run / "provenance.png", f"gemmgen vs torch.matmul by what compile served ({len(shapes)} shapes)")
-    print(f"{'group':22} {'shapes':>6} {'geomean':>8} {'min':>7} {'<0.97':>6}")
+    print(f"{'group':22} {'shapes':>6} {'geomean':>8} {'min':>7} {'<0.97':>6} {'same session':>13} {'min':>7}")
     for key, s in summary.items():
-        print(f"{key:22} {s['shapes']:6d} {s['geomean']:8.4f} {s['min']:7.3f} {s['below_0.97']:6d}")
+        same = (f"{s['same_session_geomean']:13.4f} {s['same_session_min']:7.3f}"
+                if s["same_session_geomean"] else f"{'-':>13} {'-':>7}")
+        print(f"{key:22} {s['shapes']:6d} {s['geomean']:8.4f} {s['min']:7.3f} {s['below_0.97']:6d} {same}")
     return 0
 
 
