@@ -62,14 +62,14 @@ def analyse(run: Path) -> dict:
     for s in doc["sessions"]:
         one, two = s["one"], s["two"]
         ratio = median(one) / median(two)               # "two" as the kernel, "one" the reference
-        rounds = median([a / b for a, b in zip(one, two)])
-        lo, mid, hi = median_interval([a / b for a, b in zip(one, two)])
+        lo, rounds, hi = median_interval([a / b for a, b in zip(one, two)])
         row = per_shape.setdefault(f"{s['m']}x{s['n']}x{s['k']}",
                                    {"ratios": [], "noise": [], "per_round_noise": [], "per_round": []})
         row["ratios"].append(ratio)
         row["per_round"].append(rounds)
         row["noise"].append(speedup_noise(two, one))
-        row["per_round_noise"].append(max(REPLICATE_NOISE, (mid - lo) / mid, (hi - mid) / mid))   # before session 9
+        # the noise as it was before session 9: the per-round interval and the floor only
+        row["per_round_noise"].append(max(REPLICATE_NOISE, (rounds - lo) / rounds, (hi - rounds) / rounds))
     summary = {}
     for shape, row in per_shape.items():
         def outside(noises: list) -> int:

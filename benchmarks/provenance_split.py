@@ -73,16 +73,18 @@ def plot(shapes: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    same_session = all(s["same_session"] for s in shapes)
+    key = "same_session" if same_session else "speedup"
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for how, color in (("baseline", "0.6"), ("nearest", "tab:orange"), ("library", "tab:green"), ("exact", "tab:blue")):
         pts = [s for s in shapes if s["how"] == how]
         if pts:
-            ax.scatter([s["gflop"] for s in pts], [s["speedup"] for s in pts], s=10, color=color,
-                       label=f"{how} ({len(pts)}, geomean {geomean([s['speedup'] for s in pts]):.3f}x)")
+            ax.scatter([s["gflop"] for s in pts], [s[key] for s in pts], s=10, color=color,
+                       label=f"{how} ({len(pts)}, geomean {geomean([s[key] for s in pts]):.3f}x)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("GFLOP")
-    ax.set_ylabel("speedup over torch.matmul (device time)")
+    ax.set_ylabel("speedup over torch.matmul (device time" + (", same session)" if same_session else ")"))
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
