@@ -5,8 +5,9 @@ seeded hash of the shape, plus the off-grid `x @ W.T` problems M in {1, 7, 33, 1
 3000}, N = 11008, K = 4096. Nothing here ever yields a held-out problem for training.
 
 Supervised examples come from two sources, kept apart by name:
-- `database_examples`: the tuning database's winners, i.e. programs *measured*
-  fastest on the GPU;
+- `database_examples`: the tuning database's fastest checked programs per problem, i.e.
+  programs *measured* on the GPU (winners over cuBLAS or not: what the policy is judged
+  against is the fastest program the database holds);
 - `heuristic_examples`: the HeuristicProposer's top programs, i.e. *imitation of the
   roofline heuristic*, not measurements. They give the warm start something to learn
   before any GPU tuning exists.
@@ -130,20 +131,25 @@ def heuristic_examples(problems: Iterable[Problem], top: int = 4,
     return programs
 
 
-def database_examples(db, device_name: Optional[str] = None) -> list[Program]:
-    """Winners of the tuning database (measured), excluding held-out problems."""
+def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> list[Program]:
+    """The `top` fastest checked programs of each problem the database tuned on this GPU
+    (measured), by speedup over the best baseline of their own run; held-out problems never."""
     from gemmgen.dsl import ProgramError, parse
     from gemmgen.tuning_db import DEFAULT_DEVICE_NAME
 
+    ranked: dict[Problem, list] = {}
+    for trial in db.trials(device_name=device_name or DEFAULT_DEVICE_NAME):
+        if (trial.status == "ok" and trial.check_passed and trial.device_ms and trial.best_baseline
+                and trial.problem.is_bound and not is_heldout(trial.problem)):
+            ranked.setdefault(trial.problem, []).append(trial)
     programs = []
-    for trial in db.winners(device_name or DEFAULT_DEVICE_NAME):
-        try:
-            program = parse(trial.program).bind(trial.problem)
-        except ProgramError:
-            continue
-        program = replace(program, problem=trial.problem)
-        if trial.problem.is_bound and not is_heldout(trial.problem):
-            programs.append(program)
+    for problem, trials in ranked.items():
+        trials.sort(key=lambda t: (-t.best_baseline[1].device_ms / t.device_ms, t.program))
+        for trial in trials[:top]:
+            try:
+                programs.append(replace(parse(trial.program).bind(problem), problem=problem))
+            except ProgramError:
+                continue
     return programs
 
 

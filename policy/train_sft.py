@@ -1,10 +1,10 @@
 """Supervised warm start with trl's SFTTrainer: prompt -> the answer of a good program.
 
-Data: the tuning database's winners (measured) and the HeuristicProposer's top
-programs (imitation of the heuristic, not measurements; see data.py). Loss on the
-answer tokens only. Runs in chunks: stops at `max_steps` or after `minutes`,
-whichever comes first, keeps trainer checkpoints under `<work>/trainer`, and
-`resume=True` continues from the last one. Writes `<work>/curves/sft.{json,png}`
+Data: the tuning database's fastest checked programs per problem (measured) and the
+HeuristicProposer's top programs (imitation of the heuristic, not measurements; see
+data.py). Loss on the answer tokens only. Runs in chunks: stops at `max_steps` or
+after `minutes`, whichever comes first, keeps trainer checkpoints under
+`<work>/trainer`, and `resume=True` continues from the last one. Writes `<work>/curves/sft.{json,png}`
 and copies the curve beside the saved policy.
 
     python -m gemmgen.policy.train_sft --out policy/checkpoint --minutes 3
@@ -136,9 +136,9 @@ def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_d
         key = hashlib.sha256(json.dumps([p.key for p in problems] + teacher).encode()).hexdigest()[:12]
         programs_h = data.heuristic_examples(problems, top=heuristic_top, cache=cache_dir / f"heuristic-{key}.jsonl")
         n_problems = len(problems)
-    # Measured winners count twice: they are the better teacher.
+    # Measured programs count twice: they are the better teacher.
     rows = list(data.supervised_rows(programs_db * 2 + programs_h))
-    return rows, {"database_winners": len(programs_db), "heuristic_programs": len(programs_h),
+    return rows, {"database_programs": len(programs_db), "heuristic_programs": len(programs_h),
                   "training_problems": n_problems, "heuristic_top": heuristic_top}, programs_h
 
 
@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--work", help="folder for trainer checkpoints and curves (default: a cache folder)")
     parser.add_argument("--init", help="start from this policy checkpoint instead of a fresh small model")
     parser.add_argument("--base-model", help="adapt this local causal LM (folder or .gguf) with LoRA")
-    parser.add_argument("--db", help="tuning database whose winners to learn from")
+    parser.add_argument("--db", help="tuning database whose fastest programs per problem to learn from")
     parser.add_argument("--data", help="heuristic programs saved by --keep-data (skips re-ranking)")
     parser.add_argument("--keep-data", action="store_true",
                         help="save the heuristic programs beside the policy (sft_heuristic_programs.jsonl.gz)")

@@ -36,3 +36,26 @@ def test_the_prompt_states_problem_and_hardware_and_parses_as_dsl():
                                               "raster m swizzle=8", "smem_swizzle auto", "split_k 1"))
     assert [line.split()[0] for line in answer.splitlines()] == list(answer_statements())
     assert parse(text + answer).problem == problem
+
+
+def test_database_examples_are_the_fastest_checked_programs_winners_or_not(tmp_path):
+    """The policy is judged against the fastest program the database holds, so that is what it
+    learns from, even where cuBLAS was faster still; held-out problems never."""
+    from dataclasses import replace
+
+    from gemmgen.dsl import to_text
+    from gemmgen.tuning_db import Database
+    from tuning_fakes import TEST_GPU, triton_program, trial
+
+    train = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if not data.is_heldout_shape(m, n, k))
+    held = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if data.is_heldout_shape(m, n, k))
+    base = triton_program(train)
+    variants = [to_text(replace(base, stages=s)) for s in (2, 3, 4, 5)]
+    with Database(tmp_path / "t.sqlite") as db:
+        for text, ms, passed in zip(variants, (1.5, 1.3, 1.4, 1.0), (True, True, True, False)):
+            db.record(trial(train, device_ms=ms, baseline_ms=1.2, program=text, check_passed=passed))
+        db.record(trial(held, device_ms=0.5, baseline_ms=1.2))
+        assert [w.problem for w in db.winners(TEST_GPU.name)] == [held]     # cuBLAS beat every `train` program
+        programs = data.database_examples(db, TEST_GPU.name, top=2)
+    assert [to_text(p) for p in programs] == [variants[1], variants[2]]   # 1.3 and 1.4 ms; 1.0 failed its check
+    assert all(p.problem == train for p in programs)

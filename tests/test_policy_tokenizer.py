@@ -44,12 +44,25 @@ def test_prompt_plus_answer_is_the_program(tokenizer):
     assert both == tokenizer.encode(prompt, add_special_tokens=False) + tokenizer.encode(answer, add_special_tokens=False)
 
 
-def test_words_and_decision_numbers_are_single_tokens(tokenizer):
+def _assert_words_and_decision_numbers_are_single_tokens(tokenizer):
     vocab = tokenizer.get_vocab()
     for word in grammar_words():
         assert word in vocab and " " + word in vocab, word
     for n in DECISION_NUMBERS:
         assert str(n) in vocab and f" {n}" in vocab, n
+
+
+def test_words_and_decision_numbers_are_single_tokens(tokenizer):
+    _assert_words_and_decision_numbers_are_single_tokens(tokenizer)
+
+
+def test_the_shipped_tokenizer_knows_every_word_of_todays_grammar():
+    """A word added to the grammar after the shipped policy was trained (as `unordered` was)
+    would reach the model letter by letter: retrain the tokenizer and the policy with it."""
+    from gemmgen.policy.model import CHECKPOINT_DIR
+    from gemmgen.policy.tokenizer import load_tokenizer
+
+    _assert_words_and_decision_numbers_are_single_tokens(load_tokenizer(str(CHECKPOINT_DIR)))
 
 
 def test_unseen_numbers_still_round_trip(tokenizer):

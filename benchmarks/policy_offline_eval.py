@@ -1,0 +1,92 @@
+"""The policy on held-out problems, scored against what the H200 already measured (no GPU).
+
+Every shape of the 1,000 set now has Triton programs measured on the H200 (the shipped
+records), the held-out fifth included (tuned, never trained on). So a policy's proposals can
+be scored on CPU wherever they coincide with a measured program. Per held-out grid problem
+(row-major A and B, no epilogue) and per proposer, with k proposals:
+  hit_best      the database's fastest checked program is among them
+  measured      how many of them the database has timed
+  known_b8      best speedup among the measured ones / the database's best (problems with one)
+This is a proxy, not a timing: a proposal never measured counts for nothing here, good or bad.
+`benchmarks/policy_eval.py` times every proposal on the GPU.
+
+    python3 benchmarks/policy_offline_eval.py --policy shipped=policy/checkpoint \\
+        --policy old=/tmp/policy_old --out benchmarks/results/policy_offline
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+from gemmgen.measure.numerics import geomean
+
+
+def measured_speedups(db, problem, device_name: str) -> dict[str, float]:
+    """Program text -> speedup over the best baseline of its run, for checked trials."""
+    out: dict[str, float] = {}
+    for t in db.trials(problem.key, device_name):
+        if t.status == "ok" and t.check_passed and t.device_ms and t.best_baseline:
+            out[t.program] = max(out.get(t.program, 0.0), t.best_baseline[1].device_ms / t.device_ms)
+    return out
+
+
+def score(proposals: list[str], measured: dict[str, float]) -> dict:
+    best_text = max(measured, key=measured.get)
+    known = [measured[p] for p in proposals if p in measured]
+    return {"hit_best": best_text in proposals, "measured": len(known),
+            "known_b8": max(known) / measured[best_text] if known else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT")
+    ap.add_argument("-k", type=int, default=8)
+    ap.add_argument("--limit", type=int, default=None, help="first N held-out problems only")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+
+    from tqdm import tqdm
+
+    from gemmgen.dsl import to_text
+    from gemmgen.policy import data
+    from gemmgen.policy.lm_proposer import PolicyProposer
+    from gemmgen.policy.proposers import HeuristicProposer
+    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, shipped_database
+
+    db = shipped_database()
+    problems = [p for p in data.heldout_problems() if p.b_major == "row" and p.epilogue.signature == "f16"]
+    problems = [p for p in problems if measured_speedups(db, p, DEFAULT_DEVICE_NAME)][: args.limit]
+    proposers = {"heuristic": HeuristicProposer()}
+    proposers.update({name: PolicyProposer(path) for name, path in (s.split("=", 1) for s in args.policy)})
+    rows = []
+    for problem in tqdm(problems, desc="held-out problems"):
+        measured = measured_speedups(db, problem, DEFAULT_DEVICE_NAME)
+        row = {"problem": problem.key, "db_best": max(measured.values()), "programs_measured": len(measured)}
+        for name, proposer in proposers.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                texts = [to_text(p) for p in proposer.propose(problem, args.k, seed=0)]
+            row[name] = score(texts, measured) | {"proposed": len(texts)}
+        rows.append(row)
+    summary = {}
+    for name in proposers:
+        known = [r[name]["known_b8"] for r in rows if r[name]["known_b8"]]
+        summary[name] = {"problems": len(rows), "hit_best": sum(r[name]["hit_best"] for r in rows),
+                         "with_a_measured_proposal": len(known),
+                         "known_b8_geomean": round(geomean(known), 4) if known else None,
+                         "measured_per_problem": round(sum(r[name]["measured"] for r in rows) / len(rows), 2),
+                         "proposed_per_problem": round(sum(r[name]["proposed"] for r in rows) / len(rows), 2)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "policy_offline_eval.json").write_text(json.dumps({"k": args.k, "summary": summary, "rows": rows},
+                                                                  indent=1))
+    print(f"{'proposer':12} {'problems':>8} {'hit best':>8} {'measured/pr':>11} {'known b8 / db best':>19}")
+    for name, s in summary.items():
+        print(f"{name:12} {s['problems']:8d} {s['hit_best']:8d} {s['measured_per_problem']:11.2f} "
+              f"{s['known_b8_geomean'] or float('nan'):19.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
