@@ -4,8 +4,8 @@ Data: the tuning database's fastest checked programs per problem (measured) and 
 HeuristicProposer's top programs (imitation of the heuristic, not measurements; see
 data.py). Loss on the answer tokens only. Runs in chunks: stops at `max_steps` or
 after `minutes`, whichever comes first, keeps trainer checkpoints under
-`<work>/trainer`, and `resume=True` continues from the last one. Writes `<work>/curves/sft.{json,png}`
-and copies the curve beside the saved policy.
+`<work>/trainer`, and `resume=True` continues from the last one. Writes
+`<work>/curves/sft.{json,png}` and copies the curve beside the saved policy.
 
     python -m gemmgen.policy.train_sft --out policy/checkpoint --minutes 3
 """
