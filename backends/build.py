@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from gemmgen.backends.base import Artifact, BackendError, Source
+from gemmgen.cache import cache_root as shared_cache_root
 
-CACHE_ENV = "GEMMGEN_CACHE_DIR"
 # Bump when the pickled layout of artifacts changes.
 CACHE_FORMAT = "1"
 
 
 def cache_root() -> Path:
-    """The cache directory, created on first use."""
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gemmgen").expanduser()
+    """The cache directory (`gemmgen.cache`), created on first use."""
+    root = shared_cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

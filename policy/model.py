@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from gemmgen.cache import cache_root
 from gemmgen.errors import GemmgenError
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoint"
@@ -51,11 +52,6 @@ def _offline() -> None:
     """gemmgen never downloads a model: keep the Hugging Face hub client off the network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-
-
-def cache_root() -> Path:
-    root = os.environ.get("GEMMGEN_CACHE_DIR")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "gemmgen"
 
 
 def new_small_model(tokenizer, config: SmallConfig = SmallConfig(), seed: int = 0):

@@ -13,6 +13,7 @@ from gemmgen import dsl  # noqa: E402
 from gemmgen.backends import build as builds  # noqa: E402
 from gemmgen.backends import triton as tb  # noqa: E402
 from gemmgen.backends.base import BackendError  # noqa: E402
+from gemmgen.cache import CACHE_ENV  # noqa: E402
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile  # noqa: E402
 
 from strategies import valid_programs  # noqa: E402
@@ -22,7 +23,7 @@ from strategies import valid_programs  # noqa: E402
 def cache_dir(tmp_path_factory, monkeypatch):
     # One cache per session: examples built by one test are hits in the next.
     root = tmp_path_factory.getbasetemp() / "gemmgen-cache"
-    monkeypatch.setenv(builds.CACHE_ENV, str(root))
+    monkeypatch.setenv(CACHE_ENV, str(root))
     return root
 
 

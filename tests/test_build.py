@@ -7,11 +7,12 @@ import pytest
 
 from gemmgen.backends import build as builds
 from gemmgen.backends.base import Artifact, BackendError, Source
+from gemmgen.cache import CACHE_ENV
 
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(builds.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
+from gemmgen.cache import cache_root
 from gemmgen.dsl.ir import Problem
 from gemmgen.tuning_db.database import SCHEMA_VERSION, Database
 from gemmgen.tuning_db.records import LibraryChoice, Trial
@@ -25,14 +26,9 @@ from gemmgen.tuning_db.records import LibraryChoice, Trial
 SHIPPED_FILES = ("h200.jsonl",)
 
 
-def _cache_root() -> Path:
-    cache = os.environ.get("GEMMGEN_CACHE_DIR")
-    return Path(cache).expanduser() if cache else Path.home() / ".cache" / "gemmgen"
-
-
 def default_db_path() -> Path:
     env = os.environ.get("GEMMGEN_DB")
-    return Path(env).expanduser() if env else _cache_root() / "tuning.sqlite"
+    return Path(env).expanduser() if env else cache_root() / "tuning.sqlite"
 
 
 _SHIPPED: list[Database] = []
@@ -69,7 +65,7 @@ def shipped_cache_path(contents: list[bytes]) -> Path:
     digest = hashlib.sha256(f"schema {SCHEMA_VERSION}".encode())
     for data in contents:
         digest.update(hashlib.sha256(data).digest())
-    return _cache_root() / f"shipped-{digest.hexdigest()[:20]}.sqlite"
+    return cache_root() / f"shipped-{digest.hexdigest()[:20]}.sqlite"
 
 
 #: a kept build of other shipped files (an older release) unused this long is removed
