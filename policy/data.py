@@ -139,12 +139,12 @@ def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> li
 
     ranked: dict[Problem, list] = {}
     for trial in db.trials(device_name=device_name or DEFAULT_DEVICE_NAME):
-        if (trial.status == "ok" and trial.check_passed and trial.device_ms and trial.best_baseline
+        if (trial.status == "ok" and trial.check_passed and trial.speedup
                 and trial.problem.is_bound and not is_heldout(trial.problem)):
             ranked.setdefault(trial.problem, []).append(trial)
     programs = []
     for problem, trials in ranked.items():
-        trials.sort(key=lambda t: (-t.best_baseline[1].device_ms / t.device_ms, t.program))
+        trials.sort(key=lambda t: (-t.speedup, t.program))
         for trial in trials[:top]:
             try:
                 programs.append(replace(parse(trial.program).bind(problem), problem=problem))

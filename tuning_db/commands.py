@@ -114,7 +114,7 @@ def _show(args) -> int:
         ms = f"{t.device_ms:.4f}" if t.device_ms else "-"
         margin = f"{100 * t.margin:.1f}%" if t.margin is not None else "-"
         base = f"{best[1].device_ms:.4f}" if best else "-"
-        speed = f"{best[1].device_ms / t.device_ms:.3f}x" if best and t.device_ms else "-"
+        speed = f"{t.speedup:.3f}x" if t.speedup else "-"
         print(f"{t.id:>6} {t.status:<12} {t.backend:<8} {ms:>10} {margin:>7} {base:>12} {speed:>8}  "
               f"{t.device.name} / {t.proposer} {t.proposer_version}{mark}")
         if t.status != "ok" and (t.build_msg or t.check_msg):

@@ -102,6 +102,12 @@ class Trial:
         return min(times) if times else None
 
     @property
+    def speedup(self) -> Optional[float]:
+        """The best baseline of the same run over this time (offline), as the `winners` view has it."""
+        best = self.best_baseline
+        return best[1].device_ms / self.device_ms if best and self.device_ms else None
+
+    @property
     def margin(self) -> Optional[float]:
         """What the speedup must exceed 1 by to win: its noise, else (older trials) its spread."""
         return self.noise if self.noise is not None else self.spread
@@ -218,12 +224,15 @@ _TRIAL_SCALARS = [f.name for f in fields(Trial) if f.name not in ("problem", "de
 _TRIAL_SINCE_V6 = ("noise",)
 
 
+def _without_unmeasured(record: dict[str, Any], added_later: tuple[str, ...]) -> dict[str, Any]:
+    """Drops the fields a later schema added where they are None, so older lines stay as they
+    were written."""
+    return {k: v for k, v in record.items() if not (k in added_later and v is None)}
+
+
 def trial_to_json(trial: Trial) -> str:
     """One export line: sorted keys, no id (ids are local to one database file)."""
-    record: dict[str, Any] = {name: getattr(trial, name) for name in _TRIAL_SCALARS}
-    for name in _TRIAL_SINCE_V6:
-        if record[name] is None:
-            del record[name]         # older lines stay as they were written
+    record = _without_unmeasured({name: getattr(trial, name) for name in _TRIAL_SCALARS}, _TRIAL_SINCE_V6)
     record["problem"] = trial.problem.key
     record["device"] = trial.device.as_dict()
     record["baselines"] = {n: asdict(b) for n, b in sorted(trial.baselines.items())}
@@ -237,10 +246,7 @@ _SINCE_V5 = ("noise", "server_ms", "torch_server_ms", "server_noise")
 
 def library_to_json(choice: LibraryChoice) -> str:
     """One export line, marked `"kind": "library"` (trial lines carry no kind)."""
-    record: dict[str, Any] = {name: getattr(choice, name) for name in _LIBRARY_SCALARS}
-    for name in _SINCE_V5:
-        if record[name] is None:
-            del record[name]         # older lines stay as they were written
+    record = _without_unmeasured({name: getattr(choice, name) for name in _LIBRARY_SCALARS}, _SINCE_V5)
     record.update(kind="library", problem=choice.problem.key, config=dict(choice.config),
                   device=choice.device.as_dict())
     return json.dumps(record, sort_keys=True, separators=(",", ":"))
