@@ -17,11 +17,17 @@ best checked time among its own candidates:
 Speedup = torch.matmul time / kernel time, both from the same run (offline, cold L2).
 
     python benchmarks/policy_eval.py --out benchmarks/results/policy_eval --time-budget 150
+
+On several GPUs, one process per GPU with --shard i/n (same --max-problems, one shared database),
+then one table from the shards:
+
+    python benchmarks/policy_eval.py --out DIR --merge DIR0/policy_eval.json DIR1/policy_eval.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 import warnings
@@ -32,17 +38,25 @@ from gemmgen.measure.numerics import geomean
 METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "db_prior", "db_best")
 
 
-def pick_problems(limit: int | None):
+def pick_problems(limit: int | None, shard_spec: str | None = None, seed: int = 0):
+    """The off-grid problems first, then grid problems spread over sizes, in a seeded random
+    order, so that a run the time budget cuts short still covers every size."""
+    from gemmgen.measure.shapes import shard
     from gemmgen.policy.data import OFFGRID_M, heldout_problems
 
     problems = heldout_problems()
     offgrid = [p for p in problems if p.b_major == "col" and p.m in OFFGRID_M]
     grid = sorted((p for p in problems if p not in offgrid), key=lambda p: p.flops)
-    if limit is None or limit >= len(problems):
-        return offgrid + grid
-    n_grid = max(0, limit - len(offgrid))
-    step = len(grid) / max(1, n_grid)
-    return (offgrid + [grid[int(i * step)] for i in range(n_grid)])[:limit]
+    if limit is not None and limit < len(problems):
+        n_grid = max(0, limit - len(offgrid))
+        step = len(grid) / max(1, n_grid)
+        grid = [grid[int(i * step)] for i in range(n_grid)]
+        offgrid = offgrid[:limit]
+    picked = shard(offgrid + grid, shard_spec)
+    offgrid = [p for p in picked if p in offgrid]
+    grid = [p for p in picked if p not in offgrid]
+    random.Random(seed).shuffle(grid)
+    return offgrid + grid
 
 
 def best_times(db, problem, device_name):
@@ -78,7 +92,13 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default="triton,cutlass,cuda")
     parser.add_argument("-k", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard", default=None, metavar="I/N",
+                        help="evaluate every N-th of the picked problems from the I-th (one process per GPU)")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="measure nothing: one table and plot from the policy_eval.json of several shards")
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out))
 
     from gemmgen.dsl import parse, to_text
     from gemmgen.policy.lm_proposer import PolicyProposer
@@ -94,7 +114,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     backends = tuple(b for b in args.backends.split(",") if b)
     limit = args.max_problems if args.max_problems is not None else max(5, int(args.time_budget // 15))
-    problems = pick_problems(limit)
+    problems = pick_problems(limit, args.shard, args.seed)
     policy = PolicyProposer(args.checkpoint, backends=backends)
     proposers = {"policy": policy, "random": RandomProposer(backends), "heuristic": HeuristicProposer(backends)}
     rows = []
@@ -134,13 +154,34 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{problem.key}: " + "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS),
                   flush=True)
+    write_report(rows, out, {"wall_s": round(time.monotonic() - started, 1), "problems_planned": len(problems),
+                             "checkpoint": args.checkpoint or "shipped", "policy_version": policy.version,
+                             "backends": list(backends), "k": args.k, "shard": args.shard})
+    return 0
+
+
+def write_report(rows, out: Path, meta: dict) -> None:
     summary = summarize(rows)
-    summary.update({"wall_s": round(time.monotonic() - started, 1), "problems_planned": len(problems),
-                    "checkpoint": args.checkpoint or "shipped", "policy_version": policy.version,
-                    "backends": list(backends), "k": args.k})
+    summary.update(meta)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "policy_eval.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
     plot(rows, out / "policy_eval.png")
     print_table(summary)
+
+
+def merge(paths, out: Path) -> int:
+    """One report from shards: their rows together; the wall time is the longest shard's."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    versions = {d["summary"].get("policy_version") for d in docs}
+    if len(versions) > 1:
+        raise SystemExit(f"--merge: the shards evaluated different policies {sorted(map(str, versions))}")
+    first = docs[0]["summary"]
+    rows = [r for d in docs for r in d["rows"]]
+    write_report(rows, out, {
+        "wall_s": max(d["summary"].get("wall_s") or 0 for d in docs),
+        "problems_planned": sum(d["summary"].get("problems_planned") or 0 for d in docs),
+        **{k: first.get(k) for k in ("checkpoint", "policy_version", "backends", "k")},
+        "shards": [d["summary"].get("shard") for d in docs]})
     return 0
 
 

@@ -81,6 +81,31 @@ def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
     assert all(r["db_prior"] == r["db_best"] for r in again)
 
 
+def test_policy_eval_shards_split_the_problems_and_merge_into_one_table(stub_gpu, tmp_path, capsys):
+    ev = _load("policy_eval")
+    both = ev.pick_problems(9)
+    shards = [ev.pick_problems(9, f"{i}/2") for i in range(2)]
+    assert sorted(p.key for s in shards for p in s) == sorted(p.key for p in both)      # a split, no overlap
+    assert all(p.m in (1, 7, 33, 1000, 3000) for p in shards[0][:3])                    # off-grid still first
+    db = tmp_path / "tuning.sqlite"
+    for i in range(2):
+        args = ["--out", str(tmp_path / f"s{i}"), "--db", str(db), "--max-problems", "4", "-k", "2",
+                "--shard", f"{i}/2"]
+        assert ev.main(args) == 0
+    parts = [json.loads((tmp_path / f"s{i}" / "policy_eval.json").read_text()) for i in range(2)]
+    assert ev.main(["--out", str(tmp_path / "all"), "--merge"] +
+                   [str(tmp_path / f"s{i}" / "policy_eval.json") for i in range(2)]) == 0
+    merged = json.loads((tmp_path / "all" / "policy_eval.json").read_text())
+    assert [r["problem"] for r in merged["rows"]] == [r["problem"] for d in parts for r in d["rows"]]
+    assert merged["summary"]["problems"] == 4 and merged["summary"]["shards"] == ["0/2", "1/2"]
+    assert (tmp_path / "all" / "policy_eval.png").is_file()
+    parts[1]["summary"]["policy_version"] = "another"
+    (tmp_path / "s1" / "policy_eval.json").write_text(json.dumps(parts[1]))
+    with pytest.raises(SystemExit, match="different policies"):
+        ev.main(["--out", str(tmp_path / "bad"), "--merge", str(tmp_path / "s0" / "policy_eval.json"),
+                 str(tmp_path / "s1" / "policy_eval.json")])
+
+
 def test_policy_grpo_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
     gr = _load("policy_grpo")
     db = tmp_path / "tuning.sqlite"
