@@ -100,15 +100,16 @@ def main(argv=None) -> int:
     if args.merge:
         return merge(args.merge, Path(args.out))
 
-    from gemmgen.dsl import parse, to_text
+    import torch
+
     from gemmgen.policy.lm_proposer import PolicyProposer
-    from gemmgen.policy.proposers import HeuristicProposer, RandomProposer
-    from gemmgen.policy.reward import BaselinesOnce, FixedProposal
+    from gemmgen.policy.reward import BaselinesOnce
     from gemmgen.tune import tune
     from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     warnings.simplefilter("ignore")
+    torch.set_num_threads(min(8, torch.get_num_threads()))   # shards share the host's cores
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -116,55 +117,81 @@ def main(argv=None) -> int:
     limit = args.max_problems if args.max_problems is not None else max(5, int(args.time_budget // 15))
     problems = pick_problems(limit, args.shard, args.seed)
     policy = PolicyProposer(args.checkpoint, backends=backends)
-    proposers = {"policy": policy, "random": RandomProposer(backends), "heuristic": HeuristicProposer(backends)}
+    meta = {"problems_planned": len(problems), "checkpoint": args.checkpoint or "shipped",
+            "policy_version": policy.version, "backends": list(backends), "k": args.k, "shard": args.shard}
     rows = []
-    with Database(args.db or default_db_path()) as db, WorkerRunner() as raw_runner:
+    # torch.matmul is the one baseline the speedups use.
+    with Database(args.db or default_db_path()) as db, WorkerRunner(baselines=("torch",)) as raw_runner:
         device = raw_runner.device.name
-        plans = []
-        for problem in problems:               # proposing is CPU work: all of it first
-            t0 = time.monotonic()
-            policy_programs = policy.propose(problem, args.k, seed=args.seed)
-            propose_s = time.monotonic() - t0
-            candidates = {
-                "policy_b1": [to_text(p) for p in policy_programs[:1]],
-                "policy_b8": [to_text(p) for p in policy_programs],
-                "random_b8": [to_text(p) for p in proposers["random"].propose(problem, args.k, seed=args.seed)],
-                "heuristic_b8": [to_text(p) for p in proposers["heuristic"].propose(problem, args.k)],
-            }
-            plans.append((problem, candidates, propose_s, dict(policy.last_stats), best_times(db, problem, device)))
-        fresh = {problem.key: [parse(t) for t in dict.fromkeys(t for texts in cands.values() for t in texts)]
-                 for problem, cands, *_ in plans}
-        left = args.time_budget - (time.monotonic() - started)
-        # One loop call for every problem: builds of the next shapes overlap measuring this one.
-        tune([p for p, *_ in plans], proposer=FixedProposal(fresh, name="policy_eval"), builder=PoolBuilder(),
-             runner=BaselinesOnce(raw_runner), db=db, budget=max(len(v) for v in fresh.values()),
-             time_budget_s=max(1.0, left), progress=False)
-        for problem, candidates, propose_s, stats, prior in plans:
-            tried = {t.program for t in db.trials(problem.key, device)}
-            if not all(t in tried for texts in candidates.values() for t in texts):
-                continue                       # the time budget ended before this problem was measured
-            times = best_times(db, problem, device)
-            row = {"problem": problem.key, "m": problem.m, "n": problem.n, "k": problem.k,
-                   "b_major": problem.b_major, "gflop": problem.gflop, "policy_propose_s": round(propose_s, 3),
-                   "policy_stats": stats, "candidates": candidates}
-            for method, texts in candidates.items():
-                row[method] = method_speedup(texts, times)
-            row["db_prior"] = method_speedup(list(prior), prior)
-            row["db_best"] = method_speedup(list(times), times)
-            rows.append(row)
-            print(f"{problem.key}: " + "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS),
+        candidates = EvalCandidates(policy, backends, args.k, args.seed, db, device)
+
+        def report_shape(problem):
+            rows.append(candidates.row(problem))
+            row = rows[-1]
+            print(f"[{time.monotonic() - started:6.0f} s] {problem.key}: " + "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS),
                   flush=True)
-    write_report(rows, out, {"wall_s": round(time.monotonic() - started, 1), "problems_planned": len(problems),
-                             "checkpoint": args.checkpoint or "shipped", "policy_version": policy.version,
-                             "backends": list(backends), "k": args.k, "shard": args.shard})
+            write_json(rows, out, {**meta, "wall_s": round(time.monotonic() - started, 1), "partial": True})
+
+        # One loop call: proposing and building the next shapes overlap measuring this one.
+        tune(problems, proposer=candidates, builder=PoolBuilder(), runner=BaselinesOnce(raw_runner), db=db,
+             budget=4 * args.k, time_budget_s=args.time_budget, progress=False, build_chunk=4,
+             on_shape=report_shape)
+    write_report(rows, out, {**meta, "wall_s": round(time.monotonic() - started, 1)})
     return 0
 
 
-def write_report(rows, out: Path, meta: dict) -> None:
-    summary = summarize(rows)
-    summary.update(meta)
+class EvalCandidates:
+    """The tuning loop's proposer for this evaluation: per problem, the union of every method's
+    candidates, proposed when the loop reaches the problem (remembered, to score each method)."""
+
+    name = "policy_eval"
+    version = ""
+
+    def __init__(self, policy, backends, k: int, seed: int, db, device_name: str):
+        from gemmgen.policy.proposers import HeuristicProposer, RandomProposer
+
+        self.policy, self.k, self.seed, self.db, self.device_name = policy, k, seed, db, device_name
+        self.random, self.heuristic = RandomProposer(backends), HeuristicProposer(backends)
+        self.plans: dict[str, tuple] = {}
+
+    def propose(self, problem, budget: int, *, seed=None):
+        from gemmgen.dsl import parse, to_text
+
+        t0 = time.monotonic()
+        policy_programs = self.policy.propose(problem, self.k, seed=self.seed)
+        propose_s = time.monotonic() - t0
+        texts = {
+            "policy_b1": [to_text(p) for p in policy_programs[:1]],
+            "policy_b8": [to_text(p) for p in policy_programs],
+            "random_b8": [to_text(p) for p in self.random.propose(problem, self.k, seed=self.seed)],
+            "heuristic_b8": [to_text(p) for p in self.heuristic.propose(problem, self.k)],
+        }
+        prior = best_times(self.db, problem, self.device_name)
+        self.plans[problem.key] = (texts, propose_s, dict(self.policy.last_stats), prior)
+        return [parse(t) for t in dict.fromkeys(t for group in texts.values() for t in group)][:budget]
+
+    def row(self, problem) -> dict:
+        texts, propose_s, stats, prior = self.plans[problem.key]
+        times = best_times(self.db, problem, self.device_name)
+        row = {"problem": problem.key, "m": problem.m, "n": problem.n, "k": problem.k,
+               "b_major": problem.b_major, "gflop": problem.gflop, "policy_propose_s": round(propose_s, 3),
+               "policy_stats": stats, "candidates": texts}
+        for method, group in texts.items():
+            row[method] = method_speedup(group, times)
+        row["db_prior"] = method_speedup(list(prior), prior)
+        row["db_best"] = method_speedup(list(times), times)
+        return row
+
+
+def write_json(rows, out: Path, meta: dict) -> dict:
+    summary = {**summarize(rows), **meta}
     out.mkdir(parents=True, exist_ok=True)
     (out / "policy_eval.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
+    return summary
+
+
+def write_report(rows, out: Path, meta: dict) -> None:
+    summary = write_json(rows, out, meta)
     plot(rows, out / "policy_eval.png")
     print_table(summary)
 

@@ -21,7 +21,7 @@ import zlib
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
@@ -151,11 +151,13 @@ def plan_shape(problem: Problem, proposer, budget: int, db: Database, device_nam
 
 def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Runner, db: Database,
          budget: int, time_budget_s: Optional[float] = None, seed: int = 0,
-         progress: bool = True, build_chunk: int = 8) -> TuneReport:
+         progress: bool = True, build_chunk: int = 8,
+         on_shape: Optional[Callable[[Problem], None]] = None) -> TuneReport:
     """Tune every problem with up to `budget` trials each; see the module docstring.
 
     Candidates build `build_chunk` shapes at a time (one pool start serves them all), the
     next chunk building while this one is measured. `time_budget_s` stops new trials.
+    `on_shape(problem)` runs once a shape's trials are all recorded (a report written as it goes).
     """
     from tqdm import tqdm
 
@@ -198,6 +200,8 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
                 return False
             record(_trial(outcome, runner, baselines, common))
         report.shapes_done += 1
+        if on_shape is not None:
+            on_shape(problem)
         return True
 
     try:

@@ -66,6 +66,16 @@ def test_resume_skips_what_was_measured(tmp_path):
     assert again.recorded == 0 and again.skipped == 21 and runner.measured == [] and runner.baseline_calls == 0
 
 
+def test_on_shape_runs_once_per_shape_after_its_trials_are_recorded(tmp_path):
+    db = Database(tmp_path / "t.sqlite")
+    seen = []
+    _run(db, build_chunk=2, on_shape=lambda p: seen.append((p, len(list(db.trials(p.key))))))
+    assert seen == [(p, 7) for p in PROBLEMS]
+    seen.clear()
+    _run(db, on_shape=lambda p: seen.append((p, len(list(db.trials(p.key))))))
+    assert seen == [(p, 7) for p in PROBLEMS]          # a shape with nothing left to measure still reports
+
+
 def test_time_budget_stops_between_trials(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     report, _ = _run(db, time_budget_s=0.0)
