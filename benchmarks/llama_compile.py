@@ -8,7 +8,9 @@ torch.compile(mode="max-autotune") while the time budget lasts.
 Per case and variant: max relative error of the logits against eager (max |out - ref| /
 max |ref|), compile time (the first call, wall clock), device time per call (CUDA events
 around a loop of calls after warm-up, median of repeats; a case's variants take turns
-loop by loop), and, unless --no-profile, where
+loop by loop), the speedup over the default with its 95 % intervals from the paired repeats
+(`vs_default`: the median of the per-repeat ratios and the ratio of the medians, as the
+harness judges kernels, gemmgen.measure.comparison), and, unless --no-profile, where
 the device time goes (GEMM / attention / other kernels, the device's idle share and the
 host's busiest operations, from three profiled calls; --trace keeps their Chrome traces).
 Writes results.json and llama_compile.png under --out and prints a table last.
@@ -45,7 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--kv-heads", type=int, default=32)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--iters", type=int, default=20, help="calls per timed loop (decode: 5x this)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=15,
+                   help="timed loops per variant, in turns (10 or more give the vs_default intervals)")
     p.add_argument("--cases", default=",".join(c[0] for c in CASES))
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--db", default=None, help="gemmgen tuning database (default: GEMMGEN_DB or ~/.cache)")
@@ -136,8 +139,9 @@ class Case:
                            cache_position=cache_position).logits), reset
 
 
-def time_interleaved(calls: list, iters: int, repeats: int) -> list[tuple[float, float, float]]:
-    """Per (call, reset): median, spread (max-min over median) and best ms per call.
+def time_interleaved(calls: list, iters: int, repeats: int) -> list[list[float]]:
+    """Per (call, reset): ms per call of each repeat, in repeat order (so repeat r of every
+    call was timed in the same turn).
 
     CUDA events around loops of `iters` calls; the events enclose the host's launches too
     (decode steps are bound by them). The variants take turns, one loop each per repeat, in
@@ -158,11 +162,21 @@ def time_interleaved(calls: list, iters: int, repeats: int) -> list[tuple[float,
                 times[i].append(_timed_loop(*calls[i], iters))
     finally:
         gc.enable()
-    out = []
-    for ts in times:
-        med = statistics.median(ts)
-        out.append((med, (max(ts) - min(ts)) / med, min(ts)))
-    return out
+    return times
+
+
+def versus(times: list[float], reference: list[float]) -> dict | None:
+    """reference/variant over repeats taken in the same turns: the median per-repeat ratio and
+    the ratio of medians, each with a 95 % interval; None with too few repeats. A speedup is
+    beyond noise when both intervals lie above 1."""
+    from gemmgen.measure.comparison import MIN_PAIRS, median_interval, ratio_of_medians_interval
+
+    rounds = [(t, r) for t, r in zip(times, reference) if t > 0 and r > 0]
+    if len(rounds) < MIN_PAIRS:
+        return None
+    return {"repeats": len(rounds),
+            "median_ratio": [round(x, 4) for x in median_interval([r / t for t, r in rounds])],
+            "ratio_of_medians": [round(x, 4) for x in ratio_of_medians_interval(rounds)]}
 
 
 def _timed_loop(call, reset, iters: int) -> float:
@@ -313,8 +327,12 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
     with torch.no_grad():
         timed = time_interleaved(calls, case.iters, args.repeats)
     load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
-    for row, (call, reset), (ms, spread, best) in zip(rows, calls, timed):
-        row.update(device_ms=ms, best_ms=best, spread=round(spread, 4), host_load=load, split=None)
+    default = timed[variants.index("inductor")] if "inductor" in variants else None
+    for row, (call, reset), ts in zip(rows, calls, timed):
+        ms = statistics.median(ts)
+        row.update(device_ms=ms, best_ms=min(ts), spread=round((max(ts) - min(ts)) / ms, 4), times_ms=ts,
+                   vs_default=versus(ts, default) if default is not None and row["variant"] != "inductor" else None,
+                   host_load=load, split=None)
         if not args.no_profile and args.device != "cpu":
             reset()
             trace = Path(args.out) / f"trace_{case.name}_{row['variant']}.json.gz" if args.trace else None
@@ -443,7 +461,8 @@ def print_table(result) -> None:
           f"{result['wall_s']} s")
     for note in result["notes"]:
         print("note:", note)
-    print(f"{'case':18s} {'variant':13s} {'ms/call':>9s} {'best':>8s} {'spread':>6s} {'vs default':>10s} {'max rel err':>11s} "
+    print(f"{'case':18s} {'variant':13s} {'ms/call':>9s} {'best':>8s} {'spread':>6s} {'vs default':>10s} "
+          f"{'per-repeat 95 %':>15s} {'max rel err':>11s} "
           f"{'compile s':>9s} {'gemm/attn/other/idle ms per call':>33s}  gemmgen")
     for r in rows:
         speed = f"{base[r['case']] / r['device_ms']:.3f}x" if r["case"] in base else "-"
@@ -456,7 +475,10 @@ def print_table(result) -> None:
             g = r["gemmgen"]
             rep = f"replaced {sum(g['replaced'].values())}, left {g['skipped']}"
         best = f"{r['best_ms']:8.3f}" if r.get("best_ms") else f"{'-':>8s}"
-        print(f"{r['case']:18s} {r['variant']:13s} {r['device_ms']:9.3f} {best} {r['spread']:6.2f} {speed:>10s} {err:>11s} "
+        vs = r.get("vs_default")
+        interval = f"{vs['median_ratio'][0]:.3f}-{vs['median_ratio'][2]:.3f}" if vs else "-"
+        print(f"{r['case']:18s} {r['variant']:13s} {r['device_ms']:9.3f} {best} {r['spread']:6.2f} {speed:>10s} "
+              f"{interval:>15s} {err:>11s} "
               f"{r['compile_s']:9.1f} {split:>33s}  {rep}")
 
 

@@ -69,3 +69,20 @@ def test_the_bootstrap_is_seeded():
     kernel = [1 + rng.gauss(0, 0.05) for _ in range(50)]
     reference = [1 + rng.gauss(0, 0.05) for _ in range(50)]
     assert speedup_noise(kernel, reference) == speedup_noise(kernel, reference)
+
+
+def test_the_model_benchmark_judges_a_speedup_by_repeats_paired_by_turn():
+    from benchmark_scripts import load_script
+
+    versus = load_script("llama_compile").versus
+    rng = random.Random(3)
+    drift = [1.0 + 0.08 * rng.random() for _ in range(15)]        # 8 % turn-to-turn drift, shared
+    default = [10.0 * d for d in drift]
+    faster = [9.8 * d * (1 + 0.002 * rng.uniform(-1, 1)) for d in drift]
+    same = [10.0 * d * (1 + 0.002 * rng.uniform(-1, 1)) for d in drift]
+    won = versus(faster, default)
+    assert won["repeats"] == 15 and 1.0 < won["median_ratio"][0] <= won["median_ratio"][1] <= won["median_ratio"][2]
+    assert abs(won["median_ratio"][1] - 10.0 / 9.8) < 0.005              # the 2 % gain, seen through the drift
+    tied = versus(same, default)
+    assert tied["median_ratio"][0] < 1.0 < tied["median_ratio"][2]
+    assert versus(faster[:MIN_PAIRS - 1], default) is None
