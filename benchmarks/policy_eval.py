@@ -2,8 +2,8 @@
 
 Problems: the fixed held-out 20 % of benchmarks/shapes/cudal2_1000.csv (seeded hash, never
 trained on) and the off-grid x @ W.T problems M in {1, 7, 33, 1000, 3000}, N = 11008, K = 4096
-(gemmgen.policy.data). With a short --time-budget, a fixed subset: the off-grid five first, then
-held-out grid shapes spread over sizes.
+(gemmgen.policy.data). With --max-problems (or a short --time-budget), a fixed subset: the
+off-grid five first, then held-out grid shapes spread over sizes, in a seeded random order.
 
 Per problem, every candidate of every method is built and measured once through the tuning loop
 (pairs the database already holds are read back, not timed again), then each method scores the
@@ -128,13 +128,14 @@ def main(argv=None) -> int:
         def report_shape(problem):
             rows.append(candidates.row(problem))
             row = rows[-1]
-            print(f"[{time.monotonic() - started:6.0f} s] {problem.key}: " + "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS),
-                  flush=True)
+            scores = "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS)
+            print(f"[{time.monotonic() - started:6.0f} s] {problem.key}: {scores}", flush=True)
             write_json(rows, out, {**meta, "wall_s": round(time.monotonic() - started, 1), "partial": True})
 
         # One loop call: proposing and building the next shapes overlap measuring this one.
+        # The budget holds the union of the three methods' k programs.
         tune(problems, proposer=candidates, builder=PoolBuilder(), runner=BaselinesOnce(raw_runner), db=db,
-             budget=4 * args.k, time_budget_s=args.time_budget, progress=False, build_chunk=4,
+             budget=3 * args.k, time_budget_s=args.time_budget, progress=False, build_chunk=4,
              on_shape=report_shape)
     write_report(rows, out, {**meta, "wall_s": round(time.monotonic() - started, 1)})
     return 0
