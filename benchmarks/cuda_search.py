@@ -68,11 +68,9 @@ def summarise_shape(shape, problem, programs, report, builds) -> list[dict]:
         timing = entry.get("timing") or {}
         ms = timing.get("device_ms")
         ref_ms = entry.get("torch_ms") or torch_ms
-        status = ("build_failed" if isinstance(built, Exception) else
-                  "ok" if ms else "failed_check" if entry.get("check") else "not_run")
+        status, message = common.entry_outcome(entry, built)
         rows.append({**base, "family": program.mainloop, "program": to_text(program), "status": status,
-                     "message": str(built) if isinstance(built, Exception) else
-                     "; ".join((entry.get("check") or {}).get("failures", []))[:500],
+                     "message": message,
                      "max_rel_err": (entry.get("check") or {}).get("max_rel_err"),
                      "device_ms": ms, "tflops": problem.flops / (ms * 1e-3) / 1e12 if ms else None,
                      "fraction_of_floor": problem.floor_s * 1e3 / ms if ms else None,

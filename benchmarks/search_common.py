@@ -107,6 +107,21 @@ def entries_for(programs, builds, keep: Optional[Callable] = None) -> list:
             if not isinstance(b, Exception) and (keep is None or keep(p))]
 
 
+def entry_outcome(entry: dict, built) -> tuple[str, str]:
+    """(status, message) of one program in a measure_shape report. A program whose check passed
+    but whose timing raised is `timing_failed` with the timing's error, not a failed check."""
+    if isinstance(built, Exception):
+        return "build_failed", str(built)[:500]
+    check, timing = entry.get("check") or {}, entry.get("timing") or {}
+    if timing.get("device_ms"):
+        return "ok", ""
+    if check and not check.get("passed"):
+        return "failed_check", "; ".join(check.get("failures", []))[:500]
+    if timing.get("error"):
+        return "timing_failed", str(timing["error"])[:500]
+    return "not_run", ""
+
+
 def run_shape_job(runner, name: str, backend: str, entries, problem, seed: int, result_path: Path):
     """measure_shape in an isolated worker: (the trial, the report it wrote or {})."""
     from gemmgen.measure.worker import Job

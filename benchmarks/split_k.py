@@ -78,13 +78,10 @@ def rows_for(shape, problem, backend, programs, builds, report) -> list[dict]:
     for j, (program, built) in enumerate(zip(programs, builds)):
         entry = report.get(f"p{j}", {})
         ms = (entry.get("timing") or {}).get("device_ms")
-        status = ("build_failed" if isinstance(built, Exception) else "ok" if ms else
-                  "failed_check" if entry.get("check") else "not_run")
+        status, message = common.entry_outcome(entry, built)
         rows.append({**common.shape_fields(shape, problem, torch_ms), "backend": backend,
                      "reduction": reduction_of(program), "split_k": program.split_k, "program": to_text(program),
-                     "status": status, "device_ms": ms,
-                     "message": str(built)[:300] if isinstance(built, Exception) else
-                     "; ".join((entry.get("check") or {}).get("failures", []))[:300],
+                     "status": status, "device_ms": ms, "message": message,
                      "speedup_vs_torch": torch_ms / ms if ms and torch_ms else None})
     return rows
 

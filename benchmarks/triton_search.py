@@ -94,10 +94,8 @@ def shape_rows(shape, problem, programs, builds, report) -> list[dict]:
         entry = report.get(f"p{i}", {})
         ms = (entry.get("timing") or {}).get("device_ms")
         check = entry.get("check") or {}
-        status = ("build_failed" if isinstance(built, Exception) else "ok" if ms else
-                  "failed_check" if check and not check.get("passed") else "not_run")
-        rows.append({**base, "rank": i, "program": to_text(program), "status": status,
-                     "message": str(built) if isinstance(built, Exception) else "; ".join(check.get("failures", []))[:400],
+        status, message = common.entry_outcome(entry, built)
+        rows.append({**base, "rank": i, "program": to_text(program), "status": status, "message": message,
                      "max_rel_err": check.get("max_rel_err"), "device_ms": ms,
                      "tflops": problem.flops / (ms * 1e-3) / 1e12 if ms else None,
                      "fraction_of_floor": problem.floor_s * 1e3 / ms if ms else None,
