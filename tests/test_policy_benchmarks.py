@@ -81,6 +81,25 @@ def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
     assert all(r["db_prior"] == r["db_best"] for r in again)
 
 
+def test_each_trial_is_judged_against_its_own_sessions_torch_time():
+    from types import SimpleNamespace as NS
+
+    ev = _load("policy_eval")
+
+    def trial(program, ms, torch_ms, status="ok"):
+        return NS(program=program, device_ms=ms, status=status, check_passed=status == "ok",
+                  baselines={"torch": NS(device_ms=torch_ms)})
+
+    # "a" ran fastest in a session whose torch.matmul was fast too; "b" beat its own torch.matmul more
+    db = NS(trials=lambda key, device: [trial("a", 1.0, 1.0), trial("b", 1.1, 1.32), trial("b", 1.2, 1.2),
+                                        trial("c", 0.5, 1.0, status="check_failed")])
+    speedups = ev.best_speedups(db, NS(key="p"), "gpu")
+    assert speedups == pytest.approx({"a": 1.0, "b": 1.2})
+    assert ev.method_speedup(["a", "b"], speedups) == pytest.approx(1.2)
+    assert ev.method_speedup(["a"], speedups) <= ev.method_speedup(list(speedups), speedups)
+    assert ev.method_speedup(["c", "unmeasured"], speedups) is None
+
+
 def test_policy_eval_shards_split_the_problems_and_merge_into_one_table(stub_gpu, tmp_path, capsys):
     ev = _load("policy_eval")
     both = ev.pick_problems(9)
