@@ -84,11 +84,14 @@ def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
 def test_each_trial_is_judged_against_its_own_sessions_torch_time():
     from types import SimpleNamespace as NS
 
+    from gemmgen.dsl.ir import Problem
+    from tuning_fakes import trial as measured
+
     ev = _load("policy_eval")
 
-    def trial(program, ms, torch_ms, status="ok"):
-        return NS(program=program, device_ms=ms, status=status, check_passed=status == "ok",
-                  baselines={"torch": NS(device_ms=torch_ms)})
+    def trial(program, ms, torch_ms, status="ok"):      # the fake's torch.matmul is 1.05 x its baseline_ms
+        return measured(Problem(64, 64, 64), program=program, device_ms=ms, baseline_ms=torch_ms / 1.05,
+                        status=status, check_passed=status == "ok")
 
     # "a" ran fastest in a session whose torch.matmul was fast too; "b" beat its own torch.matmul more
     db = NS(trials=lambda key, device: [trial("a", 1.0, 1.0), trial("b", 1.1, 1.32), trial("b", 1.2, 1.2),
