@@ -1,0 +1,169 @@
+"""Joining sibling matmuls (backend option join_siblings), on CPU: which groups are found, the
+decision from the database's times, and the rewritten graph's numbers against eager."""
+import pytest
+import torch
+
+from gemmgen import torch_backend
+from gemmgen.torch_pass import GemmgenPass, PassOptions
+
+transformers = pytest.importorskip("transformers")
+
+M, N, K = 64, 48, 32
+
+
+def qkv(x, wq, wk, wv):
+    """Three projections of one activation (each through its own view, as nn.Linear does)."""
+    h = x.view(M, K)
+    return torch.mm(h, wq.t()) + 1, torch.relu(torch.mm(x.view(M, K), wk.t())), torch.mm(h, wv.t())
+
+
+def qkv_inputs(device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, M // 2, K, generator=g).to(torch.float16)
+    ws = [(torch.randn(N, K, generator=g) / K ** 0.5).to(torch.float16) for _ in range(3)]
+    return [t.to(device) for t in (x, *ws)]
+
+
+def traced(device):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if device == "cpu":
+        return make_fx(qkv)(*qkv_inputs())
+    with FakeTensorMode():
+        return make_fx(qkv)(*[torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in qkv_inputs()])
+
+
+def joined_nodes(graph):
+    return [n for n in graph.nodes if n.target is torch.ops.gemmgen.gemm_joined.default]
+
+
+@pytest.fixture
+def clean():
+    from gemmgen.compile import clear_cache
+    from gemmgen.torch_ops import clear_kernels
+
+    clear_cache(), clear_kernels(), torch_backend.reset_stats()
+    yield
+    clear_cache(), clear_kernels()
+
+
+def test_siblings_join_into_one_gemm_whose_slices_match_eager(clean):
+    gm = traced("cpu")
+    GemmgenPass(PassOptions(devices=("cuda", "cpu"), join_siblings=True))(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    (node,) = joined_nodes(gm.graph)
+    assert len(node.args[1]) == 3 and node.args[2] == "row"
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"joined_mm": 3} and stats["joins"] == {"joined": 1}
+    assert stats["problems"] == {f"{M}x{3 * N}x{K}:rcr:f16:f32:f16": 1}
+    # The relu stays a graph op on k's slice (an activation cannot cover one slice of the join).
+    assert [n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default]
+    args = qkv_inputs()
+    for out, ref in zip(gm(*args), qkv(*args)):
+        assert out.stride(1) == 1 and (out.float() - ref.float()).abs().max().item() < 2e-2
+
+
+def test_without_the_option_nothing_is_joined(clean):
+    gm = traced("cpu")
+    GemmgenPass(PassOptions(devices=("cuda", "cpu")))(gm.graph)
+    assert not joined_nodes(gm.graph)
+    assert torch_backend.stats()["replaced"] == {"mm": 2, "mm+relu": 1}
+
+
+def test_an_activation_or_a_bias_operand_is_not_a_sibling(clean):
+    """Matmuls whose B is computed in the graph (not a weight) are never joined."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w):
+        h = x.view(M, K)
+        return torch.mm(h, w.t()), torch.mm(h, (w * 2).t())
+
+    gm = make_fx(f)(*qkv_inputs()[:2])
+    GemmgenPass(PassOptions(devices=("cuda", "cpu"), join_siblings=True))(gm.graph)
+    assert not joined_nodes(gm.graph)
+
+
+def record(path, problem, device_ms, baseline_ms):
+    """A measured trial for `problem`, as a tuning run records it."""
+    from gemmgen import backends
+    from gemmgen.dsl import to_text
+    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, BaselineTime, Database, Device, Trial
+
+    program = backends.get("triton").space(problem)[0]
+    with Database(path) as db:
+        db.record(Trial(problem=problem, device=Device(DEFAULT_DEVICE_NAME), program=to_text(program),
+                        backend=program.backend, status="ok", build_ok=True, check_passed=True,
+                        device_ms=device_ms, spread=0.01, baselines={"torch": BaselineTime(baseline_ms, 0.01)}))
+
+
+@pytest.mark.parametrize("apart_ms, joined_ms, expected", [
+    (0.100, (0.200, 0.220), {"joined": 1}),                 # 300 us apart, 200 joined
+    (0.100, (0.297, 0.298), {"gain_below_overhead": 1}),    # 3 us saved: under min_gain_us
+    (0.010, (0.020, 0.022), {"host_bound": 1}),             # 20 us joined: the op's host time bounds it
+    (0.100, None, {"unmeasured": 1}),                       # never measured: left, and noted for tuning
+])
+def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, apart_ms, joined_ms, expected):
+    from gemmgen.dsl.ir import Epilogue, Problem
+
+    db = tmp_path / "tuning.sqlite"
+    # Losing trials: each member's time is its torch.matmul baseline, apart_ms.
+    record(db, Problem(M, N, K, "row", "col"), device_ms=1.2 * apart_ms, baseline_ms=apart_ms)
+    record(db, Problem(M, N, K, "row", "col", epilogue=Epilogue(activation="relu")), 1.2 * apart_ms, apart_ms)
+    if joined_ms:
+        record(db, Problem(M, 3 * N, K, "row", "col"), *joined_ms)
+    gm = traced("cuda")
+    GemmgenPass(PassOptions(db=str(db), join_siblings=True))(gm.graph)
+    stats = torch_backend.stats()
+    assert stats["joins"] == expected
+    assert bool(joined_nodes(gm.graph)) == ("joined" in expected)
+    if "joined" not in expected:                 # the members go their own way
+        assert sum(stats["replaced"].values()) + sum(stats["skipped"].values()) == 3
+    if "unmeasured" in expected:
+        assert f"{M}x{3 * N}x{K}:rcr:f16:f32:f16" in stats["missing"]
+
+
+def test_llama_joins_qkv_and_gate_up_and_matches_eager():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float16).eval()
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    torch_backend.reset_stats()
+    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        ref = model(ids).logits
+        opts = {"devices": ("cuda", "cpu"), "join_siblings": True}
+        out = torch.compile(model, backend="gemmgen", options=opts)(ids).logits
+    torch._dynamo.reset()
+    stats = torch_backend.stats()
+    # Per layer q, k, v join (64 + 32 + 32) and gate, up join (2 x 128); o, down, lm_head stay alone.
+    assert stats["joins"] == {"joined": 4}
+    assert stats["replaced"] == {"joined_mm": 10, "mm": 5}
+    assert stats["problems"]["16x128x64:rcr:f16:f32:f16"] == 3      # two q/k/v joins and the lm_head
+    assert stats["problems"]["16x256x64:rcr:f16:f32:f16"] == 2      # two gate/up joins
+    assert ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item() < 1e-2
+
+
+def test_joined_weights_are_made_once_per_version():
+    from gemmgen import torch_ops
+
+    torch_ops.clear_kernels()
+    ws = [torch.randn(K, n, dtype=torch.float16).t().contiguous().t() for n in (16, 8)]
+    first = torch_ops.joined_weights(ws)
+    assert first.shape == (K, 24) and first.stride() == (1, K)
+    assert torch.equal(first, torch.cat(ws, dim=1))
+    assert torch_ops.joined_weights(ws) is first                      # cached
+    assert torch_ops.joined_bytes() == 24 * K * 2
+    with torch.no_grad():
+        ws[1].add_(1)                                                 # an in-place update (optimizer step)
+    second = torch_ops.joined_weights(ws)
+    assert second is not first and torch.equal(second, torch.cat(ws, dim=1))
+    assert torch_ops.joined_bytes() == 24 * K * 2                     # the stale copy was dropped
+    torch_ops.clear_kernels()
+    assert torch_ops.joined_bytes() == 0
