@@ -46,9 +46,14 @@ class Join:
 
 
 def _is_weight(b: fx.Node) -> bool:
-    """A column-major view of a graph input (a parameter): the same tensor every call."""
-    return (b.op == "call_function" and b.target in _WEIGHT_VIEWS
-            and isinstance(b.args[0], fx.Node) and b.args[0].op == "placeholder")
+    """The transpose of a row-major (N, K) graph input (a parameter): the same tensor every call."""
+    if not (b.op == "call_function" and b.target in _WEIGHT_VIEWS and isinstance(b.args[0], fx.Node)
+            and b.args[0].op == "placeholder" and "val" in b.args[0].meta):
+        return False
+    if b.target is aten.permute.default and list(b.args[1]) != [1, 0]:
+        return False
+    w = b.args[0].meta["val"]
+    return w.dim() == 2 and w.stride() == (w.shape[1], 1) and w.storage_offset() == 0
 
 
 def _source(node: fx.Node):
@@ -79,7 +84,7 @@ def time_ms(kernel) -> Optional[float]:
 #: (profiler self time of gemmgen::gemm_joined: 34 us, a Python op with a list argument).
 #: A joined kernel shorter than this leaves the GPU waiting on the host: in the decode step
 #: (M = 8) joining q, k and v took 0.874x the default's speed (benchmarks/results/llama_compile/
-#: session11_join). Inductor's own calls to cuBLAS cost the host far less.
+#: session11_join_first). Inductor's own calls to cuBLAS cost the host far less.
 MIN_DEVICE_US = 40.0
 
 
@@ -96,20 +101,21 @@ def decide(join: Join, kernels: dict, min_gain_us: float) -> str:
 
 
 def rewrite(graph: fx.Graph, join: Join) -> fx.Node:
-    """One gemm_joined node before the first member, each member replaced by its column slice."""
+    """One gemm_joined node before the first member, each member replaced by its column slice.
+
+    The op takes the (N_i, K) parameters themselves, not the transposed views the matmuls
+    read: inductor hands a view to an op as a fresh alias whose version counter does not
+    follow the parameter's, so a joined copy keyed on it went stale after an in-place update
+    (found by the GPU test, 2026-11-30). The parameters are graph inputs, passed as they are."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     members = sorted(join.members, key=lambda c: order[c.node])
-    first = members[0].node
-    for cand in members:                     # weight views only read placeholders: move them up
-        if order[cand.b] > order[first]:
-            first.prepend(cand.b)
-    if order[members[0].a] > order[first]:
-        raise AssertionError("a matmul's A is defined after it")
+    first = members[0].node                                  # its A is defined before it
     a_val = members[0].a.meta["val"]
     with graph.inserting_before(first), (detect_fake_mode([a_val]) or contextlib.nullcontext()):
+        weights = [c.b.args[0] for c in members]            # the placeholders (N_i, K)
         joined = graph.call_function(torch.ops.gemmgen.gemm_joined.default,
-                                     (members[0].a, [c.b for c in members], members[0].a_major))
-        joined.meta["val"] = torch_ops.gemm_joined_fake(a_val, [c.b.meta["val"] for c in members],
+                                     (members[0].a, weights, members[0].a_major))
+        joined.meta["val"] = torch_ops.gemm_joined_fake(a_val, [w.meta["val"] for w in weights],
                                                         members[0].a_major)
         start, parts = 0, []
         for cand in members:

@@ -9,6 +9,12 @@ so at run time the kernel is one dict lookup away. Kernels are chosen by
 On CUDA the op calls the gemmgen Kernel. On CPU it computes the reference in fp32
 torch: that path exists so that CPU-only CI can run rewritten models end to end
 (`devices=("cuda", "cpu")`); it is not a fast path.
+
+`gemmgen::gemm_joined` multiplies one activation by several weights of the same K at once
+(Llama's q, k and v): one wider GEMM on the weights joined side by side, whose output the
+graph slices. The joined copy of the weights is made on the first call and kept (it costs
+their memory once more; `clear_kernels()` frees it); it is made again when any of them
+changes in place (its version counter moves) or is replaced.
 """
 from __future__ import annotations
 
@@ -77,6 +83,7 @@ def clear_kernels() -> None:
     with _LOCK:
         _KERNELS.clear()
         _LAUNCHERS.clear()
+    clear_joined()
 
 
 def _stride_tag():
@@ -126,6 +133,59 @@ def gemm_fake(a, b, bias, c, a_major, b_major, activation, alpha, beta):
 _LIB.impl("gemm", gemm_cuda, "CUDA")
 _LIB.impl("gemm", gemm_cpu, "CPU")
 torch.library.register_fake("gemmgen::gemm", gemm_fake, lib=_LIB)
+
+
+# -- joined siblings ---------------------------------------------------------------------------
+
+_LIB.define("gemm_joined(Tensor a, Tensor[] ws, str a_major) -> Tensor", tags=_stride_tag())
+#: (data_ptr, shape) of each (N_i, K) weight -> (their version counters, the weights, kept
+#: alive so that no other tensor reuses their memory and hits a stale entry, and the joined
+#: (sum N, K) row-major copy).
+_JOINED: dict = {}
+
+
+def joined_weights(ws) -> torch.Tensor:
+    """The K x sum(N) column-major B of a @ [w_1.T | w_2.T | ...], made once per version of the
+    row-major (N_i, K) weights (an in-place update moves a version counter)."""
+    key = tuple((w.data_ptr(), tuple(w.shape)) for w in ws)
+    versions = tuple(w._version for w in ws)
+    hit = _JOINED.get(key)
+    if hit is not None and hit[0] == versions:
+        return hit[2].t()
+    joined = torch.cat(list(ws))
+    with _LOCK:
+        _JOINED[key] = (versions, tuple(ws), joined)
+    return joined.t()
+
+
+def clear_joined() -> None:
+    """Free the joined weight copies (graphs that use them make them again on their next call)."""
+    with _LOCK:
+        _JOINED.clear()
+
+
+def joined_bytes() -> int:
+    """Memory held by joined weight copies (what `join_siblings` costs)."""
+    return sum(entry[2].untyped_storage().nbytes() for entry in _JOINED.values())
+
+
+def gemm_joined_cuda(a, ws, a_major):
+    """a @ [w_1.T | w_2.T | ...] by the gemmgen Kernel of the joined problem (M x sum(N) x K)."""
+    return gemm_cuda(a, joined_weights(ws), None, None, a_major, "col", "none", 1.0, 0.0)
+
+
+def gemm_joined_cpu(a, ws, a_major):
+    """The fp32 reference, on the same cached join as CUDA (so CPU CI sees a stale copy)."""
+    return reference(a, joined_weights(ws), None, None, "none", 1.0, 0.0)
+
+
+def gemm_joined_fake(a, ws, a_major):
+    return a.new_empty((a.shape[0], sum(w.shape[0] for w in ws)))
+
+
+_LIB.impl("gemm_joined", gemm_joined_cuda, "CUDA")
+_LIB.impl("gemm_joined", gemm_joined_cpu, "CPU")
+torch.library.register_fake("gemmgen::gemm_joined", gemm_joined_fake, lib=_LIB)
 
 
 def reference(a, b, bias, c, activation: str, alpha: float, beta: float) -> torch.Tensor:

@@ -15,6 +15,9 @@ it (Llama's silu(gate) * up). So unless the activation is the epilogue's only it
 feeds nothing inductor can fuse into (a matmul, the graph's output), the reference is the
 bare matmul's baseline, measured at the same M, N, K and majors.
 
+With `join_siblings`, matmuls of one activation by several weights (q, k, v) may first be
+joined into one wider GEMM where the database's times say it pays (gemmgen/torch_join.py).
+
 What is not rewritten stays for inductor, counted by reason in `stats()`.
 """
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from gemmgen import torch_ops
+from gemmgen import torch_join, torch_ops
 
 log = logging.getLogger("gemmgen.torch")
 
@@ -43,7 +46,7 @@ OP_KINDS = ("mm", "addmm", "relu", "gelu", "silu")
 #: 16-byte alignment of fp16 operands, in elements.
 ALIGN_ELEMS = 8
 
-_COUNTERS = ("replaced", "skipped", "problems", "missing")
+_COUNTERS = ("replaced", "skipped", "problems", "missing", "joins")
 _STATS: dict = {**{name: Counter() for name in _COUNTERS}, "graphs": 0, "from_cache": 0}
 _MISSING_KEYS: dict = {}     # op key -> None, in first-seen order: what tuning would serve
 
@@ -53,7 +56,10 @@ def stats() -> dict:
     problem keys it rewrote (`problems`) and those it left for want of a tuned kernel
     (`missing`), with their counts, and how many graphs it saw. `from_cache` counts the
     graphs served from inductor's compile caches (FX graph, AOTAutograd): the pass did not
-    run on those, so their rewrites (made when the cache was filled) are not in the counts."""
+    run on those, so their rewrites (made when the cache was filled) are not in the counts.
+    `joins` counts sibling groups (join_siblings) by outcome: joined, unmeasured (the
+    database lacks a time; tuning would add it), host_bound, gain_below_overhead
+    (gemmgen/torch_join.py)."""
     return {**{name: dict(_STATS[name]) for name in _COUNTERS}, "graphs": _STATS["graphs"],
             "from_cache": _STATS["from_cache"]}
 
@@ -91,6 +97,7 @@ class PassOptions:
     db: Optional[str] = None
     baseline: str = "stock"
     min_gain_us: float = 5.0
+    join_siblings: bool = False
 
 
 @dataclass
@@ -182,7 +189,14 @@ class GemmgenPass(CustomGraphPass):
                     skipped[found] += 1
                 else:
                     candidates.append(found)
+        joins = self._choose_joins(candidates) if self.options.join_siblings else []
+        in_joins = {id(c) for join in joins for c in join.members}
+        candidates = [c for c in candidates if id(c) not in in_joins]
         self._choose_kernels(candidates, skipped)
+        for join in joins:
+            problems[torch_ops.problem_key(join.key())] += 1
+            torch_join.rewrite(graph, join)
+            replaced["joined_mm"] += len(join.members)
         for cand in candidates:
             if cand.chosen:
                 problems[torch_ops.problem_key(cand.key())] += 1
@@ -235,6 +249,37 @@ class GemmgenPass(CustomGraphPass):
                 return reason
         _find_activation(cand, opts.ops)
         return cand
+
+    def _choose_joins(self, candidates: list) -> list:
+        """The sibling groups worth joining: on CUDA, those torch_join.decide takes by the
+        measured times (tuning the unmeasured ones first if asked); on CPU, all (for testing)."""
+        opts = self.options
+        groups = torch_join.sibling_groups(candidates)
+        cuda = [j for j in groups if j.members[0].device is not None]
+        keys = {k for j in cuda for k in (j.key(), *(c.key(bare=True) for c in j.members))}
+        kernels = {k: torch_ops.resolve(k, opts.db) for k in keys}
+        unmeasured = [k for k, kern in kernels.items() if torch_join.time_ms(kern) is None]
+        if opts.tune_missing and unmeasured:
+            from gemmgen.torch_backend import tune_keys
+
+            tune_keys(unmeasured, opts.db, opts.tune_budget)
+            kernels = {k: torch_ops.resolve(k, opts.db) for k in kernels}
+        chosen = [j for j in groups if j.members[0].device is None]
+        for join in cuda:
+            outcome = torch_join.decide(join, kernels, opts.min_gain_us)
+            if outcome == "joined":
+                chosen.append(join)
+                continue
+            _STATS["joins"][outcome] += 1
+            if outcome == "unmeasured":
+                for key in (join.key(), *(c.key(bare=True) for c in join.members)):
+                    if torch_join.time_ms(kernels[key]) is None:
+                        _note_missing(key)
+        for join in chosen:
+            _STATS["joins"]["joined"] += 1
+            for cand in join.members:
+                _drop_activation(cand)      # a fused activation would cover only its own slice
+        return chosen
 
     def _choose_kernels(self, candidates: list, skipped: Counter) -> None:
         """Look kernels up (tuning the missing ones if asked) and mark what gets rewritten."""

@@ -107,3 +107,42 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path):
     used = set(torch_backend.stats()["problems"])
     assert {k.backend for key, k in _KERNELS.items() if problem_of(key).key in used} == {"triton"}
     assert rel_err(out, ref) < 1e-2
+
+
+def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, tmp_path):
+    """join_siblings on the GPU: the compile notes the joined problems as missing; with made-up
+    winners for them (plumbing, not speed) the model joins q/k/v and gate/up, runs gemmgen
+    kernels on the joined weights and matches eager, also after the weights change in place."""
+    from gemmgen import backends
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl import to_text
+    from gemmgen.torch_ops import clear_kernels, joined_bytes, problem_of
+    from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
+
+    clear_cache(), clear_kernels()      # the op's kernels are cached by key; earlier tests made some
+    model = tiny_llama().eval()
+    ids = torch.randint(0, 256, (4, 16), device="cuda")
+    opts = {"db": str(tmp_path / "user.sqlite"), "join_siblings": True}
+    with torch.no_grad():
+        torch.compile(model, backend="gemmgen", dynamic=False, options=opts)(ids)
+    assert torch_backend.stats()["joins"] == {"unmeasured": 2 * LAYERS}
+    with Database(opts["db"]) as database:
+        for key in torch_backend.missing_keys():
+            problem = problem_of(key)
+            program = backends.get("triton").space(problem)[0]
+            database.record(Trial(problem=problem, device=Device(torch.cuda.get_device_name()),
+                                  program=to_text(program), backend="triton", status="ok", build_ok=True,
+                                  check_passed=True, device_ms=0.1, spread=0.0,   # long enough to join
+                                  baselines={"torch": BaselineTime(1.0, 0.0)}))
+    clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
+    compiled = torch.compile(model, backend="gemmgen", dynamic=False, options=opts)
+    with torch.no_grad():
+        out, ref = compiled(ids).logits, model(ids).logits
+        assert torch_backend.stats()["joins"] == {"joined": 2 * LAYERS}
+        assert joined_bytes() > 0
+        assert rel_err(out, ref) < 1e-2
+        for layer in model.model.layers:                # as an optimizer step would
+            layer.self_attn.k_proj.weight.mul_(-0.5)
+            layer.mlp.up_proj.weight.add_(0.01)
+        out, ref = compiled(ids).logits, model(ids).logits
+    assert rel_err(out, ref) < 1e-2
