@@ -56,6 +56,8 @@ def parse_args(argv=None):
                    help="gemmgen option: untuned matmuls stay with inductor (stock) or use gemmgen's fallback")
     p.add_argument("--min-gain-us", type=float, default=5.0,
                    help="gemmgen option: least device time a tuned kernel must save per call (default 5)")
+    p.add_argument("--join-siblings", action="store_true",
+                   help="gemmgen option: join q/k/v and gate/up matmuls where the database's times say it pays")
     p.add_argument("--tune-budget", type=int, default=0, metavar="N",
                    help="before timing, tune the problems gemmgen lacks with N trials each (default 0: no tuning)")
     p.add_argument("--tune-time-s", type=float, default=240.0, help="time budget of that tuning (default 240)")
@@ -93,7 +95,7 @@ def compiled(model, variant: str, args):
         return torch.compile(model, dynamic=False)
     if variant == "max-autotune":
         return torch.compile(model, mode="max-autotune", dynamic=False)
-    options = {"baseline": args.baseline, "min_gain_us": args.min_gain_us}
+    options = {"baseline": args.baseline, "min_gain_us": args.min_gain_us, "join_siblings": args.join_siblings}
     if args.device == "cpu":
         options["devices"] = ("cuda", "cpu")     # the CPU reference op: exercises the rewrite only
     if args.db:
@@ -139,7 +141,7 @@ class Case:
                            cache_position=cache_position).logits), reset
 
 
-def time_interleaved(calls: list, iters: int, repeats: int) -> list[list[float]]:
+def time_interleaved(calls: list, iters: int, repeats: int, samplers: list | None = None) -> list[list[float]]:
     """Per (call, reset): ms per call of each repeat, in repeat order (so repeat r of every
     call was timed in the same turn).
 
@@ -147,7 +149,8 @@ def time_interleaved(calls: list, iters: int, repeats: int) -> list[list[float]]
     (decode steps are bound by them). The variants take turns, one loop each per repeat, in
     an order rotated every repeat. The H200 machine's host speed drifted by up to 2x from one
     block of loops to the next (two compiles of one graph measured 5.1 and 9.4 ms per decode
-    step in one run); turns spread a slow spell over every variant instead of charging it to one."""
+    step in one run); turns spread a slow spell over every variant instead of charging it to one.
+    `samplers` (one ClockSampler per call) read the SM clock at the end of each loop's launches."""
     for call, reset in calls:
         reset()
         for _ in range(3):
@@ -159,7 +162,7 @@ def time_interleaved(calls: list, iters: int, repeats: int) -> list[list[float]]
         for r in range(repeats):
             for j in range(len(calls)):
                 i = (j + r) % len(calls)
-                times[i].append(_timed_loop(*calls[i], iters))
+                times[i].append(_timed_loop(*calls[i], iters, samplers[i] if samplers else None))
     finally:
         gc.enable()
     return times
@@ -179,7 +182,7 @@ def versus(times: list[float], reference: list[float]) -> dict | None:
             "ratio_of_medians": [round(x, 4) for x in ratio_of_medians_interval(rounds)]}
 
 
-def _timed_loop(call, reset, iters: int) -> float:
+def _timed_loop(call, reset, iters: int, sampler=None) -> float:
     import torch
 
     reset()
@@ -194,6 +197,8 @@ def _timed_loop(call, reset, iters: int) -> float:
     for _ in range(iters):
         call()
     end.record()
+    if sampler is not None:
+        sampler.sample()                         # the GPU is still running the loop's tail
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
 
@@ -294,6 +299,10 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
 
     counters.clear()
     torch_backend.reset_stats()
+    if variant == "gemmgen":
+        from gemmgen.torch_ops import clear_joined
+
+        clear_joined()          # so joined_weights_mib counts this case's joins only
     fn = compiled(case.model, variant, args)
     call, reset = case.call_for(fn)
     t0 = time.perf_counter()
@@ -306,8 +315,11 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
     if not math.isfinite(row["max_rel_err"] or 0.0):
         row["note"] = "non-finite error"
     if variant == "gemmgen":
+        from gemmgen.torch_ops import joined_bytes
+
         row["gemmgen"] = torch_backend.stats()
         row["kernels"] = kernels_used()
+        row["joined_weights_mib"] = round(joined_bytes() / 2 ** 20, 1)   # the memory join_siblings costs
     return row, (call, reset), out
 
 
@@ -324,8 +336,11 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
         rows.append(row)
         calls.append(call)
     before, t1 = (_process_times(), time.perf_counter()) if sys.platform == "linux" else (None, None)
+    from gemmgen.measure.clocks import ClockSampler
+
+    samplers = [ClockSampler(torch.cuda.current_device()) if args.device == "cuda" else None for _ in calls]
     with torch.no_grad():
-        timed = time_interleaved(calls, case.iters, args.repeats)
+        timed = time_interleaved(calls, case.iters, args.repeats, samplers)
     load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
     default = timed[variants.index("inductor")] if "inductor" in variants else None
     for row, (call, reset), ts in zip(rows, calls, timed):
@@ -333,6 +348,10 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
         row.update(device_ms=ms, best_ms=min(ts), spread=round((max(ts) - min(ts)) / ms, 4), times_ms=ts,
                    vs_default=versus(ts, default) if default is not None and row["variant"] != "inductor" else None,
                    host_load=load, split=None)
+        sampler = samplers[rows.index(row)]
+        if sampler is not None:
+            row["clocks"] = sampler.summary()         # SM clock while this variant's loops ran
+            sampler.close()
         if not args.no_profile and args.device != "cpu":
             reset()
             trace = Path(args.out) / f"trace_{case.name}_{row['variant']}.json.gz" if args.trace else None
@@ -474,6 +493,11 @@ def print_table(result) -> None:
         if "gemmgen" in r:
             g = r["gemmgen"]
             rep = f"replaced {sum(g['replaced'].values())}, left {g['skipped']}"
+            if g.get("joins"):
+                rep += f", joins {g['joins']} ({r.get('joined_weights_mib', 0)} MiB of joined weights)"
+        clk = r.get("clocks") or {}
+        if clk.get("samples"):
+            rep = f"SM {clk['sm_mhz_median']} MHz ({','.join(clk['reasons']) or 'no cap'})  " + rep
         best = f"{r['best_ms']:8.3f}" if r.get("best_ms") else f"{'-':>8s}"
         vs = r.get("vs_default")
         interval = f"{vs['median_ratio'][0]:.3f}-{vs['median_ratio'][2]:.3f}" if vs else "-"
