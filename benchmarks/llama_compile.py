@@ -336,19 +336,19 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
         rows.append(row)
         calls.append(call)
     before, t1 = (_process_times(), time.perf_counter()) if sys.platform == "linux" else (None, None)
-    from gemmgen.measure.clocks import ClockSampler
+    from gemmgen.measure.clocks import ClockSampler, nvml_index
 
-    samplers = [ClockSampler(torch.cuda.current_device()) if args.device == "cuda" else None for _ in calls]
+    samplers = [ClockSampler(nvml_index(torch.cuda.current_device())) if args.device == "cuda" else None
+                for _ in calls]
     with torch.no_grad():
         timed = time_interleaved(calls, case.iters, args.repeats, samplers)
     load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
     default = timed[variants.index("inductor")] if "inductor" in variants else None
-    for row, (call, reset), ts in zip(rows, calls, timed):
+    for row, (call, reset), ts, sampler in zip(rows, calls, timed, samplers):
         ms = statistics.median(ts)
         row.update(device_ms=ms, best_ms=min(ts), spread=round((max(ts) - min(ts)) / ms, 4), times_ms=ts,
                    vs_default=versus(ts, default) if default is not None and row["variant"] != "inductor" else None,
                    host_load=load, split=None)
-        sampler = samplers[rows.index(row)]
         if sampler is not None:
             row["clocks"] = sampler.summary()         # SM clock while this variant's loops ran
             sampler.close()
