@@ -7,7 +7,7 @@ later searches do not leak in). The standard deviation of log(measured / recorde
 session-to-session noise one session cannot see; `gemmgen.measure.comparison.REPLICATE_NOISE`
 is twice the pooled offline value. CPU only:
 
-    python3 benchmarks/replicate_noise.py tuning_db/shipped/h200.jsonl \
+    python3 benchmarks/replicate_noise.py tuning_db/shipped/h200.jsonl.gz \
         benchmarks/results/gemmgen_sample100_{offline,server}_s6b \
         benchmarks/results/gemmgen_sample100_{offline,server}_s7b --out benchmarks/results/replicate_noise
 """

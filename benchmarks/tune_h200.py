@@ -6,7 +6,7 @@
 Resumable across GPU sessions: OUT/trials.jsonl (every trial, the export format) is
 merged into the working database first, tuning skips every (problem, program) pair
 already measured on this GPU, and the script ends by writing OUT/trials.jsonl again and
-every trial into tuning_db/shipped/h200.jsonl (merged with what is there): winners are a
+every trial into tuning_db/shipped/h200.jsonl.gz (merged with what is there): winners are a
 query, and a problem tuned without a winner must be known as such, so that gemmgen.compile
 serves the baseline there rather than a neighbour's program. Writes
 OUT/summary.json and prints a per-FLOP-bucket table last.
@@ -40,7 +40,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     ap.add_argument("--db", default=None,
                     help="working database (default: tune_h200.sqlite in GEMMGEN_CACHE_DIR or ~/.cache/gemmgen; "
                          "OUT/trials.jsonl is the record that travels)")
-    ap.add_argument("--ship", default=str(REPO / "tuning_db/shipped/h200.jsonl"),
+    ap.add_argument("--ship", default=str(REPO / "tuning_db/shipped/h200.jsonl.gz"),
                     help="winners file to merge into and rewrite ('' to skip)")
     ap.add_argument("--time-budget", type=float, default=420.0, metavar="S",
                     help="seconds for the tuning loop (export and summary come after)")

@@ -45,6 +45,36 @@ def test_round_trip_jsonl_and_sqlite(tmp_path):
     assert (tmp_path / "c.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
 
 
+def test_a_gz_export_is_the_same_lines_compressed_and_byte_stable(tmp_path):
+    import gzip
+
+    a = Database(tmp_path / "a.sqlite")
+    _fill(a)
+    export(a, tmp_path / "a.jsonl")
+    assert export(a, tmp_path / "a.jsonl.gz") == 6
+    packed = (tmp_path / "a.jsonl.gz").read_bytes()
+    assert packed[:2] == b"\x1f\x8b"
+    assert gzip.decompress(packed).decode() == (tmp_path / "a.jsonl").read_text()
+    export(a, tmp_path / "again.jsonl.gz")
+    assert (tmp_path / "again.jsonl.gz").read_bytes() == packed          # no timestamp inside
+    b = Database(tmp_path / "b.sqlite")
+    assert merge(b, tmp_path / "a.jsonl.gz") == (6, 0)
+    export(b, tmp_path / "b.jsonl")
+    assert (tmp_path / "b.jsonl").read_text() == (tmp_path / "a.jsonl").read_text()
+
+
+def test_the_shipped_records_are_kept_compressed_and_under_the_size_limit():
+    from pathlib import Path
+
+    from gemmgen.tuning_db.store import SHIPPED_FILES
+
+    folder = Path(__file__).resolve().parent.parent / "tuning_db" / "shipped"
+    for name in SHIPPED_FILES:
+        path = folder / name
+        assert name.endswith(".gz") and path.read_bytes()[:2] == b"\x1f\x8b"
+        assert path.stat().st_size < 5 * 2**20        # the repository's limit for a tracked file
+
+
 def test_merge_combines_machines(tmp_path):
     one, two = Database(tmp_path / "1.sqlite"), Database(tmp_path / "2.sqlite")
     _fill(one)

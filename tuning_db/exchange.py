@@ -3,9 +3,16 @@
 `export` writes one trial (or library choice) per line, sorted by problem key, then program
 text (then device name and time), so an export diffs cleanly in review. `merge` reads such a
 file or another database file; records already present are skipped, so merging is idempotent.
+
+A path ending in `.gz` is written gzip-compressed (with no timestamp, so the same records
+give the same bytes) and any gzip file is read as such: the shipped H200 records are kept
+that way, since as text (12.6 MiB, 8,362 records, one device description repeated on every
+line) they were past the repository's 5 MiB limit for a tracked file. `zcat` shows the text.
 """
 from __future__ import annotations
 
+import gzip
+import io
 from pathlib import Path
 from typing import Iterator
 
@@ -14,6 +21,7 @@ from gemmgen.tuning_db.records import (LibraryChoice, RecordError, Trial, export
                                        record_from_json, trial_to_json)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def export_lines(db: Database, *, winners_only: bool = False) -> list[str]:
@@ -35,14 +43,20 @@ def export(db: Database, path: str | Path, *, winners_only: bool = False) -> int
     lines = export_lines(db, winners_only=winners_only)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data, compresslevel=9, mtime=0)
+    tmp.write_bytes(data)
     tmp.replace(path)
     return len(lines)
 
 
 def read_jsonl(path: str | Path) -> Iterator[Trial | LibraryChoice]:
-    """Records of an export file, each line checked; errors name the file and line."""
-    with open(path, encoding="utf-8") as f:
+    """Records of an export file (plain or gzip), each line checked; errors name the file and line."""
+    with open(path, "rb") as raw:
+        compressed = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    opened = gzip.open(path, "rt", encoding="utf-8") if compressed else io.open(path, encoding="utf-8")
+    with opened as f:
         for number, line in enumerate(f, 1):
             if line.strip():
                 yield record_from_json(line, where=f"{path}:{number}")

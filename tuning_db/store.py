@@ -1,6 +1,6 @@
 """Where tuning results live: the shipped H200 records under the user's own database.
 
-The shipped records (`shipped/h200.jsonl`, export format) load into an in-memory,
+The shipped records (`shipped/h200.jsonl.gz`, the export format, gzip-compressed) load into an in-memory,
 read-only layer. The user's database (GEMMGEN_DB, default
 ~/.cache/gemmgen/tuning.sqlite) lies over it: for a problem tuned in both, the user's
 winner is used, since it was measured on this machine. Library choices (a vendor library's
@@ -23,7 +23,7 @@ from gemmgen.dsl.ir import Problem
 from gemmgen.tuning_db.database import SCHEMA_VERSION, Database
 from gemmgen.tuning_db.records import LibraryChoice, Trial
 
-SHIPPED_FILES = ("h200.jsonl",)
+SHIPPED_FILES = ("h200.jsonl.gz",)
 
 
 def default_db_path() -> Path:
