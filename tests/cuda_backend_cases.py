@@ -52,6 +52,7 @@ MS_CONFIGS = (
     dict(tile=(256, 128, 32), warps=(4, 2), stages=3),
     dict(tile=(64, 64, 64), warps=(2, 2), stages=4, split_k=4),
     dict(tile=(128, 128, 64), warps=(2, 4), stages=3, split_k=3),
+    dict(tile=(64, 64, 64), warps=(4, 1), stages=2),
 )
 
 

@@ -56,6 +56,20 @@ def test_multistage_sass_has_hmma_and_no_local_memory():
 
 
 @needs_compiler
+def test_small_problems_get_a_two_stage_ring_that_compiles():
+    """At 64^3 (one K tile) the space offers the shape Triton measured fastest there: a
+    64x64x64 tile, 4x1 warps, 2 stages; it compiles with HMMA and no local memory."""
+    problem = Problem(64, 64, 64)
+    offered = [(p.tile.m, p.tile.n, p.tile.k, p.warps, p.stages) for p in cuda.space(problem)]
+    assert offered[0][4] == 2 and (64, 64, 64, (4, 1), 2) in offered
+    program = multistage(problem, tile=(64, 64, 64), warps=(4, 1), stages=2)
+    report = cuda.kernel_report(cuda.compile_program(program))
+    sass, res = report["sass"], report["resources"]["gemm_multistage"]
+    assert sass["HMMA"] >= 32 and sass["LDL"] == 0 and sass["STL"] == 0     # 1 x 8 mma per k16 step, 4 steps
+    assert res["spill_stores"] == 0 and res["stack_bytes"] == 0
+
+
+@needs_compiler
 def test_hopper_sass_has_hgmma_tma_and_no_spills():
     program = hopper(Problem(4096, 4096, 4096, b_major="col", epilogue=Epilogue(residual=True)),
                      tile=(128, 256, 64), stages=4, cluster=(2, 1))
