@@ -13,12 +13,13 @@ torch: that path exists so that CPU-only CI can run rewritten models end to end
 `gemmgen::gemm_joined` multiplies one activation by several weights of the same K at once
 (Llama's q, k and v): one wider GEMM on the weights joined side by side, whose output the
 graph slices. The joined copy of the weights is made on the first call and kept (it costs
-their memory once more; `clear_kernels()` frees it); it is made again when any of them
-changes in place (its version counter moves) or is replaced.
+their memory once more); it is made again when any of them changes in place (its version
+counter moves) or is replaced, and freed with them (or by `clear_kernels()`).
 """
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
@@ -138,23 +139,33 @@ torch.library.register_fake("gemmgen::gemm", gemm_fake, lib=_LIB)
 # -- joined siblings ---------------------------------------------------------------------------
 
 _LIB.define("gemm_joined(Tensor a, Tensor[] ws, str a_major) -> Tensor", tags=_stride_tag())
-#: (data_ptr, shape) of each (N_i, K) weight -> (their version counters, the weights, kept
-#: alive so that no other tensor reuses their memory and hits a stale entry, and the joined
-#: (sum N, K) row-major copy).
+#: id() of each (N_i, K) weight -> (weak references to them, their version counters, the
+#: joined (sum N, K) row-major copy). The op is handed the parameter objects themselves (the
+#: pass passes the graph's inputs), so identity and version say whether a copy is current;
+#: the copy goes when any of its weights is freed, and never keeps a weight alive.
 _JOINED: dict = {}
+
+
+def _forget(key: tuple):
+    def drop(ref) -> None:
+        with _LOCK:
+            entry = _JOINED.get(key)
+            if entry is not None and any(r is ref for r in entry[0]):
+                del _JOINED[key]
+    return drop
 
 
 def joined_weights(ws) -> torch.Tensor:
     """The K x sum(N) column-major B of a @ [w_1.T | w_2.T | ...], made once per version of the
     row-major (N_i, K) weights (an in-place update moves a version counter)."""
-    key = tuple((w.data_ptr(), tuple(w.shape)) for w in ws)
+    key = tuple(id(w) for w in ws)
     versions = tuple(w._version for w in ws)
     hit = _JOINED.get(key)
-    if hit is not None and hit[0] == versions:
+    if hit is not None and hit[1] == versions and all(r() is w for r, w in zip(hit[0], ws)):
         return hit[2].t()
     joined = torch.cat(list(ws))
     with _LOCK:
-        _JOINED[key] = (versions, tuple(ws), joined)
+        _JOINED[key] = (tuple(weakref.ref(w, _forget(key)) for w in ws), versions, joined)
     return joined.t()
 
 

@@ -159,7 +159,9 @@ def test_llama_joins_qkv_and_gate_up_and_matches_eager():
     assert ((out_after.float() - ref_after.float()).abs().max() / ref_after.float().abs().max()).item() < 1e-2
 
 
-def test_joined_weights_are_made_once_per_version():
+def test_joined_weights_are_made_once_per_version_and_freed_with_the_weights():
+    import gc
+
     from gemmgen import torch_ops
 
     torch_ops.clear_kernels()
@@ -175,8 +177,15 @@ def test_joined_weights_are_made_once_per_version():
     assert second.data_ptr() != first.data_ptr()
     assert torch.equal(second, torch.cat([w.t() for w in ws], dim=1))
     assert torch_ops.joined_bytes() == 24 * K * 2                     # the stale copy was dropped
-    torch_ops.clear_kernels()
-    assert torch_ops.joined_bytes() == 0
+    other = [ws[0].clone(), ws[1]]                                    # another tensor: another copy
+    assert torch.equal(torch_ops.joined_weights(other), second)
+    assert torch_ops.joined_bytes() == 2 * 24 * K * 2
+    del other
+    gc.collect()
+    assert torch_ops.joined_bytes() == 24 * K * 2                     # freed with its weight
+    del ws, first, second
+    gc.collect()
+    assert torch_ops.joined_bytes() == 0                              # the cache keeps no weight alive
 
 
 def test_the_sibling_benchmark_redraws_its_plot_and_refuses_to_run_without_a_gpu(tmp_path):
