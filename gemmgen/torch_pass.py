@@ -163,7 +163,7 @@ class GemmgenPass(CustomGraphPass):
 
     def uuid(self):
         h = hashlib.sha256()
-        for path in (__file__, torch_ops.__file__):
+        for path in (__file__, torch_ops.__file__, torch_join.__file__):
             with open(path, "rb") as f:
                 h.update(f.read())
         h.update(repr(self.options).encode())

@@ -70,6 +70,18 @@ def test_pass_uuid_follows_the_options():
     assert plain == GemmgenPass(PassOptions()).uuid()
     assert plain != GemmgenPass(PassOptions(devices=("cuda", "cpu"))).uuid()
     assert plain != GemmgenPass(PassOptions(ops=("mm",))).uuid()
+    assert plain != GemmgenPass(PassOptions(join_siblings=True)).uuid()
+
+
+def test_pass_uuid_follows_the_code_of_the_join(monkeypatch, tmp_path):
+    """The joins' code is the pass's code too: a change to it must miss inductor's cache."""
+    from gemmgen import torch_join
+
+    before = GemmgenPass(PassOptions()).uuid()
+    edited = tmp_path / "torch_join.py"
+    edited.write_text(open(torch_join.__file__).read() + "\n# edited\n")
+    monkeypatch.setattr(torch_join, "__file__", str(edited))
+    assert GemmgenPass(PassOptions()).uuid() != before
 
 
 def test_majors_follow_the_strides():
