@@ -201,3 +201,36 @@ def test_the_sibling_benchmark_redraws_its_plot_and_refuses_to_run_without_a_gpu
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             script.main(["--out", str(tmp_path / "run")])
+
+
+def test_joins_in_training_leave_the_gradients_right():
+    """The forward graph joins q/k/v and gate/up; the backward graph has no siblings (each
+    matmul there has its own A); every gradient matches eager, also after an optimizer step
+    (the joined copy is remade for the new weights)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float16).train()
+    ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    torch_backend.reset_stats()
+    opts = {"devices": ("cuda", "cpu"), "join_siblings": True}
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        compiled = torch.compile(model, backend="gemmgen", options=opts)
+        for step in range(2):
+            model.zero_grad()
+            model(ids, labels=ids).loss.backward()
+            ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+            model.zero_grad()
+            compiled(ids, labels=ids).loss.backward()
+            for name, p in model.named_parameters():
+                err = ((p.grad.float() - ref[name].float()).abs().max() / ref[name].float().abs().max()).item()
+                assert err < 2e-2, (step, name, err)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)          # an SGD step: every weight changes in place
+    torch._dynamo.reset()
+    assert torch_backend.stats()["joins"] == {"joined": 2}
