@@ -34,9 +34,9 @@ def fresh():
     torch._dynamo.reset()
 
 
-def tiny_llama():
+def tiny_llama(layers: int = LAYERS):
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
-                                   num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                    max_position_embeddings=64)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).to(torch.float16)

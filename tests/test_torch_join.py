@@ -7,6 +7,7 @@ from gemmgen import torch_backend
 from gemmgen.torch_pass import GemmgenPass, PassOptions
 
 transformers = pytest.importorskip("transformers")
+from test_torch_backend import fresh, record_winner, rel_err, tiny_llama  # noqa: E402,F401 - fresh is a fixture
 
 M, N, K = 64, 48, 32
 
@@ -86,19 +87,6 @@ def test_an_activation_or_a_bias_operand_is_not_a_sibling(clean):
     assert not joined_nodes(gm.graph)
 
 
-def record(path, problem, device_ms, baseline_ms):
-    """A measured trial for `problem`, as a tuning run records it."""
-    from gemmgen import backends
-    from gemmgen.dsl import to_text
-    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, BaselineTime, Database, Device, Trial
-
-    program = backends.get("triton").space(problem)[0]
-    with Database(path) as db:
-        db.record(Trial(problem=problem, device=Device(DEFAULT_DEVICE_NAME), program=to_text(program),
-                        backend=program.backend, status="ok", build_ok=True, check_passed=True,
-                        device_ms=device_ms, spread=0.01, baselines={"torch": BaselineTime(baseline_ms, 0.01)}))
-
-
 @pytest.mark.parametrize("apart_ms, joined_ms, expected", [
     (0.100, (0.200, 0.220), {"joined": 1}),                 # 300 us apart, 200 joined
     (0.100, (0.297, 0.298), {"gain_below_overhead": 1}),    # 3 us saved: under min_gain_us
@@ -110,10 +98,11 @@ def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, 
 
     db = tmp_path / "tuning.sqlite"
     # Losing trials: each member's time is its torch.matmul baseline, apart_ms.
-    record(db, Problem(M, N, K, "row", "col"), device_ms=1.2 * apart_ms, baseline_ms=apart_ms)
-    record(db, Problem(M, N, K, "row", "col", epilogue=Epilogue(activation="relu")), 1.2 * apart_ms, apart_ms)
+    record_winner(db, Problem(M, N, K, "row", "col"), device_ms=1.2 * apart_ms, baseline_ms=apart_ms)
+    record_winner(db, Problem(M, N, K, "row", "col", epilogue=Epilogue(activation="relu")), 1.2 * apart_ms,
+                  apart_ms)
     if joined_ms:
-        record(db, Problem(M, 3 * N, K, "row", "col"), *joined_ms)
+        record_winner(db, Problem(M, 3 * N, K, "row", "col"), *joined_ms)
     gm = traced("cuda")
     GemmgenPass(PassOptions(db=str(db), join_siblings=True))(gm.graph)
     stats = torch_backend.stats()
@@ -125,21 +114,12 @@ def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, 
         assert f"{M}x{3 * N}x{K}:rcr:f16:f32:f16" in stats["missing"]
 
 
-def test_llama_joins_qkv_and_gate_up_and_matches_eager():
+def test_llama_joins_qkv_and_gate_up_and_matches_eager(fresh):
     """Also after the weights change in place: the op must see each parameter's version
     counter (a transposed view handed over by inductor carried a counter of its own)."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.float16).eval()
+    model = tiny_llama().eval()
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
-    torch._dynamo.reset()
-    torch_backend.reset_stats()
-    with torch.no_grad(), inductor_config.patch(fx_graph_cache=False), \
-            functorch_config.patch(enable_autograd_cache=False):
+    with torch.no_grad():
         ref = model(ids).logits
         opts = {"devices": ("cuda", "cpu"), "join_siblings": True}
         compiled = torch.compile(model, backend="gemmgen", options=opts)
@@ -148,15 +128,14 @@ def test_llama_joins_qkv_and_gate_up_and_matches_eager():
             layer.self_attn.k_proj.weight.mul_(-0.5)
             layer.mlp.up_proj.weight.add_(0.01)
         out_after, ref_after = compiled(ids).logits, model(ids).logits
-    torch._dynamo.reset()
     stats = torch_backend.stats()
     # Per layer q, k, v join (64 + 32 + 32) and gate, up join (2 x 128); o, down, lm_head stay alone.
     assert stats["joins"] == {"joined": 4}
     assert stats["replaced"] == {"joined_mm": 10, "mm": 5}
     assert stats["problems"]["16x128x64:rcr:f16:f32:f16"] == 3      # two q/k/v joins and the lm_head
     assert stats["problems"]["16x256x64:rcr:f16:f32:f16"] == 2      # two gate/up joins
-    assert ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item() < 1e-2
-    assert ((out_after.float() - ref_after.float()).abs().max() / ref_after.float().abs().max()).item() < 1e-2
+    assert rel_err(out, ref) < 1e-2
+    assert rel_err(out_after, ref_after) < 1e-2
 
 
 def test_joined_weights_are_made_once_per_version_and_freed_with_the_weights():
@@ -203,34 +182,22 @@ def test_the_sibling_benchmark_redraws_its_plot_and_refuses_to_run_without_a_gpu
             script.main(["--out", str(tmp_path / "run")])
 
 
-def test_joins_in_training_leave_the_gradients_right():
+def test_joins_in_training_leave_the_gradients_right(fresh):
     """The forward graph joins q/k/v and gate/up; the backward graph has no siblings (each
     matmul there has its own A); every gradient matches eager, also after an optimizer step
     (the joined copy is remade for the new weights)."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.float16).train()
+    model = tiny_llama(layers=1).train()
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(2))
-    torch._dynamo.reset()
-    torch_backend.reset_stats()
-    opts = {"devices": ("cuda", "cpu"), "join_siblings": True}
-    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
-        compiled = torch.compile(model, backend="gemmgen", options=opts)
-        for step in range(2):
-            model.zero_grad()
-            model(ids, labels=ids).loss.backward()
-            ref = {n: p.grad.clone() for n, p in model.named_parameters()}
-            model.zero_grad()
-            compiled(ids, labels=ids).loss.backward()
-            for name, p in model.named_parameters():
-                err = ((p.grad.float() - ref[name].float()).abs().max() / ref[name].float().abs().max()).item()
-                assert err < 2e-2, (step, name, err)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(p.grad, alpha=-0.1)          # an SGD step: every weight changes in place
-    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="gemmgen", options={"devices": ("cuda", "cpu"), "join_siblings": True})
+    for step in range(2):
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        compiled(ids, labels=ids).loss.backward()
+        for name, p in model.named_parameters():
+            assert rel_err(p.grad, ref[name]) < 2e-2, (step, name)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-0.1)              # an SGD step: every weight changes in place
     assert torch_backend.stats()["joins"] == {"joined": 2}
