@@ -250,6 +250,18 @@ class GemmgenPass(CustomGraphPass):
         _find_activation(cand, opts.ops)
         return cand
 
+    def _kernels(self, keys, missing) -> dict:
+        """Each key's Kernel, after tuning those `missing(kernel)` names if the options ask for it."""
+        opts = self.options
+        kernels = {k: torch_ops.resolve(k, opts.db) for k in keys}
+        lacking = [k for k, kern in kernels.items() if missing(kern)]
+        if opts.tune_missing and lacking:
+            from gemmgen.torch_backend import tune_keys
+
+            tune_keys(lacking, opts.db, opts.tune_budget)
+            kernels = {k: torch_ops.resolve(k, opts.db) for k in kernels}
+        return kernels
+
     def _choose_joins(self, candidates: list) -> list:
         """The sibling groups worth joining: on CUDA, those torch_join.decide takes by the
         measured times (tuning the unmeasured ones first if asked); on CPU, all (for testing)."""
@@ -257,13 +269,7 @@ class GemmgenPass(CustomGraphPass):
         groups = torch_join.sibling_groups(candidates)
         cuda = [j for j in groups if j.members[0].device is not None]
         keys = {k for j in cuda for k in (j.key(), *(c.key(bare=True) for c in j.members))}
-        kernels = {k: torch_ops.resolve(k, opts.db) for k in keys}
-        unmeasured = [k for k, kern in kernels.items() if torch_join.time_ms(kern) is None]
-        if opts.tune_missing and unmeasured:
-            from gemmgen.torch_backend import tune_keys
-
-            tune_keys(unmeasured, opts.db, opts.tune_budget)
-            kernels = {k: torch_ops.resolve(k, opts.db) for k in kernels}
+        kernels = self._kernels(keys, lambda kern: torch_join.time_ms(kern) is None)
         chosen = [j for j in groups if j.members[0].device is None]
         for join in cuda:
             outcome = torch_join.decide(join, kernels, opts.min_gain_us)
@@ -290,14 +296,8 @@ class GemmgenPass(CustomGraphPass):
         if not cuda:
             return
         keys = {c.key(**kw) for c in cuda for kw in ({"fused": True}, {"fused": False}, {"bare": True})}
-        kernels = {k: torch_ops.resolve(k, opts.db) for k in keys}
-        missing = [k for k, kern in kernels.items()
-                   if kern.backend == "torch" and kern.provenance.baseline_ms_here is None]
-        if opts.tune_missing and missing:
-            from gemmgen.torch_backend import tune_keys
-
-            tune_keys(missing, opts.db, opts.tune_budget)
-            kernels = {k: torch_ops.resolve(k, opts.db) for k in kernels}
+        kernels = self._kernels(keys, lambda kern: kern.backend == "torch"
+                                and kern.provenance.baseline_ms_here is None)
         for cand in cuda:
             fused, plain = cand.key(True), cand.key(False)
             worth = lambda key: (kernels[key].backend != "torch"  # noqa: E731
