@@ -84,13 +84,18 @@ def _hopper(problem: Problem) -> list[Program]:
     return out
 
 
+def _k_iters(program: Program, problem: Problem) -> int:
+    """K tiles one CTA walks (its split-K slice)."""
+    return math.ceil(math.ceil(problem.k / program.tile.k) / program.split_k)
+
+
 def estimate_seconds(program: Program, problem: Problem) -> float:
     """A ranking model: time of the waves of CTAs plus start-up and K-loop latency."""
     p, t = problem, program.tile
     ws = program.mainloop != "multistage"
     tiles = math.ceil(p.m / t.m) * math.ceil(p.n / t.n)
     ctas = tiles * program.split_k
-    k_iters = math.ceil(math.ceil(p.k / t.k) / program.split_k)
+    k_iters = _k_iters(program, p)
     eff = _WS_TILE_EFF.get((program.mainloop, t.m, t.n), 0.6) if ws else _MS_TILE_EFF.get((t.m, t.n), 0.6)
     rate_per_sm = (WGMMA_RATE if ws else MMA_SYNC_RATE) * eff / SMS
     if ws:   # persistent: tiles spread over the SMs, the last partial wave costs what it holds
@@ -128,8 +133,7 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
 def _tiebreak(q: Program, problem: Problem) -> tuple:
     """Among equal estimates: the ring depth nearest 4 that the K loop can fill (K tiles + 1,
     at least 2), then 3, then 5; wider K tiles; 8 warps for big tiles, 4 for small."""
-    k_iters = math.ceil(math.ceil(problem.k / q.tile.k) / q.split_k)
-    preferred = min(4, max(2, k_iters + 1))
+    preferred = min(4, max(2, _k_iters(q, problem) + 1))
     depth = q.stages or 4
     rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
     warps = -q.num_warps if q.tile.m * q.tile.n >= 128 * 128 else q.num_warps
