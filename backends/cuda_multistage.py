@@ -10,7 +10,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from gemmgen.dsl.ir import Program
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
 
@@ -50,8 +50,8 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("cluster", "mainloop multistage has no clusters: write `cluster 1x1`"))
     if program.smem_swizzle is not None:
         out.append(("smem_swizzle", "mainloop multistage always XOR-swizzles its 16-byte chunks: write `smem_swizzle auto`"))
-    if t.k not in (32, 64):
-        out.append(("tile", f"tile K must be 32 or 64 for mainloop multistage, not {t.k}"))
+    if t.k not in (32, 64, 128):
+        out.append(("tile", f"tile K must be 32, 64 or 128 for mainloop multistage, not {t.k}"))
     if wm * wn not in (4, 8):
         out.append(("warps", f"mainloop multistage runs 4 or 8 warps; {wm}x{wn} is {wm * wn}"))
     if wm < 1 or wn < 1 or t.m % (16 * wm) or t.n % (16 * wn):
@@ -83,6 +83,13 @@ def rules(program: Program) -> list[tuple[str, str]]:
     return out
 
 
+def arrival_order(program: Program) -> bool:
+    """`atomic` and `unordered` build the same kernel: partials are added into an fp32
+    workspace as CTAs arrive and the last CTA of a tile applies the epilogue, so an fp16
+    output never accumulates in fp16 and one launch does the whole product."""
+    return program.split_k > 1 and program.split_k_reduce in ARRIVAL_ORDER_REDUCES
+
+
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     d = {
@@ -90,7 +97,7 @@ def defines(program: Program) -> dict[str, int]:
         "WARPS_M": program.warps[0], "WARPS_N": program.warps[1],
         "STAGES": stages_of(program),
         "SPLIT_K": program.split_k,
-        "SPLIT_ATOMIC": int(program.split_k > 1 and program.split_k_reduce == "atomic"),
+        "SPLIT_ATOMIC": int(arrival_order(program)),
     }
     d.update(layout_defines(program))
     d.update(epilogue_defines(program))
@@ -116,7 +123,7 @@ class Geometry:
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=smem_bytes(program),
                     tile_m=program.tile.m, tile_n=program.tile.n, split_k=program.split_k,
-                    atomic=program.split_k > 1 and program.split_k_reduce == "atomic")
+                    atomic=arrival_order(program))
 
 
 def entries(program: Program) -> tuple[str, ...]:

@@ -19,6 +19,14 @@ DRAM_RATE = 4.0e12
 L2_RATE = 10e12             # operand bytes per second L2 feeds all SMs together
 LAUNCH_S = 2.5e-6
 MAX_SMEM = 227 * 1024
+# A k-tile's copies take about this long to land when the L2 is cold. A CTA with a ring of S
+# stages has S - 1 tiles in flight, so its K loop cannot run faster than one tile per
+# LOAD_LATENCY_S / (S - 1): session 3 measured 0.65-0.7 us per k-tile of 64x64x64 tiles with
+# 3 stages at 64x64xK (K = 256, 512), where Triton's 5-stage rings of 128-deep tiles took
+# about a quarter of that (CUDA_NOTES.md, v4).
+LOAD_LATENCY_S = 1.3e-6
+STAGES = (2, 3, 4, 5, 6, 8)
+SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 # (tile M, tile N) -> fraction of the instruction rate a CTA of that tile sustains
 _MS_TILE_EFF = {(64, 64): 0.45, (64, 128): 0.62, (128, 64): 0.62, (128, 128): 0.82, (128, 256): 0.92,
@@ -38,25 +46,25 @@ def _multistage(problem: Problem) -> list[Program]:
     p = _bound(problem)
     out = []
     k_tiles_64 = math.ceil(p.k / 64)
-    splits = [1]
+    splits = [(1, "workspace")]
     tiles_min = math.ceil(p.m / 128) * math.ceil(p.n / 128)
     if tiles_min < SMS // 2 and p.k >= 1024:     # small M*N, long K: fill the machine along K
-        splits += [s for s in (2, 3, 4, 6, 8, 12, 16) if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
-    # 2 stages and 4x1 / 1x4 warps: what Triton's fastest program at 64^3 used (64x64x64, 4x1
-    # warps, 2 stages: 1.89 us against 2.30 for torch.matmul, shipped records), where this
-    # family's best (2x2 warps, 3 stages) took 3.2 us. A ring deeper than the K loop only
-    # costs shared memory and start-up.
+        # Workspace only: the arrival-order kernel (atomic adds, last CTA finishes) measured
+        # 5-15x slower than torch.matmul on every shape it was tried (CUDA_NOTES.md, v4).
+        splits += [(s, "workspace") for s in SPLITS if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
     for (tm, tn) in ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128)):
-        for tk in (32, 64):
+        for tk in (32, 64, 128):
             for warps in ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)):
-                for stages in (2, 3, 4, 5):
-                    if stages == 2 and math.ceil(p.k / tk) > 4:
-                        continue                     # a long K loop needs a deeper ring
-                    for split in splits:
+                for stages in STAGES:
+                    # A ring deeper than the K loop only costs shared memory and start-up; 2 stages
+                    # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
+                    if stages > max(2, math.ceil(p.k / tk) + 1) or (stages == 2 and math.ceil(p.k / tk) > 4):
+                        continue
+                    for split, reduce in splits:
                         prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
                                        mainloop="multistage", instr=Instr("mma", 16, 8, 16), stages=stages,
                                        scheduler="tile", raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
-                                       split_k=split, split_k_reduce="workspace")
+                                       split_k=split, split_k_reduce=reduce)
                         if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
                             out.append(prog)
     return out
@@ -104,18 +112,21 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     else:
         waves = math.ceil(ctas / SMS)
     compute = waves * 2 * t.m * t.n * k_iters * t.k / rate_per_sm
-    moved = p.bytes + (program.split_k > 1) * program.split_k * p.m * p.n * 4 * 2
+    split = program.split_k > 1
+    # Split-K: every slice writes its partial tile, a second kernel reads them all back.
+    moved = p.bytes + split * program.split_k * p.m * p.n * 4 * 2
     memory = moved / DRAM_RATE
     stages = min(program.stages or 3, k_iters + 1)       # the ring fills at most the K loop
-    latency = LAUNCH_S + (stages + 2) * 0.25e-6 + (program.split_k > 1) * 2.5e-6
+    latency = LAUNCH_S + (stages + 2) * 0.1e-6 + split * 2.5e-6
     # Each K step streams (tile M + tile N) x tile K operands through L2 into the SM;
     # small tiles are bound by that feed rather than by the tensor cores.
     feed = k_iters * waves * (t.m + t.n) * t.k * 2 / (L2_RATE / SMS)
-    # A shallow ring exposes load latency; multicast halves B traffic once tiles fill the chip.
-    factor = {2: 1.12, 3: 1.04}.get(program.stages or 4, 1.0) if k_iters > (program.stages or 4) else 1.0
-    if program.cluster[0] > 1:
+    # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads.
+    pipeline = waves * k_iters * LOAD_LATENCY_S / max(1, stages - 1) if k_iters > 1 else 0.0
+    factor = 1.0
+    if program.cluster[0] > 1:   # multicast halves B traffic once tiles fill the chip
         factor *= 0.97 if tiles >= 2 * SMS else 1.03
-    return max(compute, memory, feed) * factor + latency
+    return max(compute, memory, feed, pipeline) * factor + latency
 
 
 def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:

@@ -40,10 +40,10 @@ def anchors_after(shapes: list, args) -> list:
     return shapes + common.anchors_missing(shapes, [args.layout] if args.layout else ["nn", "nt"])
 
 
-def programs_for(problem, per_family: int) -> list:
+def programs_for(problem, per_family: int, families=FAMILIES) -> list:
     from gemmgen.backends import cuda
     from gemmgen.dsl import diagnose
-    chosen, count = [], dict.fromkeys(FAMILIES, 0)
+    chosen, count = [], dict.fromkeys(families, 0)
     for p in cuda.space(problem):
         if count.get(p.mainloop, per_family) < per_family and not diagnose(p):
             chosen.append(p)
@@ -122,11 +122,16 @@ def plot(best: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = common.parser(
         __doc__.splitlines()[0],
-        lambda ap: ap.add_argument("--per-family", type=int, default=2, help="programs measured per family and shape"),
+        lambda ap: (ap.add_argument("--per-family", type=int, default=2, help="programs measured per family and shape"),
+                    ap.add_argument("--families", default=",".join(FAMILIES),
+                                    help=f"comma-separated, of {', '.join(FAMILIES)}")),
         time_budget_help="seconds; no new shape starts after",
         trial_timeout=90.0, trial_timeout_help="seconds per worker job (shape x family group)",
         limit_help="first N shapes only", build_only_help="build every program and stop (no GPU)")
     args = ap.parse_args(argv)
+    families = tuple(f for f in args.families.split(",") if f)
+    if not families or set(families) - set(FAMILIES):
+        ap.error(f"--families takes a comma-separated list of {', '.join(FAMILIES)}; got {args.families!r}")
 
     from gemmgen.measure.worker import Runner
 
@@ -134,7 +139,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     shapes = common.shapes_from(args, anchors_after)
-    plans = [(s, s.problem(), programs_for(s.problem(), args.per_family)) for s in shapes]
+    plans = [(s, s.problem(), programs_for(s.problem(), args.per_family, families)) for s in shapes]
     rows: list[dict] = []
     doc_path = out / "cuda_search.json"
 

@@ -53,6 +53,9 @@ MS_CONFIGS = (
     dict(tile=(64, 64, 64), warps=(2, 2), stages=4, split_k=4),
     dict(tile=(128, 128, 64), warps=(2, 4), stages=3, split_k=3),
     dict(tile=(64, 64, 64), warps=(4, 1), stages=2),
+    dict(tile=(64, 64, 128), warps=(4, 1), stages=5),
+    dict(tile=(128, 128, 128), warps=(2, 4), stages=3),
+    dict(tile=(64, 128, 128), warps=(1, 4), stages=4, split_k=2),
 )
 
 
@@ -65,7 +68,10 @@ def random_multistage(count: int, seed: int = 6) -> list[Program]:
         cfg = dict(MS_CONFIGS[rng.randrange(len(MS_CONFIGS))])
         epi = EPILOGUES[rng.randrange(len(EPILOGUES))]
         if cfg.get("split_k", 1) > 1 and rng.random() < 0.5:
-            cfg["reduce"] = "atomic"
-            epi = replace(epi, activation=None, out_dtype="f32")   # the validator's rule for atomics
+            if rng.random() < 0.5:
+                cfg["reduce"] = "atomic"
+                epi = replace(epi, activation=None, out_dtype="f32")   # the validator's rule for atomics
+            else:
+                cfg["reduce"] = "unordered"                            # the same kernel, any epilogue
         out.append(multistage(Problem(m, n, k, a_major=am, b_major=bm, epilogue=epi), **cfg))
     return out

@@ -55,6 +55,38 @@ def test_multistage_sass_has_hmma_and_no_local_memory():
     assert res["stack_bytes"] == 0 and res["spill_stores"] == 0
 
 
+def _k_loop(sass_text: str) -> list[str]:
+    """The opcodes of the multistage K loop: from the wait on the ring (DEPBAR) to the
+    branch that jumps back to it."""
+    ins = [(int(a, 16), op) for a, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)",
+                                                    sass_text)]
+    jumps = [(int(a, 16), int(t, 16)) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+@?!?P?\w*\s*BRA\s+(0x[0-9a-f]+)",
+                                                             sass_text)]
+    for start, op in ins:
+        if op.startswith("DEPBAR"):
+            back = [(a, t) for a, t in jumps if a > start and start - 0x80 <= t <= start]
+            if back:
+                a_end, target = back[-1]
+                return [op for a, op in ins if target <= a <= a_end]
+    raise AssertionError("no K loop found in the SASS")
+
+
+@needs_compiler
+def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
+    """The copies unroll into straight-line code with addresses worked out before the loop:
+    a 128x128x64 tile on 2x4 warps issues 64 HMMA, 24 LDSM and 8 LDGSTS per k tile, and at
+    most 100 other instructions (the first version issued ~700, session 12)."""
+    from gemmgen.backends.cuda_compile import sass
+    program = multistage(Problem(128, 12288, 4096), tile=(128, 128, 64), warps=(2, 4), stages=4, swizzle=8)
+    text = sass(cuda.compile_program(program).data)
+    loop = _k_loop(text)
+    count = {name: sum(1 for op in loop if op.split(".")[0] == name) for name in ("HMMA", "LDSM", "LDGSTS")}
+    assert count == {"HMMA": 64, "LDSM": 24, "LDGSTS": 8}, count
+    assert len(loop) - sum(count.values()) <= 100, len(loop)
+    # every stage's copies are straight-line: the prologue's STAGES-1 stages and the loop's one
+    assert cuda.kernel_report(cuda.compile_program(program))["sass"]["LDGSTS"] == 4 * 8
+
+
 @needs_compiler
 def test_small_problems_get_a_two_stage_ring_that_compiles():
     """At 64^3 (one K tile) the space offers the shape Triton measured fastest there: a
@@ -152,7 +184,7 @@ def test_hopper_mn_contiguous_operands_lower_with_the_transpose_bits(majors):
 
 
 @pytest.mark.parametrize("change, field, words", [
-    (dict(tile=(128, 128, 128)), "tile", "tile K must be 32 or 64"),
+    (dict(tile=(128, 128, 256)), "tile", "tile K must be 32, 64 or 128"),
     (dict(tile=(128, 256, 32), warps=(2, 2)), "warps", "accumulators"),
     (dict(stages=5, tile=(128, 256, 64), warps=(2, 4)), "stages", "shared memory"),
 ])

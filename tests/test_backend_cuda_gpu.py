@@ -46,7 +46,7 @@ def _check(program, artifact, runner):
     return result
 
 
-MULTISTAGE = _valid(random_multistage(24))
+MULTISTAGE = _valid(random_multistage(32))
 
 
 @pytest.fixture(scope="module")

@@ -19,38 +19,112 @@ struct SwizzledTile {
   static constexpr int ROWS_PER_LINE = CHUNKS >= 8 ? 1 : 8 / CHUNKS;  // rows per 128-byte line
   static constexpr int PHASES = CHUNKS >= 8 ? 8 : CHUNKS;
   static constexpr int ELEMS = ROWS * COLS;
-  // Offset in fp16 elements of (row, col); col is a multiple of 8 for chunk accesses.
-  __device__ static __forceinline__ int offset(int row, int col) {
-    int chunk = (col >> 3) ^ ((row / ROWS_PER_LINE) & (PHASES - 1));
-    return row * COLS + chunk * 8 + (col & 7);
+  static constexpr int BYTES = ELEMS * 2;
+  // A row's XOR phase repeats every 8 rows, so it depends on row % 8 alone.
+  static_assert(ROWS_PER_LINE * PHASES == 8, "the swizzle repeats every 8 rows");
+  __device__ static __forceinline__ int phase(int row) { return (row / ROWS_PER_LINE) & (PHASES - 1); }
+  // Byte offset of (row, col); col is a multiple of 8 for chunk accesses.
+  __device__ static __forceinline__ unsigned offset_bytes(int row, int col) {
+    return (unsigned)(row * COLS + (((col >> 3) ^ phase(row)) << 3) + (col & 7)) * 2u;
   }
 };
 
 // One operand (A or B) seen as MN x K. K_CONTIG: stored with K contiguous
 // (element (mn, k) at mn*ld + k), kept in shared memory as [MN][K] rows;
 // otherwise MN contiguous (at k*ld + mn), kept as [K][MN] rows.
+//
+// Addresses are worked out once per thread, before the K loop (CUDA_NOTES.md, v4: computed
+// afresh for every copy and every ldmatrix they took ~300 of the K loop's ~390
+// instructions per k-tile, against 64 HMMA).
 template <int TILE_MN, bool K_CONTIG>
 struct Operand {
   using Tile = SwizzledTile<K_CONTIG ? TILE_MN : BK, K_CONTIG ? BK : TILE_MN>;
+  static constexpr int CHUNKS = Tile::ELEMS / 8;
+  static constexpr int ROW_CHUNKS = Tile::CHUNKS;
+  static constexpr int PER_THREAD = (CHUNKS + THREADS - 1) / THREADS;
+  // A thread's chunks sit ROW_STEP rows apart in one column of the tile.
+  static constexpr int ROW_STEP = THREADS / ROW_CHUNKS;
+  static_assert(THREADS % ROW_CHUNKS == 0, "every thread copies one column of chunks");
 
-  // Issue the cp.async copies of the (mn0, k0) tile into `stage`; chunks past
-  // MN or k_end are zero-filled (src-size 0), which adds nothing to the product.
-  __device__ static __forceinline__ void load(f16_bits* stage, const f16_bits* __restrict__ g, long long ld,
-                                              int mn0, int k0, int MN, int k_end, int tid) {
-    constexpr int CHUNKS = Tile::ELEMS / 8;
-    constexpr int ROW_CHUNKS = Tile::CHUNKS;
+  // The global-to-shared copies of one thread: pointer and bounds of its first chunk, at
+  // the k tile it loads next.
+  struct Copier {
+    const f16_bits* src;     // chunk 0 at the next k tile to load
+    long long row_stride;    // elements between chunk j and chunk j + 1
+    long long tile_step;     // elements between one k tile and the next
+    unsigned dst;            // byte offset of chunk 0 within a stage
+    int row0, col;           // chunk 0 in the tile
+    unsigned mn_inside;      // bit j: chunk j lies inside M (or N)
+    int k_next;              // K index of the next k tile's first column (or row)
+
+    __device__ __forceinline__ Copier(const f16_bits* g, long long ld, int mn0, int MN, int k0, int tid) {
+      row0 = tid / ROW_CHUNKS;
+      col = (tid % ROW_CHUNKS) * 8;
+      k_next = k0;
+      dst = Tile::offset_bytes(row0, col);
+      mn_inside = 0u;
 #pragma unroll
-    for (int i = tid; i < CHUNKS; i += THREADS) {
-      int row = i / ROW_CHUNKS, col = (i % ROW_CHUNKS) * 8;
-      int mn = K_CONTIG ? mn0 + row : mn0 + col;
-      int k = K_CONTIG ? k0 + col : k0 + row;
-      bool valid = mn < MN && k < k_end;
-      const f16_bits* src = valid ? g + (K_CONTIG ? (long long)mn * ld + k : (long long)k * ld + mn) : g;
-      unsigned dst = smem_u32(stage + Tile::offset(row, col));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                   :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+      for (int j = 0; j < PER_THREAD; ++j) {
+        const int mn = K_CONTIG ? mn0 + row0 + j * ROW_STEP : mn0 + col;
+        if (mn < MN) mn_inside |= 1u << j;
+      }
+      src = g + (K_CONTIG ? (long long)(mn0 + row0) * ld + k0 + col : (long long)(k0 + row0) * ld + mn0 + col);
+      row_stride = (long long)ROW_STEP * ld;   // rows are M (or N) when K_CONTIG, else K
+      tile_step = K_CONTIG ? (long long)BK : (long long)BK * ld;
     }
-  }
+
+    // Issue the cp.async copies of the next k tile into the stage at byte address `stage`;
+    // chunks past MN or k_end are zero-filled: src-size 0 reads nothing from the (then
+    // out-of-bounds) address, and zeros add nothing to the product.
+    __device__ __forceinline__ void load(unsigned stage, int k_end) {
+      const f16_bits* p = src;
+      const int k_left = k_end - k_next;                       // columns (or rows) of K left
+#pragma unroll
+      for (int j = 0; j < PER_THREAD; ++j) {
+        if (CHUNKS % THREADS != 0 && row0 + j * ROW_STEP >= CHUNKS / ROW_CHUNKS) break;
+        const bool k_inside = K_CONTIG ? col < k_left : row0 + j * ROW_STEP < k_left;
+        const bool valid = ((mn_inside >> j) & 1u) && k_inside;
+        // The swizzle repeats every 8 rows: for ROW_STEP a multiple of 8, chunk j is chunk 0
+        // moved down j * ROW_STEP rows.
+        const unsigned d = ROW_STEP % 8 == 0 ? dst + (unsigned)(j * ROW_STEP * Tile::CHUNKS * 16)
+                                             : Tile::offset_bytes(row0 + j * ROW_STEP, col);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(stage + d), "l"(p), "r"(valid ? 16 : 0) : "memory");
+        p += row_stride;
+      }
+      src += tile_step;
+      k_next += BK;
+    }
+  };
+
+  // Where one lane's ldmatrix rows sit in a stage, worked out once. Fragment f (the f-th
+  // 16-row block of the warp's M or N) at k step kk is at
+  //   K-contiguous:  row_bytes + f * 16 * BK * 2    + (((kk >> 3) ^ x) << 4)
+  //   MN-contiguous: row_bytes + kk * TILE_MN * 2   + (((w8 + 2 f) ^ x) << 4)
+  // since every term of the row other than the lane's r = lane % 8 is a multiple of 8.
+  // `mn_half` / `k_half`: which 8 rows of M (or N) and which 8 of K this lane's matrix
+  // of the ldmatrix.x4 covers (A and B order their four matrices differently).
+  struct Fragments {
+    unsigned row_bytes;
+    int x, w8;
+
+    __device__ __forceinline__ Fragments(int mn_warp_base, int lane, int mn_half, int k_half) {
+      const int r = lane & 7;
+      if (K_CONTIG) {
+        row_bytes = (unsigned)((mn_warp_base + r + 8 * mn_half) * BK * 2);
+        x = k_half ^ Tile::phase(r);
+        w8 = 0;
+      } else {
+        row_bytes = (unsigned)((r + 8 * k_half) * TILE_MN * 2);
+        x = mn_half ^ Tile::phase(r);
+        w8 = mn_warp_base / 8;
+      }
+    }
+    __device__ __forceinline__ unsigned at(unsigned stage, int f, int kk) const {
+      return K_CONTIG ? stage + row_bytes + (unsigned)(f * 16 * BK * 2) + (unsigned)(((kk >> 3) ^ x) << 4)
+                      : stage + row_bytes + (unsigned)(kk * TILE_MN * 2) + (unsigned)(((w8 + 2 * f) ^ x) << 4);
+    }
+  };
 };
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
@@ -73,29 +147,15 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A fragment (16 x 16, rows m) of the warp at (m_base, k_base) of an A stage.
-// ldmatrix lane l addresses row l%8 of 8x8 matrix q=l/8; the four matrices are
-// a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
-__device__ __forceinline__ void load_a_fragment(unsigned (&a)[4], const f16_bits* stage, int m_base, int k_base, int lane) {
-  using T = Operand<BM, A_K_CONTIG>::Tile;
-  int q = lane >> 3, r = lane & 7;
-#if A_K_CONTIG
-  ldmatrix_x4(a, smem_u32(stage + T::offset(m_base + r + (q & 1) * 8, k_base + (q >> 1) * 8)));
-#else
-  ldmatrix_x4_trans(a, smem_u32(stage + T::offset(k_base + r + (q >> 1) * 8, m_base + (q & 1) * 8)));
-#endif
-}
-
-// B fragments of two n8 blocks at (n_base, k_base): b[0], b[1] for n 0-7 and
-// b[2], b[3] for n 8-15, each pair being (k 0-7, k 8-15).
-__device__ __forceinline__ void load_b_fragments(unsigned (&b)[4], const f16_bits* stage, int n_base, int k_base, int lane) {
-  using T = Operand<BN, B_K_CONTIG>::Tile;
-  int q = lane >> 3, r = lane & 7;
-#if B_K_CONTIG
-  ldmatrix_x4(b, smem_u32(stage + T::offset(n_base + r + (q >> 1) * 8, k_base + (q & 1) * 8)));
-#else
-  ldmatrix_x4_trans(b, smem_u32(stage + T::offset(k_base + r + (q & 1) * 8, n_base + (q >> 1) * 8)));
-#endif
+// ldmatrix lane l addresses row l%8 of 8x8 matrix q = l/8.
+// A fragment (16 x 16): matrices a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
+// (m 8-15, k 8-15): mn_half = q & 1, k_half = q >> 1.
+// B fragments of two n8 blocks: b[0], b[1] for n 0-7 and b[2], b[3] for n 8-15, each pair
+// being (k 0-7, k 8-15): mn_half = q >> 1, k_half = q & 1.
+template <bool K_CONTIG>
+__device__ __forceinline__ void ldmatrix_fragment(unsigned (&f)[4], unsigned addr) {
+  if (K_CONTIG) ldmatrix_x4(f, addr);
+  else ldmatrix_x4_trans(f, addr);
 }
 
 struct GemmArgs {
@@ -111,9 +171,9 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   using OpA = Operand<BM, A_K_CONTIG>;
   using OpB = Operand<BN, B_K_CONTIG>;
-  constexpr int A_STAGE = OpA::Tile::ELEMS, B_STAGE = OpB::Tile::ELEMS;
-  f16_bits* smem_a = reinterpret_cast<f16_bits*>(smem_raw);
-  f16_bits* smem_b = smem_a + STAGES * A_STAGE;
+  constexpr unsigned A_STAGE = OpA::Tile::BYTES, B_STAGE = OpB::Tile::BYTES;
+  const unsigned smem_a = smem_u32(smem_raw);
+  const unsigned smem_b = smem_a + STAGES * A_STAGE;
 
   const int M = args.M, N = args.N, K = args.K;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -140,11 +200,17 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
+  typename OpA::Copier copy_a(args.a, args.ld_a, m0, M, kt_begin * BK, tid);
+  typename OpB::Copier copy_b(args.b, args.ld_b, n0, N, kt_begin * BK, tid);
+  const int q = lane >> 3;
+  const typename OpA::Fragments frag_a(warp_m * WARP_TILE_M, lane, q & 1, q >> 1);
+  const typename OpB::Fragments frag_b(warp_n * WARP_TILE_N, lane, q >> 1, q & 1);
+
   auto load_stage = [&](int kt) {  // k tile kt (relative to this slice) into its ring slot
     if (kt < k_tiles) {
-      int slot = kt % STAGES, k0 = (kt_begin + kt) * BK;
-      OpA::load(smem_a + slot * A_STAGE, args.a, args.ld_a, m0, k0, M, k_end, tid);
-      OpB::load(smem_b + slot * B_STAGE, args.b, args.ld_b, n0, k0, N, k_end, tid);
+      const int slot = kt % STAGES;
+      copy_a.load(smem_a + slot * A_STAGE, k_end);
+      copy_b.load(smem_b + slot * B_STAGE, k_end);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
@@ -158,18 +224,18 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
     __syncthreads();  // also: every warp is done reading the slot refilled next
     load_stage(kt + STAGES - 1);
 
-    const f16_bits* sa = smem_a + (kt % STAGES) * A_STAGE;
-    const f16_bits* sb = smem_b + (kt % STAGES) * B_STAGE;
+    const unsigned sa = smem_a + (kt % STAGES) * A_STAGE;
+    const unsigned sb = smem_b + (kt % STAGES) * B_STAGE;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       unsigned af[MMA_M_TILES][4];
       unsigned bf[MMA_N_TILES / 2][4];
 #pragma unroll
       for (int i = 0; i < MMA_M_TILES; ++i)
-        load_a_fragment(af[i], sa, warp_m * WARP_TILE_M + i * 16, kk, lane);
+        ldmatrix_fragment<A_K_CONTIG>(af[i], frag_a.at(sa, i, kk));
 #pragma unroll
       for (int j = 0; j < MMA_N_TILES / 2; ++j)
-        load_b_fragments(bf[j], sb, warp_n * WARP_TILE_N + j * 16, kk, lane);
+        ldmatrix_fragment<B_K_CONTIG>(bf[j], frag_b.at(sb, j, kk));
 #pragma unroll
       for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll

@@ -1,0 +1,63 @@
+"""Run kernel programs (and torch.matmul on their shapes) once each, for Nsight Compute to read.
+
+Why: a timing says how long a kernel took, not what held it back. Under `ncu` each launch
+below is profiled with caches flushed (ncu's default), as the timer flushes L2; the script
+checks each result against an fp64 reference so a profile of a wrong kernel is not read.
+
+    ncu --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight \\
+        --section WarpStateStats python3 benchmarks/profile_programs.py \\
+        benchmarks/results/profile_s12/programs/*.gemm --torch
+
+Prints one line per launch, in launch order (ncu's report lists the kernels in that order).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def run(path: Path, with_torch: bool, seen: set) -> None:
+    import torch
+
+    from gemmgen import backends
+    from gemmgen.dsl import parse
+    from gemmgen.measure.cases import TORCH_DTYPES, empty_laid_out, lay_out, make_case
+
+    program = parse(path.read_text())
+    problem = program.problem
+    case = make_case(problem, "main", seed=20261130)
+    a, b = lay_out(case.a, problem.a_major), lay_out(case.b, problem.b_major)
+    out = empty_laid_out(problem.m, problem.n, problem.c_major, TORCH_DTYPES[problem.epilogue.out_dtype], "cuda")
+    backend = backends.get(program.backend)
+    launcher = backend.load(backend.build(backend.lower(program)), program)
+    torch.cuda.synchronize()
+    with torch.cuda.nvtx.range("profile"):
+        launcher(a, b, out, bias=case.bias, residual=case.residual, c=case.c)
+    torch.cuda.synchronize()
+    err = ((out.float() - case.ref).abs().max() / case.ref.abs().max()).item()
+    verdict = "ok" if err <= case.bound else f"WRONG (bound {case.bound:.2e})"
+    print(f"launch: {path.stem}  {problem.m}x{problem.n}x{problem.k}  rel err {err:.2e} {verdict}", flush=True)
+    key = (problem.m, problem.n, problem.k, problem.a_major, problem.b_major)
+    if with_torch and key not in seen:
+        seen.add(key)
+        with torch.cuda.nvtx.range("profile"):
+            torch.matmul(a, b)
+        torch.cuda.synchronize()
+        print(f"launch: torch.matmul  {problem.m}x{problem.n}x{problem.k}  a={problem.a_major} b={problem.b_major}",
+              flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("programs", nargs="+", type=Path, help=".gemm files with bound shapes")
+    ap.add_argument("--torch", action="store_true", help="also run torch.matmul once per distinct shape and majors")
+    args = ap.parse_args(argv)
+    seen: set = set()
+    for path in args.programs:
+        run(path, args.torch, seen)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
