@@ -29,17 +29,23 @@ ENTRY = "gemm_hopper_ws"
 def stages_of(program: Program) -> int:
     if program.stages is not None:
         return program.stages
-    return max(2, min(6, (MAX_SMEM - 2048) // stage_bytes(program)))
+    return max(2, min(6, (MAX_SMEM - 2048 - staging_bytes(program)) // stage_bytes(program)))
 
 
 def stage_bytes(program: Program) -> int:
     return (program.tile.m + program.tile.n) * program.tile.k * 2
 
 
+def staging_bytes(program: Program) -> int:
+    """512 bytes per consumer warp for the interior tiles' epilogue, 16-byte aligned."""
+    return consumers(program) * 4 * 512 + 16
+
+
 def smem_bytes(program: Program) -> int:
-    """Ring of A and B tiles, 16 bytes of barriers per stage, 1 KiB to align the ring."""
+    """Ring of A and B tiles, 16 bytes of barriers per stage, the epilogue's staging
+    buffers, 1 KiB to align the ring."""
     s = stages_of(program)
-    return s * stage_bytes(program) + 16 * s + 1024
+    return s * stage_bytes(program) + 16 * s + staging_bytes(program) + 1024
 
 
 def warpgroups(program: Program) -> tuple[int, int]:

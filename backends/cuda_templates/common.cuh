@@ -170,6 +170,39 @@ __device__ __forceinline__ void epilogue_store_quad(const EpilogueArgs& e, const
 #endif
 }
 
+#if !OUT_DTYPE_F32
+// The same 8x32 block, for a tile wholly inside M x N with 16-byte aligned rows: no bounds
+// checks, and the transpose goes through the warp's own 512 bytes of shared memory at
+// `buffer` instead of shuffles (at 64^3 the checked path above was ~580 of the multistage
+// kernel's ~1,000 instructions; CUDA_NOTES.md, v4). Lane (r, q) = (lane / 4, lane % 4)
+// holds row `row` (= the block's first row + r); the block's 16-byte chunks are
+// XOR-swizzled by (r / 2) % 4, so neither the 4-byte writes nor the 16-byte reads conflict.
+__device__ __forceinline__ void epilogue_store_block_staged(const EpilogueArgs& e, const float (&acc)[4][2],
+                                                            int row, int col0, unsigned buffer) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, q = lane & 3, swz = (r >> 1) & 3;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const int col = col0 + 8 * b + 2 * q;
+    const float v0 = epilogue_value(e, acc[b][0], row, col);
+    const float v1 = epilogue_value(e, acc[b][1], row, col + 1);
+#if OUT_DTYPE_BF16
+    const unsigned packed = pack_bf16x2(v0, v1);
+#else
+    const unsigned packed = pack_f16x2(v0, v1);
+#endif
+    asm volatile("st.shared.u32 [%0], %1;" :: "r"(buffer + r * 64 + ((b ^ swz) << 4) + 4 * q), "r"(packed) : "memory");
+  }
+  __syncwarp();
+  unsigned w0, w1, w2, w3;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3) : "r"(buffer + r * 64 + ((q ^ swz) << 4)) : "memory");
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+               :: "l"(e.out + (long long)row * e.ld_out + col0 + 8 * q), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+               : "memory");
+  __syncwarp();   // the next block reuses the buffer
+}
+#endif
+
 // ---- CTA rasterization: linear tile id -> (tile_m, tile_n) -------------------
 // RASTER_M: consecutive ids walk down M inside bands of SWIZZLE tile columns
 // (n fastest inside the band, so SWIZZLE=1 is plain column order); RASTER_N is

@@ -173,6 +173,9 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
   const unsigned smem_b = smem_a + STAGES * A_STAGE_BYTES;
   const unsigned full_bar = smem_b + STAGES * B_STAGE_BYTES;   // STAGES x 8 bytes
   const unsigned empty_bar = full_bar + STAGES * 8;             // STAGES x 8 bytes
+  // 512 bytes per consumer warp for the epilogue of interior tiles (not the ring: the
+  // producer is already filling it with the next tile's operands).
+  const unsigned staging = (empty_bar + STAGES * 8 + 15u) & ~15u;
 
   const int M = args.M, N = args.N, K = args.K;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -274,6 +277,31 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       // time go out as one 16-byte store per lane (epilogue_store_quad).
       const int row0 = tm * BM + wg_m * WG_TILE_M + warp_in_group * 16 + lane / 4;
       const int col_base = tn * BN + wg_n * WG_TILE_N;
+#if (INSTR_N / 8) % 4 == 0 && !OUT_DTYPE_F32
+      // A tile wholly inside M x N stores without bounds checks through the warp's staging
+      // buffer (epilogue_store_block_staged): at 4096^3 the checked path issued about half
+      // of the kernel's instructions (ncu, CUDA_NOTES.md, v4).
+      if ((tm + 1) * BM <= M && (tn + 1) * BN <= N && row_aligned16) {
+        const unsigned buffer = staging + (unsigned)(consumer * 4 + warp_in_group) * 512u;
+#pragma unroll
+        for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+          for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+            for (int g = 0; g < INSTR_N / 32; ++g)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float v[4][2];
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                  v[b][0] = acc[i][j][4 * (4 * g + b) + 2 * h];
+                  v[b][1] = acc[i][j][4 * (4 * g + b) + 2 * h + 1];
+                }
+                epilogue_store_block_staged(epi, v, row0 + i * 64 + 8 * h, col_base + j * INSTR_N + 32 * g, buffer);
+              }
+        continue;
+      }
+#endif
 #pragma unroll
       for (int i = 0; i < M_BLOCKS; ++i)
 #pragma unroll

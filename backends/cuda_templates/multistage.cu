@@ -252,45 +252,25 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #if SPLIT_K == 1 && MMA_N_TILES % 4 == 0
   const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
 #if !OUT_DTYPE_F32
-  // A tile wholly inside M x N (with 16-byte aligned rows) needs no bounds checks. Each warp
-  // stages every 8x32 block of its results through 512 bytes of shared memory (the ring is
-  // free now) and writes each row segment with one 16-byte store; at 64^3 the checked path
-  // below, with its shuffle transpose, was ~640 of the kernel's ~1,000 instructions
-  // (CUDA_NOTES.md, v4). The block's 16-byte chunks are XOR-swizzled by (row / 2) % 4, so
-  // neither the 4-byte writes nor the 16-byte reads conflict on banks.
+  // A tile wholly inside M x N (with 16-byte aligned rows) stores without bounds checks,
+  // staging each 8x32 block through 512 bytes of shared memory per warp (the ring is free
+  // once every warp has read it): epilogue_store_block_staged.
   if (m0 + BM <= M && n0 + BN <= N && row_aligned16) {
     __syncthreads();                                  // every warp is done reading the ring
     const unsigned buffer = smem_a + (unsigned)warp * 512u;
-    const int r = lane >> 2, q = lane & 3, swz = (r >> 1) & 3;
 #pragma unroll
     for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
       for (int g = 0; g < MMA_N_TILES / 4; ++g)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = row_base + i * 16 + h * 8;
-          const int col0 = n0 + warp_n * WARP_TILE_N + 32 * g;
+          float v[4][2];
 #pragma unroll
           for (int b = 0; b < 4; ++b) {
-            const int col = col0 + 8 * b + 2 * q;
-            const float v0 = epilogue_value(epi, acc[i][4 * g + b][2 * h], row, col);
-            const float v1 = epilogue_value(epi, acc[i][4 * g + b][2 * h + 1], row, col + 1);
-#if OUT_DTYPE_BF16
-            const unsigned packed = pack_bf16x2(v0, v1);
-#else
-            const unsigned packed = pack_f16x2(v0, v1);
-#endif
-            asm volatile("st.shared.u32 [%0], %1;" :: "r"(buffer + r * 64 + ((b ^ swz) << 4) + 4 * q), "r"(packed)
-                         : "memory");
+            v[b][0] = acc[i][4 * g + b][2 * h];
+            v[b][1] = acc[i][4 * g + b][2 * h + 1];
           }
-          __syncwarp();
-          unsigned w0, w1, w2, w3;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3) : "r"(buffer + r * 64 + ((q ^ swz) << 4)) : "memory");
-          asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
-                       :: "l"(epi.out + (long long)row * epi.ld_out + col0 + 8 * q), "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                       : "memory");
-          __syncwarp();                               // the next block reuses the buffer
+          epilogue_store_block_staged(epi, v, row_base + i * 16 + h * 8, n0 + warp_n * WARP_TILE_N + 32 * g, buffer);
         }
     return;
   }
