@@ -138,7 +138,8 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
     spent the measured slots on tiles that could not win: at 64x64x512 four of six were
     128x128 and larger, 2-4x slower than the 64x64 tile, whose deeper rings went unmeasured.)"""
     groups: dict[tuple, list[tuple[float, Program]]] = {}
-    for q in sorted(programs, key=lambda q: (estimate_seconds(q.bind(problem), problem), _tiebreak(q, problem))):
+    for q in sorted(programs, key=lambda q: (_percent_bin(estimate_seconds(q.bind(problem), problem)),
+                                             _tiebreak(q, problem))):
         groups.setdefault((q.mainloop, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append(
             (estimate_seconds(q.bind(problem), problem), q))
     if not groups:
@@ -151,6 +152,12 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
         for depth in range(max((len(g) for g in ordered), default=0)):
             out += [g[depth] for g in ordered if depth < len(g)]
     return out
+
+
+def _percent_bin(seconds: float) -> int:
+    """Estimates within about 1 % are ties (the model cannot tell them apart; the tie-break
+    then prefers the ring depth the K loop fills)."""
+    return round(math.log(max(seconds, 1e-12)) / math.log(1.01))
 
 
 def _tiebreak(q: Program, problem: Problem) -> tuple:
