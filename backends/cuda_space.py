@@ -21,9 +21,9 @@ LAUNCH_S = 2.5e-6
 MAX_SMEM = 227 * 1024
 # A k-tile's copies take about this long to land when the L2 is cold. A CTA with a ring of S
 # stages has S - 1 tiles in flight, so its K loop cannot run faster than one tile per
-# LOAD_LATENCY_S / (S - 1): session 3 measured 0.65-0.7 us per k-tile of 64x64x64 tiles with
-# 3 stages at 64x64xK (K = 256, 512), where Triton's 5-stage rings of 128-deep tiles took
-# about a quarter of that (CUDA_NOTES.md, v4).
+# LOAD_LATENCY_S / (S - 1). A rough calibration: session 3 timed 0.65-0.7 us per k tile of
+# 64x64x64 with 3 stages at 64x64xK, which v4 later found to be partly the K loop's own
+# instructions (CUDA_NOTES.md); it only ranks.
 LOAD_LATENCY_S = 1.3e-6
 STAGES = (2, 3, 4, 5, 6, 8)
 SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -137,11 +137,11 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
     near-ties stay diverse; the groups far behind come after. (Alternating between all groups
     spent the measured slots on tiles that could not win: at 64x64x512 four of six were
     128x128 and larger, 2-4x slower than the 64x64 tile, whose deeper rings went unmeasured.)"""
+    scored = [(estimate_seconds(q.bind(problem), problem), q) for q in programs]
+    scored.sort(key=lambda eq: (_percent_bin(eq[0]), _tiebreak(eq[1], problem)))
     groups: dict[tuple, list[tuple[float, Program]]] = {}
-    for q in sorted(programs, key=lambda q: (_percent_bin(estimate_seconds(q.bind(problem), problem)),
-                                             _tiebreak(q, problem))):
-        groups.setdefault((q.mainloop, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append(
-            (estimate_seconds(q.bind(problem), problem), q))
+    for est, q in scored:
+        groups.setdefault((q.mainloop, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append((est, q))
     if not groups:
         return []
     best = min(g[0][0] for g in groups.values())

@@ -75,16 +75,44 @@ def _k_loop(sass_text: str) -> list[str]:
 def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
     """The copies unroll into straight-line code with addresses worked out before the loop:
     a 128x128x64 tile on 2x4 warps issues 64 HMMA, 24 LDSM and 8 LDGSTS per k tile, and at
-    most 100 other instructions (the first version issued ~700, session 12)."""
+    most 100 other instructions (before session 12: 789 static instructions, with the
+    copies in inner loops)."""
     from gemmgen.backends.cuda_compile import sass
     program = multistage(Problem(128, 12288, 4096), tile=(128, 128, 64), warps=(2, 4), stages=4, swizzle=8)
-    text = sass(cuda.compile_program(program).data)
-    loop = _k_loop(text)
+    artifact = cuda.compile_program(program)
+    loop = _k_loop(sass(artifact.data))
     count = {name: sum(1 for op in loop if op.split(".")[0] == name) for name in ("HMMA", "LDSM", "LDGSTS")}
     assert count == {"HMMA": 64, "LDSM": 24, "LDGSTS": 8}, count
     assert len(loop) - sum(count.values()) <= 100, len(loop)
     # every stage's copies are straight-line: the prologue's STAGES-1 stages and the loop's one
-    assert cuda.kernel_report(cuda.compile_program(program))["sass"]["LDGSTS"] == 4 * 8
+    assert cuda.kernel_report(artifact)["sass"]["LDGSTS"] == 4 * 8
+
+
+def test_unordered_split_k_is_one_launch_of_the_arrival_order_kernel():
+    """`unordered` and `atomic` build the same kernel (fp32 workspace, the last CTA of a tile
+    applies the epilogue): no second reduce kernel, any epilogue."""
+    from gemmgen.backends import cuda_multistage as ms
+    problem = Problem(256, 256, 4096, epilogue=Epilogue(bias="n", activation="gelu"))
+    unordered = multistage(problem, tile=(64, 64, 64), split_k=8, reduce="unordered")
+    workspace = multistage(problem, tile=(64, 64, 64), split_k=8, reduce="workspace")
+    assert diagnose(unordered) == []
+    assert ms.defines(unordered)["SPLIT_ATOMIC"] == 1 and ms.entries(unordered) == (ms.ENTRY,)
+    assert ms.defines(workspace)["SPLIT_ATOMIC"] == 0 and ms.entries(workspace) == (ms.ENTRY, ms.REDUCE_ENTRY)
+    assert re.search(r"#define SPLIT_ATOMIC\s+1\n", cuda.lower(unordered).text)
+
+
+def test_hopper_shared_memory_covers_the_epilogue_staging_buffers():
+    """The kernel puts 512 bytes per consumer warp after the ring's barriers (16-byte
+    aligned, behind a ring aligned to 1 KiB); what the launcher asks for must cover it."""
+    from gemmgen.backends import cuda_hopper as hop
+    for shape in ((4096, 4096, 4096), (8192, 8192, 8192), (1000, 1000, 1000)):
+        for p in cuda.space(Problem(*shape)):
+            if p.mainloop == "multistage":
+                continue
+            s, warps = hop.stages_of(p), hop.consumers(p) * 4
+            used = 1023 + s * hop.stage_bytes(p) + 16 * s + 15 + warps * 512
+            assert hop.smem_bytes(p) >= used, (p, hop.smem_bytes(p), used)
+            assert hop.smem_bytes(p) <= hop.MAX_SMEM
 
 
 @needs_compiler
