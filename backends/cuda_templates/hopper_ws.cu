@@ -137,6 +137,16 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 
 WGMMA_FUNCTION
 
+// Row half h of 8-column blocks 4g .. 4g+3 of one wgmma accumulator block: what one lane
+// quad stores together (epilogue_store_quad, epilogue_store_block_staged).
+__device__ __forceinline__ void quad_of(const float (&block)[ACC_PER_BLOCK], int g, int h, float (&v)[4][2]) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    v[b][0] = block[4 * (4 * g + b) + 2 * h];
+    v[b][1] = block[4 * (4 * g + b) + 2 * h + 1];
+  }
+}
+
 // ---- named barriers (id 0 is __syncthreads) ----------------------------------------
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -292,11 +302,7 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 float v[4][2];
-#pragma unroll
-                for (int b = 0; b < 4; ++b) {
-                  v[b][0] = acc[i][j][4 * (4 * g + b) + 2 * h];
-                  v[b][1] = acc[i][j][4 * (4 * g + b) + 2 * h + 1];
-                }
+                quad_of(acc[i][j], g, h, v);
                 epilogue_store_block_staged(epi, v, row0 + i * 64 + 8 * h, col_base + j * INSTR_N + 32 * g, buffer);
               }
         continue;
@@ -312,11 +318,7 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               float v[4][2];
-#pragma unroll
-              for (int b = 0; b < 4; ++b) {
-                v[b][0] = acc[i][j][4 * (4 * g + b) + 2 * h];
-                v[b][1] = acc[i][j][4 * (4 * g + b) + 2 * h + 1];
-              }
+              quad_of(acc[i][j], g, h, v);
               epilogue_store_quad(epi, v, row0 + i * 64 + 8 * h, col_base + j * INSTR_N + 32 * g, M, N,
                                   row_aligned16);
             }

@@ -158,6 +158,19 @@ __device__ __forceinline__ void ldmatrix_fragment(unsigned (&f)[4], unsigned add
   else ldmatrix_x4_trans(f, addr);
 }
 
+#if MMA_N_TILES % 4 == 0
+// Row half h of m-tile i over n-tiles 4g .. 4g+3: the four 8-column blocks one lane quad
+// stores together (epilogue_store_quad, epilogue_store_block_staged).
+__device__ __forceinline__ void quad_of(const float (&acc)[MMA_M_TILES][MMA_N_TILES][4], int i, int g, int h,
+                                        float (&v)[4][2]) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    v[b][0] = acc[i][4 * g + b][2 * h];
+    v[b][1] = acc[i][4 * g + b][2 * h + 1];
+  }
+}
+#endif
+
 struct GemmArgs {
   const f16_bits* __restrict__ a; long long ld_a;
   const f16_bits* __restrict__ b; long long ld_b;
@@ -265,11 +278,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float v[4][2];
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            v[b][0] = acc[i][4 * g + b][2 * h];
-            v[b][1] = acc[i][4 * g + b][2 * h + 1];
-          }
+          quad_of(acc, i, g, h, v);
           epilogue_store_block_staged(epi, v, row_base + i * 16 + h * 8, n0 + warp_n * WARP_TILE_N + 32 * g, buffer);
         }
     return;
@@ -283,11 +292,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float v[4][2];
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          v[b][0] = acc[i][4 * g + b][2 * h];
-          v[b][1] = acc[i][4 * g + b][2 * h + 1];
-        }
+        quad_of(acc, i, g, h, v);
         epilogue_store_quad(epi, v, row_base + i * 16 + h * 8, n0 + warp_n * WARP_TILE_N + 32 * g, M, N,
                             row_aligned16);
       }
