@@ -162,12 +162,18 @@ def _percent_bin(seconds: float) -> int:
 
 def _tiebreak(q: Program, problem: Problem) -> tuple:
     """Among equal estimates: the ring depth nearest 4 that the K loop can fill (K tiles + 1,
-    at least 2), then 3, then 5; wider K tiles; 8 warps for big tiles, 4 for small."""
+    at least 2), then 3, then 5; wider K tiles; 8 warps for big tiles, 4 for small; then
+    square warp tiles, the wider in N first. (Session 12's multistage runs timed the warp
+    layouts of one tile and ring side by side: 256x128 on 2x4 warps, 128x32 each, took 1.06x
+    the time of 4x2; 64x64 on 1x4 1.15x that of 2x2; 64x128 on 4x1 1.10x and on 1x4 1.01x;
+    of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
     preferred = min(4, max(2, _k_iters(q, problem) + 1))
     depth = q.stages or 4
     rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
     warps = -q.num_warps if q.tile.m * q.tile.n >= 128 * 128 else q.num_warps
-    return (rank, -q.tile.k, warps, q.cluster)
+    warp_m, warp_n = q.tile.m / q.warps[0], q.tile.n / q.warps[1]
+    warp_tile = (abs(math.log2(warp_m / warp_n)), warp_n < warp_m)
+    return (rank, -q.tile.k, warps, warp_tile, q.cluster)
 
 
 def space(problem: Problem, limit: int = 40) -> list[Program]:

@@ -88,6 +88,16 @@ def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
     assert cuda.kernel_report(artifact)["sass"]["LDGSTS"] == 4 * 8
 
 
+def test_space_tries_square_warp_tiles_first_among_ties():
+    """Warp layouts of one tile and ring tie in the cost model; session 12 timed them side by
+    side, and square warp tiles (the wider in N among equals) were fastest."""
+    def order(shape, tile):
+        return [q.warps for q in cuda.space(Problem(*shape)) if q.mainloop == "multistage"
+                and (q.tile.m, q.tile.n) == tile and q.split_k == 1][:3]
+    assert order((4096, 4096, 4096), (256, 128))[0] == (4, 2)
+    assert order((64, 64, 512), (64, 64)) == [(2, 2), (4, 1), (1, 4)]
+
+
 def test_unordered_split_k_is_one_launch_of_the_arrival_order_kernel():
     """`unordered` and `atomic` build the same kernel (fp32 workspace, the last CTA of a tile
     applies the epilogue): no second reduce kernel, any epilogue."""
