@@ -36,7 +36,7 @@ NVCC_TIMEOUT_S = 1800
 
 SUPPORT = Support(
     mainloops=frozenset({"ws_cooperative", "ws_pingpong"}),
-    schedulers=frozenset({"persistent", "stream_k"}),
+    schedulers=frozenset({"persistent", "stream_k", "tile"}),
     instr_kinds=frozenset({None, "wgmma"}),
     split_k_reduces=frozenset({"workspace", "unordered"}),
     activations=frozenset({"relu", "gelu", "silu"}),

@@ -49,7 +49,7 @@ class InstanceSpec:
     cluster: tuple[int, int]
     stages: int  # 0: the builder's automatic count, after the epilogue's carve-out
     mainloop: str  # ws_cooperative | ws_pingpong
-    tile_scheduler: str  # persistent | stream_k
+    tile_scheduler: str  # persistent | stream_k | tile (one tile per CTA, ping-pong only)
     a_major: str
     b_major: str
     c_major: str
@@ -94,7 +94,7 @@ def instance_spec(program: Program) -> InstanceSpec:
         cluster=tuple(program.cluster),
         stages=program.stages or 0,
         mainloop=program.mainloop,
-        tile_scheduler="stream_k" if uses_stream_k else "persistent",
+        tile_scheduler="stream_k" if uses_stream_k else program.scheduler,
         a_major=p.a_major,
         b_major=p.b_major,
         c_major=p.c_major,
@@ -158,15 +158,21 @@ def _gemm_operation(spec: InstanceSpec, fusion):
     c = L.TensorDescription(c_element, layout[spec.c_major], out_align)
     d = L.TensorDescription(dt[spec.out_dtype], layout[spec.c_major], out_align)
     cooperative = spec.mainloop == "ws_cooperative"
+    if cooperative:
+        kernel_schedule = L.KernelScheduleType.TmaWarpSpecializedCooperative
+    elif spec.tile_scheduler == "tile":
+        # One producer and one consumer warpgroup, one output tile per CTA (not persistent).
+        kernel_schedule = L.KernelScheduleType.TmaWarpSpecialized
+    else:
+        kernel_schedule = L.KernelScheduleType.TmaWarpSpecializedPingpong
     return GemmOperation(
         L.GemmKind.Universal3x, 90, tile, a, b, c, L.DataType.f32,
         epilogue_functor=fusion, D=d,
-        kernel_schedule=(L.KernelScheduleType.TmaWarpSpecializedCooperative if cooperative
-                         else L.KernelScheduleType.TmaWarpSpecializedPingpong),
+        kernel_schedule=kernel_schedule,
         epilogue_schedule=(L.EpilogueScheduleType.TmaWarpSpecializedCooperative if cooperative
                            else L.EpilogueScheduleType.TmaWarpSpecialized),
-        tile_scheduler=(L.TileSchedulerType.StreamK if spec.tile_scheduler == "stream_k"
-                        else L.TileSchedulerType.Persistent),
+        tile_scheduler={"stream_k": L.TileSchedulerType.StreamK, "persistent": L.TileSchedulerType.Persistent,
+                        "tile": L.TileSchedulerType.Default}[spec.tile_scheduler],
     )
 
 

@@ -13,6 +13,9 @@ from gemmgen.dsl.ir import DTYPE_BYTES, Program
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
 MAX_ACCUMULATORS_PER_THREAD = 128  # fp32 accumulator registers per consumer thread
 SWIZZLES = (1, 2, 4, 8)  # CUTLASS rounds max_swizzle_size down to a power of two <= 8
+# Tile N below 64 (one 64xN wgmma; B's shared-memory rows swizzled at 32 or 64 bytes):
+# small problems, where more CTAs each with less work finish sooner. ping-pong only.
+NARROW_TILE_N = (16, 32)
 
 
 def _consumer_threads(program: Program) -> int:
@@ -32,8 +35,13 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
     if not cooperative and t.m not in (64, 128):
         out.append(("tile", f"ws_pingpong gives each consumer warpgroup a whole tile; tile M must be 64 or 128 "
                             f"(got {t.m}): use tile 64x{t.n}x{t.k} or mainloop ws_cooperative"))
-    if t.n % 64 or not 64 <= t.n <= 256:
-        out.append(("tile", f"tile N must be 64, 128, 192 or 256 (one wgmma spans the tile's N; got {t.n})"))
+    if t.n in NARROW_TILE_N:
+        if cooperative or t.m != 64:
+            out.append(("tile", f"tile N {t.n} is built only as a 64x{t.n} ws_pingpong tile (the narrow tiles "
+                                f"for small problems): use tile 64x{t.n}x{t.k} with mainloop ws_pingpong"))
+    elif t.n % 64 or not 64 <= t.n <= 256:
+        out.append(("tile", f"tile N must be 16, 32, 64, 128, 192 or 256 (one wgmma spans the tile's N; "
+                            f"got {t.n})"))
     if t.k not in (32, 64, 128):
         out.append(("tile", f"tile K must be 32, 64 or 128 (got {t.k}); 64 gives 128-byte swizzled rows"))
     accumulators = t.m * t.n // _consumer_threads(p)
@@ -49,6 +57,9 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
     if p.instr is not None and (p.instr.kind, p.instr.m, p.instr.n, p.instr.k) != ("wgmma", 64, t.n, 16):
         out.append(("instr", f"the collective builder derives the instruction from the tile: write "
                              f"`instr wgmma 64x{t.n}x16` or `instr auto`"))
+    if cooperative and p.scheduler == "tile":
+        out.append(("scheduler", "CUTLASS's ws_cooperative kernel is always persistent: use scheduler persistent "
+                                 "or stream_k, or mainloop ws_pingpong for one tile per CTA"))
     if not cooperative and (p.scheduler == "stream_k" or p.split_k > 1):
         out.append(("scheduler", "ws_pingpong has no stream-K or split-K tile scheduler (CUTLASS static_asserts "
                                  "it): use scheduler persistent with split_k 1, or mainloop ws_cooperative"))

@@ -3,8 +3,9 @@
 Every program is checked by the harness (gemmgen.measure.check: random normal inputs,
 NaN-poisoned output, guard bands, fp64 reference, fp16-accumulation probe) inside the
 isolated worker (gemmgen.measure.Runner), so a hang fails one test after 120 s instead
-of stopping the run. All instances (25) are built first, in parallel on every core: the
-file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
+of stopping the run. The instances (about 25) are built first, in parallel on every core:
+the file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
+`-k narrow` builds only the 5 instances of the narrow-tile and one-tile-per-CTA cases.
 """
 from __future__ import annotations
 
@@ -165,6 +166,50 @@ def test_one_build_serves_runtime_variants(runner):
     assert not isinstance(artifact, Exception), artifact
     for v in variants:
         _check(v, {digest: artifact for digest in sources}, runner)
+
+
+# Narrow tiles and one tile per CTA (`scheduler tile`): the small-problem builds, over every
+# major, several epilogues, partial tiles in M and N, and long K.
+NARROW_CASES = [
+    _program(Problem(None, None, None, "row", "col"), tile=(64, 16, 64), mainloop="ws_pingpong", scheduler="tile"),
+    _program(Problem(None, None, None, "row", "row", epilogue=Epilogue(bias="n", activation="gelu")),
+             tile=(64, 32, 64), mainloop="ws_pingpong"),
+    _program(Problem(None, None, None, "col", "row", epilogue=Epilogue(residual=True, alpha=0.5)),
+             tile=(64, 64, 64), mainloop="ws_pingpong", scheduler="tile"),
+    _program(Problem(None, None, None, "col", "col", epilogue=Epilogue(bias="m", activation="silu")),
+             tile=(64, 32, 64), mainloop="ws_pingpong", scheduler="tile"),
+    _program(Problem(None, None, None, "row", "col", epilogue=Epilogue(alpha=0.5, beta=0.75)),
+             tile=(128, 128, 64), mainloop="ws_pingpong", scheduler="tile"),
+]
+NARROW_SHAPES = ((129, 264, 72), (1000, 1000, 1000), (64, 40, 12288), (1024, 8, 512))
+
+
+def _valid_narrow_cases():
+    from gemmgen.dsl import diagnose
+    return [(i, shape) for i, p in enumerate(NARROW_CASES) for shape in NARROW_SHAPES
+            if not diagnose(p.bind(shape))]
+
+
+NARROW_SHAPE_CASES = _valid_narrow_cases()
+
+
+@pytest.fixture(scope="module")
+def narrow_artifacts():
+    """Built apart from the module's other instances, so `-k narrow` builds only these."""
+    from gemmgen.backends import cutlass
+    from gemmgen.backends.build import build_many
+
+    sources = {cutlass.lower(p.bind(s)).digest: cutlass.lower(p.bind(s)) for p, s in
+               ((NARROW_CASES[i], shape) for i, shape in NARROW_SHAPE_CASES)}
+    results = build_many(list(sources.values()), jobs=None)
+    failed = [str(r) for r in results if isinstance(r, Exception)]
+    assert not failed, failed[0]
+    return dict(zip(sources, results))
+
+
+@pytest.mark.parametrize("index,shape", NARROW_SHAPE_CASES)
+def test_narrow_tiles_and_one_tile_per_cta(index, shape, narrow_artifacts, runner):
+    _check(NARROW_CASES[index].bind(shape), narrow_artifacts, runner)
 
 
 def _hammer(artifact, program):

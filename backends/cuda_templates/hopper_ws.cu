@@ -147,6 +147,20 @@ __device__ __forceinline__ void quad_of(const float (&block)[ACC_PER_BLOCK], int
   }
 }
 
+// Every 8x32 block of one wgmma accumulator block, as `store(v, row, col)` with v from
+// quad_of: one loop for both epilogue paths, which differ only in the store.
+template <class Store>
+__device__ __forceinline__ void for_each_quad(const float (&block)[ACC_PER_BLOCK], int row, int col0, Store store) {
+#pragma unroll
+  for (int g = 0; g < INSTR_N / 32; ++g)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v[4][2];
+      quad_of(block, g, h, v);
+      store(v, row + 8 * h, col0 + 32 * g);
+    }
+}
+
 // ---- named barriers (id 0 is __syncthreads) ----------------------------------------
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
@@ -297,14 +311,9 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
         for (int i = 0; i < M_BLOCKS; ++i)
 #pragma unroll
           for (int j = 0; j < N_BLOCKS; ++j)
-#pragma unroll
-            for (int g = 0; g < INSTR_N / 32; ++g)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                float v[4][2];
-                quad_of(acc[i][j], g, h, v);
-                epilogue_store_block_staged(epi, v, row0 + i * 64 + 8 * h, col_base + j * INSTR_N + 32 * g, buffer);
-              }
+            for_each_quad(acc[i][j], row0 + i * 64, col_base + j * INSTR_N, [&](float (&v)[4][2], int row, int col) {
+              epilogue_store_block_staged(epi, v, row, col, buffer);
+            });
         continue;
       }
 #endif
@@ -313,15 +322,9 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #pragma unroll
         for (int j = 0; j < N_BLOCKS; ++j) {
 #if (INSTR_N / 8) % 4 == 0
-#pragma unroll
-          for (int g = 0; g < INSTR_N / 32; ++g)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float v[4][2];
-              quad_of(acc[i][j], g, h, v);
-              epilogue_store_quad(epi, v, row0 + i * 64 + 8 * h, col_base + j * INSTR_N + 32 * g, M, N,
-                                  row_aligned16);
-            }
+          for_each_quad(acc[i][j], row0 + i * 64, col_base + j * INSTR_N, [&](float (&v)[4][2], int row, int col) {
+            epilogue_store_quad(epi, v, row, col, M, N, row_aligned16);
+          });
 #else
 #pragma unroll
           for (int e = 0; e < ACC_PER_BLOCK; e += 2)

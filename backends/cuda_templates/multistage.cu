@@ -169,6 +169,23 @@ __device__ __forceinline__ void quad_of(const float (&acc)[MMA_M_TILES][MMA_N_TI
     v[b][1] = acc[i][4 * g + b][2 * h + 1];
   }
 }
+
+// Every 8x32 block of this warp's accumulators, as `store(v, row, col)` with v from
+// quad_of: one loop for both epilogue paths, which differ only in the store.
+template <class Store>
+__device__ __forceinline__ void for_each_quad(const float (&acc)[MMA_M_TILES][MMA_N_TILES][4], int row_base,
+                                              int col0, Store store) {
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int g = 0; g < MMA_N_TILES / 4; ++g)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[4][2];
+        quad_of(acc, i, g, h, v);
+        store(v, row_base + i * 16 + h * 8, col0 + 32 * g);
+      }
+}
 #endif
 
 struct GemmArgs {
@@ -271,31 +288,16 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   if (m0 + BM <= M && n0 + BN <= N && row_aligned16) {
     __syncthreads();                                  // every warp is done reading the ring
     const unsigned buffer = smem_a + (unsigned)warp * 512u;
-#pragma unroll
-    for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-      for (int g = 0; g < MMA_N_TILES / 4; ++g)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float v[4][2];
-          quad_of(acc, i, g, h, v);
-          epilogue_store_block_staged(epi, v, row_base + i * 16 + h * 8, n0 + warp_n * WARP_TILE_N + 32 * g, buffer);
-        }
+    for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
+      epilogue_store_block_staged(epi, v, row, col, buffer);
+    });
     return;
   }
 #endif
   // Four 8-column blocks at a time: one 16-byte store per lane (epilogue_store_quad).
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int g = 0; g < MMA_N_TILES / 4; ++g)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v[4][2];
-        quad_of(acc, i, g, h, v);
-        epilogue_store_quad(epi, v, row_base + i * 16 + h * 8, n0 + warp_n * WARP_TILE_N + 32 * g, M, N,
-                            row_aligned16);
-      }
+  for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
+    epilogue_store_quad(epi, v, row, col, M, N, row_aligned16);
+  });
 #elif SPLIT_K == 1
   const bool pair_aligned = (epi.ld_out % 2) == 0;
 #pragma unroll
