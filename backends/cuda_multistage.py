@@ -16,6 +16,8 @@ from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defi
 
 MAX_SMEM = 227 * 1024
 MAX_ACC_PER_THREAD = 128      # fp32 accumulators per thread before ptxas spills
+# Below 64, for problems of few tiles: more CTAs, each with a shorter chain of mma.sync per k step.
+TILE_SIZES = (16, 32, 64, 128, 192, 256)
 ENTRY = "gemm_multistage"
 REDUCE_ENTRY = "splitk_reduce"
 
@@ -59,8 +61,9 @@ def rules(program: Program) -> list[tuple[str, str]]:
     elif (t.m // wm) * (t.n // wn) // 32 > MAX_ACC_PER_THREAD:
         out.append(("warps", f"a {t.m // wm}x{t.n // wn} warp tile needs {(t.m // wm) * (t.n // wn) // 32} fp32 accumulators "
                              f"per thread (at most {MAX_ACC_PER_THREAD}); use more warps or a smaller tile"))
-    if t.m % 64 or t.n % 64 or t.m > 256 or t.n > 256:
-        out.append(("tile", f"mainloop multistage takes tile M and N in 64, 128, 192, 256; not {t.m}x{t.n}"))
+    if t.m not in TILE_SIZES or t.n not in TILE_SIZES:
+        out.append(("tile", f"mainloop multistage takes tile M and N in {', '.join(map(str, TILE_SIZES))}; "
+                            f"not {t.m}x{t.n}"))
     if program.stages is not None and program.stages < 2:
         out.append(("stages", "mainloop multistage needs at least 2 stages"))
     if smem_bytes(program) > MAX_SMEM:

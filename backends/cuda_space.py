@@ -26,11 +26,16 @@ MAX_SMEM = 227 * 1024
 # instructions (CUDA_NOTES.md); it only ranks.
 LOAD_LATENCY_S = 1.3e-6
 STAGES = (2, 3, 4, 5, 6, 8)
+# Multistage tiles under 64: on problems of a few tiles they spread the work over more SMs and
+# shorten each CTA's chain of mma.sync per k step (CUTLASS's 64x16 tile won the smallest
+# sample shapes in session 13). Offered only where the 64x64 tiles leave SMs idle.
+NARROW_TILES = ((64, 32), (32, 64), (32, 32), (64, 16), (16, 64))
 SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 # (tile M, tile N) -> fraction of the instruction rate a CTA of that tile sustains
+# (narrow tiles scaled from 64x64 by their operand reuse, tile M*N / (M + N): a guess that ranks)
 _MS_TILE_EFF = {(64, 64): 0.45, (64, 128): 0.62, (128, 64): 0.62, (128, 128): 0.82, (128, 256): 0.92,
-                (256, 128): 0.9}
+                (256, 128): 0.9, (64, 32): 0.30, (32, 64): 0.30, (32, 32): 0.22, (64, 16): 0.18, (16, 64): 0.18}
 _WS_TILE_EFF = {("ws_cooperative", 128, 128): 0.78, ("ws_cooperative", 128, 256): 0.95,
                 ("ws_cooperative", 256, 128): 0.93, ("ws_pingpong", 128, 128): 0.9, ("ws_pingpong", 64, 256): 0.88}
 
@@ -52,7 +57,10 @@ def _multistage(problem: Problem) -> list[Program]:
         # Workspace only: the arrival-order kernel (atomic adds, last CTA finishes) measured
         # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (CUDA_NOTES.md, v4).
         splits += [(s, "workspace") for s in SPLITS if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
-    for (tm, tn) in ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128)):
+    tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+    if math.ceil(p.m / 64) * math.ceil(p.n / 64) < SMS:
+        tiles += NARROW_TILES
+    for (tm, tn) in tiles:
         for tk in (32, 64, 128):
             for warps in ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)):
                 for stages in STAGES:

@@ -56,6 +56,11 @@ MS_CONFIGS = (
     dict(tile=(64, 64, 128), warps=(4, 1), stages=5),
     dict(tile=(128, 128, 128), warps=(2, 4), stages=3),
     dict(tile=(64, 128, 128), warps=(1, 4), stages=4, split_k=2),
+    dict(tile=(64, 16, 64), warps=(4, 1), stages=4),
+    dict(tile=(32, 64, 128), warps=(2, 2), stages=3),
+    dict(tile=(64, 32, 64), warps=(2, 2), stages=4, split_k=4),
+    dict(tile=(32, 32, 64), warps=(2, 2), stages=6),
+    dict(tile=(16, 64, 64), warps=(1, 4), stages=4),
 )
 
 
