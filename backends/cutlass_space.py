@@ -6,10 +6,11 @@ every shape through runtime arguments:
     ws_cooperative  128x128, 128x256, 256x128 (K 64)  clusters 1x1, 2x1, 1x2  persistent
     ws_cooperative  128x128, 128x256, 256x128 (K 64)  cluster 1x1              stream-K scheduler
     ws_pingpong      64x128,  64x256, 128x128 (K 64)  clusters 1x1, 2x1, 1x2  persistent
+    ws_cooperative  128x64                            cluster 1x1              stream-K scheduler
     ws_pingpong      64x64                            cluster 1x1              persistent
     ws_pingpong      64x16, 64x32, 64x64, 64x128, 128x128  cluster 1x1         one tile per CTA
 
-That is 27 builds; stages are automatic (the builder fills shared memory after
+That is 28 builds (the table TILES); stages are automatic (the builder fills shared memory after
 the epilogue's carve-out). Per shape the runtime choices vary for free: raster
 order, swizzle 1/2/4/8, and on the stream-K builds the decomposition (stream-K,
 or split-K with 2-16 splits, added in arrival order).
@@ -36,26 +37,30 @@ LAUNCH_US = 3.0
 FIXUP_US = 2.0  # one stream-K/split-K partial tile written and read back
 MIN_SK_ITERS = 8  # K-iterations a stream-K unit takes at least
 
-# (mainloop, tile M, tile N) -> relative efficiency of the tile at full occupancy.
+# The builds, as data: (mainloop, tile M, tile N) -> (relative efficiency of the tile at
+# full occupancy, the tile schedulers it is built with). `persistent` is built with every
+# cluster of CLUSTERS where the tile is 128 or more wide, else 1x1 only; `stream_k` and
+# `tile` with cluster 1x1.
+#
+# `tile` is CUTLASS's non-persistent kernel, one tile per CTA. On the H200 (session 13,
+# 111 sample shapes) it ran a median 15-16 % faster than the persistent build of the same
+# tile on shapes of few tiles (no scheduler start-up), and up to 2.8x slower on shapes of
+# many waves (each CTA fills shared memory, so waves do not overlap). Persistent 64x16 and
+# 64x32 builds never won a shape there, so those tiles are built one per CTA only. The
+# 128x64 cooperative tile is there for split-K on small M x N with long K (18 long-K sample
+# shapes: 0.829x -> 0.871x with it).
 TILES = {
-    ("ws_cooperative", 128, 256): 1.00,
-    ("ws_cooperative", 256, 128): 1.00,
-    ("ws_cooperative", 128, 128): 0.90,
-    ("ws_pingpong", 64, 256): 0.93,
-    ("ws_pingpong", 128, 128): 0.92,
-    ("ws_pingpong", 64, 128): 0.80,
-    # Narrow tiles, for problems of few tiles: more CTAs share the work of each.
-    ("ws_pingpong", 64, 64): 0.65,
-    ("ws_pingpong", 64, 32): 0.45,
-    ("ws_pingpong", 64, 16): 0.30,
+    ("ws_cooperative", 128, 256): (1.00, ("persistent", "stream_k")),
+    ("ws_cooperative", 256, 128): (1.00, ("persistent", "stream_k")),
+    ("ws_cooperative", 128, 128): (0.90, ("persistent", "stream_k")),
+    ("ws_cooperative", 128, 64): (0.70, ("stream_k",)),
+    ("ws_pingpong", 64, 256): (0.93, ("persistent",)),
+    ("ws_pingpong", 128, 128): (0.92, ("persistent", "tile")),
+    ("ws_pingpong", 64, 128): (0.80, ("persistent", "tile")),
+    ("ws_pingpong", 64, 64): (0.65, ("persistent", "tile")),
+    ("ws_pingpong", 64, 32): (0.45, ("tile",)),
+    ("ws_pingpong", 64, 16): (0.30, ("tile",)),
 }
-# Builds of one tile per CTA (`scheduler tile`: CUTLASS's non-persistent kernel). On the
-# H200 (session 13, 111 sample shapes) they ran a median 15-16 % faster than the persistent
-# build of the same tile on shapes of few tiles (no scheduler start-up), and up to 2.8x
-# slower on shapes of many waves (each CTA fills shared memory, so waves do not overlap).
-# The 64x16 and 64x32 tiles are built only this way: persistent, they never won a shape.
-ONE_TILE_PER_CTA = ((64, 16), (64, 32), (64, 64), (64, 128), (128, 128))
-PERSISTENT_ONLY_NARROW = ((64, 64),)
 SCHEDULER_START_US = 0.7  # what a persistent build costs more per launch (same measurement)
 WAVE_US = 1.0  # one tile per CTA: each wave after the first adds a prologue and epilogue no tile hides
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
@@ -69,18 +74,13 @@ NEAR_BEST = 1.25  # estimates within 25 % of the best are ties
 def library(problem: Problem) -> list[Program]:
     """The builds (one program per build key) for a problem's majors and epilogue."""
     programs = []
-    for (mainloop, tm, tn) in TILES:
+    for (mainloop, tm, tn), (_, schedulers) in TILES.items():
         warps = (8, 1) if mainloop == "ws_cooperative" else (4, 1)
         base = Program(problem=problem, backend="cutlass", tile=Tile(tm, tn, TILE_K), warps=warps,
-                       mainloop=mainloop, scheduler="persistent")
-        if tn >= 128:
-            programs += [replace(base, cluster=c) for c in CLUSTERS]
-        elif (tm, tn) in PERSISTENT_ONLY_NARROW:
-            programs.append(base)
-        if (tm, tn) in ONE_TILE_PER_CTA and mainloop == "ws_pingpong":
-            programs.append(replace(base, scheduler="tile"))
-        if mainloop == "ws_cooperative":
-            programs.append(replace(base, scheduler="stream_k"))
+                       mainloop=mainloop)
+        for scheduler in schedulers:
+            clusters = CLUSTERS if scheduler == "persistent" and tn >= 128 else ((1, 1),)
+            programs += [replace(base, scheduler=scheduler, cluster=c) for c in clusters]
     return programs
 
 
@@ -94,7 +94,7 @@ def estimate_us(p: Program) -> float:
     pr = p.problem
     tm_count, tn_count = _tiles(p)
     tiles = tm_count * tn_count
-    eff = TILES[(p.mainloop, p.tile.m, p.tile.n)]
+    eff = TILES[(p.mainloop, p.tile.m, p.tile.n)][0]
     k_tiles = math.ceil(pr.k / p.tile.k)
     # Short K leaves the pipeline no time to fill: prologue and epilogue dominate.
     eff *= k_tiles / (k_tiles + 2.0)

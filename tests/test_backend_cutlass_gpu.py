@@ -5,7 +5,8 @@ NaN-poisoned output, guard bands, fp64 reference, fp16-accumulation probe) insid
 isolated worker (gemmgen.measure.Runner), so a hang fails one test after 120 s instead
 of stopping the run. The instances (about 25) are built first, in parallel on every core:
 the file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
-`-k narrow` builds only the 5 instances of the narrow-tile and one-tile-per-CTA cases.
+`-k narrow` builds only the 6 instances of the narrow-tile, one-tile-per-CTA and 128x64
+split-K cases.
 """
 from __future__ import annotations
 
@@ -168,8 +169,8 @@ def test_one_build_serves_runtime_variants(runner):
         _check(v, {digest: artifact for digest in sources}, runner)
 
 
-# Narrow tiles and one tile per CTA (`scheduler tile`): the small-problem builds, over every
-# major, several epilogues, partial tiles in M and N, and long K.
+# Narrow tiles, one tile per CTA (`scheduler tile`) and the 128x64 split-K tile: the small-problem
+# builds, over every major, several epilogues, partial tiles in M and N, and long K.
 NARROW_CASES = [
     _program(Problem(None, None, None, "row", "col"), tile=(64, 16, 64), mainloop="ws_pingpong", scheduler="tile"),
     _program(Problem(None, None, None, "row", "row", epilogue=Epilogue(bias="n", activation="gelu")),
@@ -180,6 +181,8 @@ NARROW_CASES = [
              tile=(64, 32, 64), mainloop="ws_pingpong", scheduler="tile"),
     _program(Problem(None, None, None, "row", "col", epilogue=Epilogue(alpha=0.5, beta=0.75)),
              tile=(128, 128, 64), mainloop="ws_pingpong", scheduler="tile"),
+    _program(Problem(None, None, None, "row", "row", epilogue=Epilogue(bias="n", activation="relu")),
+             tile=(128, 64, 64), scheduler="persistent", split_k=8, split_k_reduce="unordered"),
 ]
 NARROW_SHAPES = ((129, 264, 72), (1000, 1000, 1000), (64, 40, 12288), (1024, 8, 512))
 
