@@ -37,8 +37,8 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
                             f"(got {t.m}): use tile 64x{t.n}x{t.k} or mainloop ws_cooperative"))
     if t.n in NARROW_TILE_N:
         if cooperative or t.m != 64:
-            out.append(("tile", f"tile N {t.n} is built only as a 64x{t.n} ws_pingpong tile (the narrow tiles "
-                                f"for small problems): use tile 64x{t.n}x{t.k} with mainloop ws_pingpong"))
+            out.append(("tile", f"tile N {t.n} is supported only with tile M 64 and mainloop ws_pingpong (the "
+                                f"narrow tiles for small problems): use tile 64x{t.n}x{t.k} with mainloop ws_pingpong"))
     elif t.n % 64 or not 64 <= t.n <= 256:
         out.append(("tile", f"tile N must be 16, 32, 64, 128, 192 or 256 (one wgmma spans the tile's N; "
                             f"got {t.n})"))

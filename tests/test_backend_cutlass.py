@@ -49,11 +49,15 @@ def test_every_cutlass_example_validates_and_lowers(name):
     mainloop = _collective(source.text, "mainloop")
     assert f"cute::Shape<cute::_{t.m}, cute::_{t.n}, cute::_{t.k}>" in mainloop
     assert f"cute::Shape<cute::_{program.cluster[0]}, cute::_{program.cluster[1]}, cute::_1>" in mainloop
-    schedule = {"ws_cooperative": "KernelTmaWarpSpecializedCooperative",
-                "ws_pingpong": "KernelTmaWarpSpecializedPingpong"}[program.mainloop]
-    assert f"cutlass::gemm::{schedule}" in mainloop
-    scheduler = "StreamKScheduler" if program.scheduler == "stream_k" else "PersistentScheduler"
-    assert f"cutlass::gemm::{scheduler}>" in source.text
+    if program.scheduler == "tile":  # the non-persistent kernel: its tile scheduler is void
+        assert re.search(r"cutlass::gemm::KernelTmaWarpSpecialized\s*>::CollectiveOp", source.text)
+        assert re.search(r"_epilogue,\s*void>;", source.text)
+    else:
+        schedule = {"ws_cooperative": "KernelTmaWarpSpecializedCooperative",
+                    "ws_pingpong": "KernelTmaWarpSpecializedPingpong"}[program.mainloop]
+        assert f"cutlass::gemm::{schedule}" in mainloop
+        scheduler = "StreamKScheduler" if program.scheduler == "stream_k" else "PersistentScheduler"
+        assert f"cutlass::gemm::{scheduler}>" in source.text
     if program.stages is None:
         assert "StageCountAutoCarveout" in mainloop
     else:
