@@ -125,12 +125,13 @@ def estimate_us(p: Program) -> float:
             compute += math.ceil(iters / units) * tile_us / k_tiles + FIXUP_US * (1 + peers / 8)
     elif p.scheduler == "tile":
         waves = math.ceil(tiles_eff / SMS)
-        return max(waves * tile_us + (waves - 1) * WAVE_US, pr.bytes / DRAM_BYTES_PER_S * 1e6) + LAUNCH_US
+        compute = waves * tile_us + (waves - 1) * WAVE_US
     else:
         compute = math.ceil(tiles_eff / SMS) * tile_us
     # Padding: the tile grid computes MACs beyond M and N that nobody asked for (in tile_us).
     dram = pr.bytes / DRAM_BYTES_PER_S * 1e6
-    return max(compute, dram) + LAUNCH_US + SCHEDULER_START_US
+    start = 0.0 if p.scheduler == "tile" else SCHEDULER_START_US
+    return max(compute, dram) + LAUNCH_US + start
 
 
 def _runtime_variants(p: Program) -> list[Program]:
