@@ -215,6 +215,14 @@ def test_space_orders_big_tiles_first_on_big_shapes_and_splits_on_thin_ones():
     assert all(p.scheduler == "stream_k" or p.split_k > 1 for p in thin)
 
 
+def test_space_puts_the_one_wave_128x192_tile_first_where_wider_and_narrower_tiles_quantize_badly():
+    """256 x 12288: 128x256 tiles leave 36 SMs idle, 128x128 run 1.45 waves, 128x192 one wave."""
+    first = cutlass.space(Problem(256, 12288, 2048, "row", "row"))[0]
+    assert (first.mainloop, first.tile.m, first.tile.n) == ("ws_cooperative", 128, 192)
+    body = cutlass.lower(first).text
+    assert "cute::Shape<cute::_128, cute::_192, cute::_64>" in body
+
+
 def test_space_of_unsupported_problem_is_empty_rather_than_wrong():
     assert cutlass.space(Problem(1000, 1001, 1000, "row", "row")) == []  # N not 16-byte aligned
     assert cutlass.space(Problem(1024, 1024, 1024, c_major="col")) == []

@@ -6,7 +6,7 @@ isolated worker (gemmgen.measure.Runner), so a hang fails one test after 120 s i
 of stopping the run. The instances (about 25) are built first, in parallel on every core:
 the file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
 `-k narrow` builds only the 6 instances of the narrow-tile, one-tile-per-CTA and 128x64
-split-K cases.
+split-K cases, `-k wide_n` only the 3 of the 128x192 tile.
 """
 from __future__ import annotations
 
@@ -96,19 +96,24 @@ def _all_programs():
     return programs + RANDOM_CASES
 
 
-@pytest.fixture(scope="module")
-def artifacts():
+def _built(programs) -> dict:
+    """Source digest -> artifact for every program's build, built in parallel on every core."""
     from gemmgen.backends import cutlass
     from gemmgen.backends.build import build_many
 
     sources = {}
-    for p in _all_programs():
+    for p in programs:
         s = cutlass.lower(p)
         sources.setdefault(s.digest, s)
     results = build_many(list(sources.values()), jobs=None)
     failed = [str(r) for r in results if isinstance(r, Exception)]
     assert not failed, failed[0]
     return dict(zip(sources, results))
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    return _built(_all_programs())
 
 
 def _check(program, artifacts, runner):
@@ -199,20 +204,36 @@ NARROW_SHAPE_CASES = _valid_narrow_cases()
 @pytest.fixture(scope="module")
 def narrow_artifacts():
     """Built apart from the module's other instances, so `-k narrow` builds only these."""
-    from gemmgen.backends import cutlass
-    from gemmgen.backends.build import build_many
-
-    sources = {cutlass.lower(p.bind(s)).digest: cutlass.lower(p.bind(s)) for p, s in
-               ((NARROW_CASES[i], shape) for i, shape in NARROW_SHAPE_CASES)}
-    results = build_many(list(sources.values()), jobs=None)
-    failed = [str(r) for r in results if isinstance(r, Exception)]
-    assert not failed, failed[0]
-    return dict(zip(sources, results))
+    return _built(NARROW_CASES[i].bind(shape) for i, shape in NARROW_SHAPE_CASES)
 
 
 @pytest.mark.parametrize("index,shape", NARROW_SHAPE_CASES)
 def test_narrow_tiles_and_one_tile_per_cta(index, shape, narrow_artifacts, runner):
     _check(NARROW_CASES[index].bind(shape), narrow_artifacts, runner)
+
+
+# The 128x192 cooperative tile (session 14): persistent and stream-K builds of the sample's
+# layout, on one full wave (256 x 12288: 128 tiles), partial tiles in M and N, and split-K.
+WIDE_N_CASES = [
+    (_program(Problem(None, None, None, "row", "row"), tile=(128, 192, 64)), (256, 12288, 2048)),
+    (_program(Problem(None, None, None, "row", "row"), tile=(128, 192, 64)), (999, 1000, 1000)),
+    (_program(Problem(None, None, None, "row", "row"), tile=(128, 192, 64), cluster=(1, 2)), (129, 264, 72)),
+    (_program(Problem(None, None, None, "row", "row"), tile=(128, 192, 64), scheduler="stream_k"), (1000, 1000, 1000)),
+    (_program(Problem(None, None, None, "row", "row"), tile=(128, 192, 64), split_k=4,
+              split_k_reduce="unordered"), (256, 384, 8192)),
+]
+
+
+@pytest.fixture(scope="module")
+def wide_n_artifacts():
+    """Built apart, so `-k wide_n` builds only the 128x192 instances."""
+    return _built(p.bind(shape) for p, shape in WIDE_N_CASES)
+
+
+@pytest.mark.parametrize("index", range(len(WIDE_N_CASES)))
+def test_wide_n_tile_192(index, wide_n_artifacts, runner):
+    program, shape = WIDE_N_CASES[index]
+    _check(program.bind(shape), wide_n_artifacts, runner)
 
 
 def _hammer(artifact, program):
