@@ -223,7 +223,7 @@ def model_probe(args, fns) -> list:
 
     @torch.library.custom_op("swiglu_probe::swiglu", mutates_args=(), schema="(Tensor x, Tensor w) -> Tensor")
     def swiglu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()   # the kernel takes rows of stride K
         m, k = x2.shape
         n = w.shape[0] // 2
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
