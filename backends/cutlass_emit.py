@@ -18,9 +18,10 @@ cluster's. DSL `tile` is per CTA, so it maps to the description one to one.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from gemmgen.backends.cutlass_rules import sliced_split_k
 from gemmgen.dsl.ir import Program
 
 # DSL activation -> the CUTLASS functor (GELU is the exact erf form, as in dsl/ir.py).
@@ -33,11 +34,12 @@ ELEMENT_TYPES = {"f16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t", "f32":
 RASTER_CODES = {"m": 1, "n": 2}  # RasterOrderOptions::AlongM / AlongN (0 is Heuristic)
 # DecompositionMode values of the stream-K scheduler.
 DECOMPOSITION_CODES = {"heuristic": 0, "data_parallel": 1, "split_k": 2, "stream_k": 3}
-# ReductionMode of the stream-K scheduler, by the DSL's split-K reduction: `workspace` is
-# CUTLASS's turnstile (each split adds its partial after the previous one: deterministic);
-# `unordered` lets the splits add into the fp32 workspace as they arrive. On the H200 the
-# turnstile's split-K 16 took 39.8 us at 256x128x8192, slower than no split (21.8 us).
-REDUCTION_CODES = {"workspace": 0, "unordered": 1}
+# ReductionMode of the stream-K scheduler for `split_k N unordered`: the splits add into the
+# fp32 workspace as they arrive (Nondeterministic). Its deterministic turnstile (each split
+# after the previous one) took 39.8 us at 256x128x8192 split 16 on the H200, slower than no
+# split (21.8 us), so `split_k N workspace` is not that: it is K slices of a batched GEMM and
+# a reduce kernel (`InstanceSpec.partials`, session 14).
+REDUCTION_CODES = {"unordered": 1}
 WRAPPER_ENTRY = "gg_run"
 
 
@@ -59,10 +61,16 @@ class InstanceSpec:
     bias: Optional[str]  # None | "m" (one per row) | "n" (one per column)
     activation: Optional[str]
     residual_after_activation: bool  # act(...) + residual: a custom visitor tree
+    # `split_k N workspace`: the kernel writes fp32 partials of N K slices (a batched GEMM, no
+    # epilogue) and a reduce kernel in the same library sums them and applies the epilogue.
+    partials: bool = False
 
     @property
     def as_meta(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        meta = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+        if not self.partials:          # the key only where set: earlier builds keep their digests
+            del meta["partials"]
+        return meta
 
 
 @dataclass(frozen=True)
@@ -86,9 +94,11 @@ def instance_spec(program: Program) -> InstanceSpec:
         source = "c"
     else:
         source = None
-    # split-K runs on the stream-K scheduler (DecompositionMode::SplitK), so a
-    # "persistent" program with split_k > 1 needs the stream-K build.
-    uses_stream_k = program.scheduler == "stream_k" or program.split_k > 1
+    # `unordered` split-K runs on the stream-K scheduler (DecompositionMode::SplitK), so a
+    # "persistent" program with such splits needs the stream-K build; `workspace` splits are
+    # K slices of a batched GEMM on the program's own scheduler.
+    partials = sliced_split_k(program)
+    uses_stream_k = program.scheduler == "stream_k" or (program.split_k > 1 and not partials)
     return InstanceSpec(
         tile=(program.tile.m, program.tile.n, program.tile.k),
         cluster=tuple(program.cluster),
@@ -104,12 +114,13 @@ def instance_spec(program: Program) -> InstanceSpec:
         bias=e.bias,
         activation=e.activation,
         residual_after_activation=bool(e.residual and e.activation),
+        partials=partials,
     )
 
 
 def runtime_args(program: Program) -> RuntimeArgs:
     """The runtime half of a program: raster, swizzle, splits, decomposition and reduction mode."""
-    if program.split_k > 1:
+    if program.split_k > 1 and not sliced_split_k(program):
         decomposition = DECOMPOSITION_CODES["split_k"]
     elif program.scheduler == "stream_k":
         decomposition = DECOMPOSITION_CODES["stream_k"]
@@ -120,7 +131,7 @@ def runtime_args(program: Program) -> RuntimeArgs:
         swizzle=program.swizzle,
         splits=program.split_k,
         decomposition=decomposition,
-        reduction=REDUCTION_CODES[program.split_k_reduce] if program.split_k > 1 else 0,
+        reduction=REDUCTION_CODES["unordered"] if program.split_k > 1 and not sliced_split_k(program) else 0,
     )
 
 
@@ -288,11 +299,11 @@ Arguments make_arguments(void const* a, void const* b, void const* c, void* d, v
   (void)bias; (void)splits; (void)decomposition; (void)reduction;
   Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-  args.problem_shape = {m, n, k, 1};
+  args.problem_shape = {${problem_shape}};
   args.mainloop.ptr_A = static_cast<ElementA const*>(a);
-  args.mainloop.dA = leading_stride<typename Kernel::StrideA>(lda, int64_t(m) * k);
+  args.mainloop.dA = leading_stride<typename Kernel::StrideA>(lda, ${a_batch});
   args.mainloop.ptr_B = static_cast<ElementB const*>(b);
-  args.mainloop.dB = leading_stride<typename Kernel::StrideB>(ldb, int64_t(n) * k);
+  args.mainloop.dB = leading_stride<typename Kernel::StrideB>(ldb, ${b_batch});
   args.epilogue.ptr_C = ${c_pointer};
   args.epilogue.dC = leading_stride<typename Kernel::CollectiveEpilogue::StrideC>(ldc, int64_t(m) * n);
   args.epilogue.ptr_D = static_cast<ElementD*>(d);
@@ -341,7 +352,10 @@ extern "C" int gg_shared_memory_bytes() { return int(Kernel::SharedStorageSize);
 extern "C" int gg_threads() { return int(Kernel::MaxThreadsPerBlock); }
 extern "C" int gg_stages() { return int(Kernel::DispatchPolicy::Stages); }
 
-// Bytes of device workspace for these arguments (0 for data-parallel persistent runs).
+${entries}"""
+
+
+_DIRECT_ENTRIES = r"""// Bytes of device workspace for these arguments (0 for data-parallel persistent runs).
 extern "C" long long gg_workspace_size(int m, int n, int k, int raster, int swizzle, int splits,
                                        int decomposition, int reduction) {
   Arguments args = make_arguments(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, 0, 0, 0, 0,
@@ -374,6 +388,103 @@ extern "C" int gg_run(void const* a, void const* b, void const* c, void* d, void
 }
 """
 
+# Direct entries' make_arguments values; the partials entries override them.
+_DIRECT = {"problem_shape": "m, n, k, 1", "a_batch": "int64_t(m) * k", "b_batch": "int64_t(n) * k"}
+
+# `split_k N workspace`: the GEMM runs as N batches, batch z over K slice z (a batch of A or B
+# starts k/N elements further along K: k/N apart when K is the contiguous mode, k/N rows of
+# `ld` apart otherwise), writing fp32 partials after CUTLASS's own workspace; the reduce kernel
+# sums them in slice order (deterministic) and applies the epilogue (cuda_templates/common.cuh).
+_K_STEP = ("(cute::is_static<cute::remove_cvref_t<decltype(cute::get<1>(typename Kernel::Stride{s}{{}}))>>::value"
+           " ? int64_t(k / splits) : int64_t(k / splits) * ld{o})")
+_SLICED = {"problem_shape": "m, n, k / splits, splits", "a_batch": _K_STEP.format(s="A", o="a"),
+           "b_batch": _K_STEP.format(s="B", o="b")}
+
+_SLICED_ENTRIES = r"""// ---- split_k N workspace: K slices into fp32 partials, then a reduce kernel ---------
+namespace gg_reduce {
+${reduce_defines}
+${common}
+// Sum the slices in order and finish each element with the program's epilogue.
+__global__ void splitk_reduce(const float* __restrict__ parts, int M, int N, int slices, const EpilogueArgs epi) {
+  const long long total = (long long)M * N;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (long long)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int z = 0; z < slices; ++z) s += parts[z * total + idx];
+    const int row = (int)(idx / N), col = (int)(idx - (long long)row * N);
+    epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, s, row, col));
+  }
+}
+}  // namespace gg_reduce
+
+namespace {
+// CUTLASS's own workspace, rounded up so that the partials after it start 256-byte aligned.
+long long own_workspace_bytes(int m, int n, int k, int raster, int swizzle, int splits) {
+  Arguments args = make_arguments(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, 0, 0, 0, n,
+                                  1.f, 0.f, raster, swizzle, splits, 0, 0);
+  long long bytes = (long long)Gemm::get_workspace_size(args);
+  return (bytes + 255) / 256 * 256;
+}
+}  // namespace
+
+extern "C" long long gg_workspace_size(int m, int n, int k, int raster, int swizzle, int splits,
+                                       int decomposition, int reduction) {
+  (void)decomposition; (void)reduction;
+  return own_workspace_bytes(m, n, k, raster, swizzle, splits) + (long long)m * n * splits * 4;
+}
+
+// As the direct gg_run; 400: K does not cut into `splits` slices of a multiple of 8,
+// 500: the reduce kernel did not launch.
+extern "C" int gg_run(void const* a, void const* b, void const* c, void* d, void const* bias,
+                      int m, int n, int k, long long lda, long long ldb, long long ldc, long long ldd,
+                      float alpha, float beta, int raster, int swizzle, int splits, int decomposition,
+                      int reduction, void* workspace, void* stream) {
+  (void)decomposition; (void)reduction;
+  if (splits < 2 || k % splits || (k / splits) % 8) return 400;
+  auto cuda_stream = static_cast<cudaStream_t>(stream);
+  float* parts = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                          own_workspace_bytes(m, n, k, raster, swizzle, splits));
+  Arguments args = make_arguments(a, b, nullptr, parts, nullptr, m, n, k, lda, ldb, 0, n, 1.f, 0.f,
+                                  raster, swizzle, splits, 0, 0);
+  cutlass::Status status = Kernel::can_implement(args) ? cutlass::Status::kSuccess
+                                                       : cutlass::Status::kErrorInvalidProblem;
+  if (status != cutlass::Status::kSuccess) return 100 + int(status);
+  status = Kernel::initialize_workspace(args, workspace, cuda_stream, nullptr);
+  if (status != cutlass::Status::kSuccess) return 200 + int(status);
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  status = Gemm::run(params, cuda_stream);
+  if (status != cutlass::Status::kSuccess) return 300 + int(status);
+  gg_reduce::EpilogueArgs epi;
+  epi.out = static_cast<gg_reduce::out_t*>(d);
+  epi.ld_out = ldd;
+  epi.c = ${reduce_c};
+  epi.ld_c = ldc;
+  epi.bias = static_cast<const gg_reduce::out_t*>(bias);
+  epi.residual = ${reduce_residual};
+  epi.ld_residual = ldc;
+  epi.alpha = alpha;
+  epi.beta = beta;
+  const long long blocks = ((long long)m * n + 255) / 256;
+  const int grid = int(blocks < 8LL * g_sm_count ? blocks : 8LL * g_sm_count);
+  gg_reduce::splitk_reduce<<<grid, 256, 0, cuda_stream>>>(parts, m, n, splits, epi);
+  if (cudaGetLastError() != cudaSuccess) return 500;
+  return 0;
+}
+"""
+
+
+def _reduce_defines(spec: InstanceSpec) -> str:
+    """The constants common.cuh's epilogue reads, from the instance's epilogue."""
+    values = {
+        "HAS_BETA": spec.source == "c", "HAS_RESIDUAL": spec.source == "residual",
+        "BIAS_N": spec.bias == "n", "BIAS_M": spec.bias == "m",
+        "ACT_RELU": spec.activation == "relu", "ACT_GELU": spec.activation == "gelu",
+        "ACT_SILU": spec.activation == "silu",
+        "OUT_DTYPE_F32": spec.out_dtype == "f32", "OUT_DTYPE_BF16": spec.out_dtype == "bf16",
+        "RASTER_M": True, "SWIZZLE": True,   # read only by common.cuh's tile order, unused here
+    }
+    return "\n".join(f"#define {name} {int(v)}" for name, v in values.items())
+
 
 def _substitute(template: str, values: dict) -> str:
     for key, value in values.items():
@@ -382,9 +493,12 @@ def _substitute(template: str, values: dict) -> str:
 
 
 def emit_source(spec: InstanceSpec) -> str:
-    """The whole translation unit for one instance: kernel type + C-ABI wrapper."""
-    includes, definitions, name = kernel_type_source(spec)
-    _, thread_args = _fusion(spec)
+    """The whole translation unit for one instance: kernel type + C-ABI wrapper (+ the split-K
+    reduce kernel for `partials`, whose GEMM writes fp32 with no epilogue of its own)."""
+    gemm = replace(spec, out_dtype="f32", source=None, bias=None, activation=None,
+                   residual_after_activation=False, partials=False) if spec.partials else spec
+    includes, definitions, name = kernel_type_source(gemm)
+    _, thread_args = _fusion(gemm)
     if spec.tile_scheduler == "stream_k":
         scheduler_args = (
             "args.scheduler.splits = splits;\n"
@@ -404,11 +518,21 @@ def emit_source(spec: InstanceSpec) -> str:
         '#include "cutlass/epilogue/fusion/operations.hpp"',
         '#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"',
     ])
-    wrapper = _substitute(_WRAPPER, {
+    values = {
         "kernel": name,
-        "bias_element": ELEMENT_TYPES[spec.out_dtype],
-        "c_pointer": "nullptr" if spec.source is None else "static_cast<ElementC const*>(c)",
+        "bias_element": ELEMENT_TYPES[gemm.out_dtype],
+        "c_pointer": "nullptr" if gemm.source is None else "static_cast<ElementC const*>(c)",
         "thread_args": thread_args,
         "scheduler_args": scheduler_args,
-    })
+        **(_SLICED if spec.partials else _DIRECT),
+        "entries": _SLICED_ENTRIES if spec.partials else _DIRECT_ENTRIES,
+    }
+    if spec.partials:
+        from gemmgen.backends.cuda_source import template
+
+        source = "static_cast<const gg_reduce::out_t*>(c)"
+        values.update(reduce_defines=_reduce_defines(spec), common=template("common.cuh"),
+                      reduce_c=source if spec.source == "c" else "nullptr",
+                      reduce_residual=source if spec.source == "residual" else "nullptr")
+    wrapper = _substitute(_WRAPPER, values)
     return f"{header}\n{definitions}\n{wrapper}"

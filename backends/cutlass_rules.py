@@ -60,9 +60,10 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
     if cooperative and p.scheduler == "tile":
         out.append(("scheduler", "CUTLASS's ws_cooperative kernel is always persistent: use scheduler persistent "
                                  "or stream_k, or mainloop ws_pingpong for one tile per CTA"))
-    if not cooperative and (p.scheduler == "stream_k" or p.split_k > 1):
-        out.append(("scheduler", "ws_pingpong has no stream-K or split-K tile scheduler (CUTLASS static_asserts "
-                                 "it): use scheduler persistent with split_k 1, or mainloop ws_cooperative"))
+    if not cooperative and (p.scheduler == "stream_k" or (p.split_k > 1 and not sliced_split_k(p))):
+        out.append(("scheduler", "ws_pingpong has no stream-K tile scheduler (CUTLASS static_asserts it): use "
+                                 "scheduler persistent with split_k 1, split_k N workspace (K slices reduced by "
+                                 "a second kernel), or mainloop ws_cooperative"))
     if p.swizzle not in SWIZZLES:
         out.append(("swizzle", f"swizzle must be one of {', '.join(map(str, SWIZZLES))} "
                                f"(CUTLASS rounds it to a power of two of at most 8; got {p.swizzle})"))
@@ -113,7 +114,28 @@ def alignment_rules(p: Program) -> list[tuple[str, str]]:
     return out
 
 
+def sliced_split_k(p: Program) -> bool:
+    """`split_k N workspace`: a batched GEMM over N equal K slices into fp32 partials, which a
+    second kernel sums in slice order and finishes with the epilogue (deterministic). The
+    `unordered` splits run on the stream-K scheduler instead."""
+    return p.split_k > 1 and p.split_k_reduce == "workspace"
+
+
 def split_rules(p: Program) -> list[tuple[str, str]]:
+    if sliced_split_k(p):
+        out = []
+        if p.scheduler == "stream_k":
+            out.append(("scheduler", "split_k N workspace runs its K slices as a batched GEMM on a persistent "
+                                     "or one-tile-per-CTA build: use scheduler persistent or tile"))
+        if p.problem.c_major != "row":
+            out.append(("split_k", "the split-K reduce kernel writes row-major C: use c=row"))
+        k = p.problem.k
+        if k is not None and (k % p.split_k or (k // p.split_k) % 8):
+            fits = [s for s in range(2, 65) if k % s == 0 and (k // s) % 8 == 0]
+            out.append(("split_k", f"split_k {p.split_k} workspace cuts K={k} into equal slices whose length is a "
+                                   f"multiple of 8 (16-byte TMA steps); K={k} allows "
+                                   f"{', '.join(map(str, fits[:8])) or 'none'}"))
+        return out
     if p.split_k > 1 and p.problem.is_bound:
         k_tiles = -(-p.problem.k // p.tile.k)
         if p.split_k > k_tiles:
@@ -134,7 +156,7 @@ def hang_rules(p: Program) -> list[tuple[str, str]]:
     stream-K with clusters finishing on the H200 it stays refused.
     """
     size = p.cluster[0] * p.cluster[1]
-    if (p.scheduler == "stream_k" or p.split_k > 1) and size > 1:
+    if (p.scheduler == "stream_k" or (p.split_k > 1 and not sliced_split_k(p))) and size > 1:
         return [("cluster", f"stream-K/split-K with a {p.cluster[0]}x{p.cluster[1]} cluster is refused as unsafe: "
                             "its fix-up spins on peer CTAs and needs the whole grid co-resident, which clusters "
                             "do not guarantee; use cluster 1x1 or scheduler persistent")]

@@ -24,6 +24,10 @@ _STATUS = {0: "success", 1: "misaligned operand", 2: "invalid data type", 3: "in
            4: "invalid problem", 5: "not supported", 6: "workspace null", 7: "internal error",
            8: "arch mismatch", 9: "insufficient driver", 10: "memory allocation", 11: "invalid status"}
 _PHASE = {1: "can_implement refused the arguments", 2: "workspace initialisation failed", 3: "launch failed"}
+# Codes of a `split_k N workspace` library's own checks (no CUTLASS status in them).
+_SLICED_ERRORS = {4: "K does not cut into split_k slices whose length is a multiple of 8 (16-byte TMA steps); "
+                     "choose a split_k that divides K into such slices",
+                  5: "the split-K reduce kernel did not launch"}
 
 _c = ctypes
 _RUN_ARGTYPES = [_c.c_void_p] * 5 + [_c.c_int] * 3 + [_c.c_longlong] * 4 + [_c.c_float] * 2 + \
@@ -126,6 +130,8 @@ class CutlassLauncher:
                               r.raster, r.swizzle, r.splits, r.decomposition, r.reduction, workspace, stream)
         if rc:
             phase, status = divmod(rc, 100)
+            if phase in _SLICED_ERRORS:
+                raise BackendError(f"CUTLASS {m}x{n}x{k}, split_k {r.splits}: {_SLICED_ERRORS[phase]}")
             raise BackendError(f"CUTLASS {m}x{n}x{k}: {_PHASE.get(phase, 'error')}: "
                                f"{_STATUS.get(status, status)}")
         return out

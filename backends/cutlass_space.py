@@ -9,11 +9,13 @@ every shape through runtime arguments:
     ws_cooperative  128x64                            cluster 1x1              stream-K scheduler
     ws_pingpong      64x64                            cluster 1x1              persistent
     ws_pingpong      64x16, 64x32, 64x64, 64x128, 128x128  cluster 1x1         one tile per CTA
+    ws_pingpong      64x32, 64x64, 64x128                  cluster 1x1         K slices (split_k N workspace)
 
-That is 32 builds (the table TILES); stages are automatic (the builder fills shared memory after
+That is 35 builds (the table TILES); stages are automatic (the builder fills shared memory after
 the epilogue's carve-out). Per shape the runtime choices vary for free: raster
-order, swizzle 1/2/4/8, and on the stream-K builds the decomposition (stream-K,
-or split-K with 2-16 splits, added in arrival order).
+order, swizzle 1/2/4/8, on the stream-K builds the decomposition (stream-K,
+or split-K with 2-16 splits, added in arrival order), and on the K-slice builds the
+slice count (2-64, where K cuts into equal slices of a multiple of 8).
 
 Ordered by a waves-and-efficiency estimate (`estimate_us`): each output tile
 costs its MACs at the tensor-core peak scaled by a per-tile efficiency
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from gemmgen.backends.cutlass_rules import sliced_split_k
 from gemmgen.dsl.ir import Problem, Program, Tile
 
 SMS = 132
@@ -48,7 +51,9 @@ MIN_SK_ITERS = 8  # K-iterations a stream-K unit takes at least
 # many waves (each CTA fills shared memory, so waves do not overlap). Persistent 64x16 and
 # 64x32 builds never won a shape there, so those tiles are built one per CTA only. The
 # 128x64 cooperative tile is there for split-K on small M x N with long K (18 long-K sample
-# shapes: 0.829x -> 0.871x with it). The 128x192 cooperative tile fills one wave where 128x256
+# shapes: 0.829x -> 0.871x with it). `sliced` builds run `split_k N workspace`: N K slices
+# as one batched GEMM into fp32 partials, then a reduce kernel with the epilogue, as cuBLAS
+# does at these shapes; on the same 18 shapes 0.871x -> 1.050x (session 14, 13 chose them). The 128x192 cooperative tile fills one wave where 128x256
 # leaves SMs idle and 128x128 spills into a second (256 x 12288: 128 tiles against 96 or 192;
 # cuBLAS runs a 192x128 kernel there); on the H200 it took 256x12288x2048 from 0.84x to 0.98x
 # and 256x12288x4096 from 0.86x to 1.01x of torch.matmul (session 14).
@@ -60,15 +65,17 @@ TILES = {
     ("ws_cooperative", 128, 64): (0.70, ("stream_k",)),
     ("ws_pingpong", 64, 256): (0.93, ("persistent",)),
     ("ws_pingpong", 128, 128): (0.92, ("persistent", "tile")),
-    ("ws_pingpong", 64, 128): (0.80, ("persistent", "tile")),
-    ("ws_pingpong", 64, 64): (0.65, ("persistent", "tile")),
-    ("ws_pingpong", 64, 32): (0.45, ("tile",)),
+    ("ws_pingpong", 64, 128): (0.80, ("persistent", "tile", "sliced")),
+    ("ws_pingpong", 64, 64): (0.65, ("persistent", "tile", "sliced")),
+    ("ws_pingpong", 64, 32): (0.45, ("tile", "sliced")),
     ("ws_pingpong", 64, 16): (0.30, ("tile",)),
 }
 SCHEDULER_START_US = 0.7  # a persistent build's extra time per launch (median of 120 pairs under 1 GFLOP: 0.69 us)
 WAVE_US = 1.0  # one tile per CTA: each wave after the first adds a prologue and epilogue no tile hides
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
 SPLITS = (2, 4, 8, 16)
+SLICED_SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+REDUCE_US = 2.5  # the sliced split-K's second kernel: a launch and its tail
 SWIZZLES = (1, 2, 4, 8)
 TILE_K = 64
 SPACE_SIZE = 40
@@ -83,6 +90,9 @@ def library(problem: Problem) -> list[Program]:
         base = Program(problem=problem, backend="cutlass", tile=Tile(tm, tn, TILE_K), warps=warps,
                        mainloop=mainloop)
         for scheduler in schedulers:
+            if scheduler == "sliced":   # split_k N workspace: K slices, one tile per CTA, a reduce kernel
+                programs.append(replace(base, scheduler="tile", split_k=2, split_k_reduce="workspace"))
+                continue
             clusters = CLUSTERS if scheduler == "persistent" and tn >= 128 else ((1, 1),)
             programs += [replace(base, scheduler=scheduler, cluster=c) for c in clusters]
     return programs
@@ -99,7 +109,8 @@ def estimate_us(p: Program) -> float:
     tm_count, tn_count = _tiles(p)
     tiles = tm_count * tn_count
     eff = TILES[(p.mainloop, p.tile.m, p.tile.n)][0]
-    k_tiles = math.ceil(pr.k / p.tile.k)
+    sliced = sliced_split_k(p)
+    k_tiles = math.ceil(pr.k / p.tile.k / (p.split_k if sliced else 1))
     # Short K leaves the pipeline no time to fill: prologue and epilogue dominate.
     eff *= k_tiles / (k_tiles + 2.0)
     cluster = p.cluster[0] * p.cluster[1]
@@ -113,6 +124,13 @@ def estimate_us(p: Program) -> float:
     else:
         tiles_eff = tiles
     tile_us = 2 * p.tile.m * p.tile.n * pr.k / (PEAK_FLOPS / SMS) / eff * 1e6
+    if sliced:
+        # One CTA per tile and slice, in waves; then the reduce kernel reads every slice's
+        # fp32 partial and writes the output.
+        waves = math.ceil(tiles_eff * p.split_k / SMS)
+        compute = waves * tile_us / p.split_k + (waves - 1) * WAVE_US
+        reduce = pr.m * pr.n * 4 * (p.split_k + 1) / DRAM_BYTES_PER_S * 1e6 + REDUCE_US
+        return max(compute, pr.bytes / DRAM_BYTES_PER_S * 1e6) + reduce + LAUNCH_US
     if p.split_k > 1:
         units = tiles_eff * p.split_k
         compute = math.ceil(units / SMS) * tile_us / p.split_k + FIXUP_US * (1 + p.split_k / 8)
@@ -143,6 +161,10 @@ def _runtime_variants(p: Program) -> list[Program]:
     pr = p.problem
     tm_count, tn_count = _tiles(p)
     raster = "m" if tm_count >= tn_count else "n"  # walk the long side within a swizzle band
+    if sliced_split_k(p):   # the build's variants are its slice counts
+        k = pr.k
+        return [replace(p, split_k=s, raster="m", swizzle=1) for s in SLICED_SPLITS
+                if k % s == 0 and (k // s) % 8 == 0 and k // s >= 2 * p.tile.k and tm_count * tn_count * s <= 4 * SMS]
     if p.scheduler == "tile":  # the grid is the tile grid: raster and swizzle do nothing
         return [replace(p, raster="m", swizzle=1)]
     swizzles = [s for s in SWIZZLES if s == 1 or min(tm_count, tn_count) >= 2 * s]
@@ -202,4 +224,5 @@ def space(problem: Problem) -> list[Program]:
 
 
 def _build_of(p: Program) -> tuple:
-    return (p.mainloop, p.tile, p.cluster, p.scheduler == "stream_k" or p.split_k > 1)
+    sliced = sliced_split_k(p)
+    return (p.mainloop, p.tile, p.cluster, p.scheduler == "stream_k" or (p.split_k > 1 and not sliced), sliced)

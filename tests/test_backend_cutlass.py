@@ -112,11 +112,11 @@ def test_epilogues_map_to_fusion_operations(epilogue, expect):
 def test_runtime_choices_share_one_build():
     base = _program(scheduler="stream_k")
     key = cutlass.build_key(base)
-    variants = [replace(base, raster="n"), replace(base, swizzle=8), replace(base, split_k=4),
-                base.bind((1000, 3000, 512)),
+    split = replace(base, split_k=4, split_k_reduce="unordered")
+    variants = [replace(base, raster="n"), replace(base, swizzle=8), split, base.bind((1000, 3000, 512)),
                 replace(base, problem=replace(base.problem, epilogue=Epilogue(alpha=3.0)))]
     assert {cutlass.build_key(v) for v in variants} == {key}
-    assert runtime_args(replace(base, split_k=4)).splits == 4
+    assert runtime_args(split).splits == 4
     assert runtime_args(replace(base, raster="n")) != runtime_args(base)
     # Build-time choices do change the key.
     for other in (replace(base, cluster=(2, 1)), replace(base, stages=4), replace(base, scheduler="persistent"),
@@ -133,7 +133,7 @@ def _findings(program):
     (_program(mainloop="ws_pingpong", warps=(4, 1), tile=Tile(64, 128, 64), scheduler="stream_k"),
      "scheduler", "no stream-K"),
     (_program(scheduler="stream_k", cluster=(2, 1)), "cluster", "unsafe"),
-    (_program(split_k=4, cluster=(1, 2)), "cluster", "unsafe"),
+    (_program(split_k=4, split_k_reduce="unordered", cluster=(1, 2)), "cluster", "unsafe"),
     (_program(mainloop="ws_pingpong", warps=(4, 1), tile=Tile(128, 256, 64)), "tile", "accumulators"),
     (_program(warps=(4, 2)), "warps", "warps 8x1"),
     (_program(instr=Instr("wgmma", 64, 128, 16)), "instr", "wgmma 64x256x16"),
@@ -232,19 +232,25 @@ def test_space_of_unsupported_problem_is_empty_rather_than_wrong():
 # ------------------------------------------------------------------ one real build
 
 
-@pytest.mark.slow  # about 2 minutes of one core (runs in CI all the same)
-def test_one_nvcc_build_gives_a_loadable_library(tmp_path, monkeypatch):
+@pytest.mark.slow  # about 2 minutes of one core each (runs in CI all the same)
+@pytest.mark.parametrize("program,threads", [
+    (_program(Problem(None, None, None, "row", "col"), mainloop="ws_pingpong", warps=(4, 1), tile=Tile(64, 128, 64)),
+     384),
+    # split_k N workspace: the GEMM (one producer and one consumer warpgroup) and the reduce kernel
+    (_program(Problem(None, None, None, "row", "col", epilogue=Epilogue(bias="n", activation="gelu")),
+              mainloop="ws_pingpong", warps=(4, 1), tile=Tile(64, 64, 64), scheduler="tile", split_k=8,
+              split_k_reduce="workspace"), 256),
+])
+def test_one_nvcc_build_gives_a_loadable_library(tmp_path, monkeypatch, program, threads):
     import shutil
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
-    program = _program(Problem(None, None, None, "row", "col"), mainloop="ws_pingpong", warps=(4, 1),
-                       tile=Tile(64, 128, 64))
     artifact = cutlass.build(cutlass.lower(program))
     lib = ctypes.CDLL(artifact.path)
     for symbol in ("gg_initialize", "gg_run", "gg_workspace_size"):
         assert hasattr(lib, symbol)
-    assert artifact.meta["threads"] == 384
+    assert artifact.meta["threads"] == threads
     assert 2 <= artifact.meta["stages"] and artifact.meta["smem_bytes"] <= 232448
     assert artifact.meta["spec"] == instance_spec(program).as_meta
     # Nothing spills; the second build of the same source is a cache hit.
@@ -276,20 +282,58 @@ def test_a_moved_cache_still_finds_its_library(tmp_path, monkeypatch):
         cutlass.library_path(Artifact("cutlass", "other", path="/elsewhere/instance.so"))
 
 
-def test_unordered_split_k_is_a_runtime_reduction_mode_of_the_same_build():
+def test_unordered_split_k_is_a_runtime_reduction_mode_of_the_stream_k_build():
     """`split_k N unordered` asks CUTLASS's stream-K scheduler for its nondeterministic
-    reduction (no turnstile between the splits); `workspace` keeps the deterministic one.
-    Both are runtime arguments of one build, and any epilogue is allowed: the final split
-    applies it to the fp32 sum."""
+    reduction; the split count is a runtime argument of the stream-K build, and any epilogue
+    is allowed: the final split applies it to the fp32 sum."""
     problem = Problem(256, 128, 8192, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))
-    turnstile = _program(problem, tile=Tile(128, 128, 64), split_k=16)
-    unordered = replace(turnstile, split_k_reduce="unordered")
+    unordered = _program(problem, tile=Tile(128, 128, 64), split_k=16, split_k_reduce="unordered")
     assert validate(unordered) == unordered
-    assert cutlass.build_key(unordered) == cutlass.build_key(turnstile)
-    assert (runtime_args(turnstile).reduction, runtime_args(unordered).reduction) == (0, 1)
-    assert runtime_args(replace(turnstile, split_k=1, scheduler="stream_k")).reduction == 0
+    assert cutlass.build_key(unordered) == cutlass.build_key(replace(unordered, split_k=4))
+    assert cutlass.build_key(unordered) == cutlass.build_key(replace(unordered, split_k=1, scheduler="stream_k"))
+    assert runtime_args(unordered).reduction == 1
+    assert runtime_args(replace(unordered, split_k=1, scheduler="stream_k")).reduction == 0
     text = cutlass.lower(unordered).text
     assert "args.scheduler.reduction_mode =" in text and "ReductionMode>(reduction)" in text
     assert "int decomposition,\n                      int reduction, void* workspace" in text
-    atomic = replace(turnstile, split_k_reduce="atomic")
+    atomic = replace(unordered, split_k_reduce="atomic")
     assert any("cannot reduce split-K by atomic" in m for _, m in _findings(atomic))
+
+
+def _sliced(problem, tile=Tile(64, 64, 64), split=8, scheduler="tile") -> Program:
+    return _program(problem, mainloop="ws_pingpong", warps=(4, 1), tile=tile, scheduler=scheduler, split_k=split,
+                    split_k_reduce="workspace")
+
+
+def test_workspace_split_k_is_k_slices_of_a_batched_gemm_and_a_reduce_kernel():
+    """`split_k N workspace`: one build per tile and epilogue (the slice count is a runtime
+    argument) whose GEMM writes fp32 partials with no epilogue, and whose reduce kernel sums
+    the slices in order and applies the program's epilogue (common.cuh, as the raw CUDA
+    backend does)."""
+    problem = Problem(256, 128, 8192, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))
+    program = _sliced(problem)
+    assert validate(program) == program
+    spec = instance_spec(program)
+    assert spec.partials and spec.tile_scheduler == "tile" and spec.activation == "gelu"
+    assert cutlass.build_key(program) == cutlass.build_key(replace(program, split_k=32))
+    assert cutlass.build_key(program) != cutlass.build_key(replace(program, split_k=1))
+    assert runtime_args(program).splits == 8 and runtime_args(program).reduction == 0
+    text = cutlass.lower(program).text
+    assert "args.problem_shape = {m, n, k / splits, splits};" in text
+    assert "__global__ void splitk_reduce" in text and "#define ACT_GELU 1" in text and "#define BIAS_N 1" in text
+    # The GEMM itself has no epilogue: fp32 D, no C, plain linear combination.
+    assert "cutlass::epilogue::fusion::LinCombPerColBiasEltAct" not in text
+    assert "float, float, void" in text or "float,\n" in text
+    # The builds from before keep their sources and metadata (and so their cache keys).
+    plain = cutlass.lower(replace(program, split_k=1))
+    assert "gg_reduce" not in plain.text and "partials" not in plain.meta["spec"]
+
+
+@pytest.mark.parametrize("program,phrase", [
+    (_sliced(Problem(256, 128, 8200, "row", "col"), split=8), "K=8200 allows 5, 25, 41"),
+    (_sliced(Problem(256, 128, 8192, "row", "col"), split=8, scheduler="stream_k"), "batched GEMM"),
+])
+def test_workspace_split_k_refusals_say_why(program, phrase):
+    from gemmgen.backends.cutlass_rules import RULES
+    messages = [m for rule in RULES for _, m in rule(program)]
+    assert any(phrase in m for m in messages), messages

@@ -6,7 +6,8 @@ isolated worker (gemmgen.measure.Runner), so a hang fails one test after 120 s i
 of stopping the run. The instances (about 25) are built first, in parallel on every core:
 the file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
 `-k narrow` builds only the 6 instances of the narrow-tile, one-tile-per-CTA and 128x64
-split-K cases, `-k wide_n` only the 3 of the 128x192 tile.
+split-K cases, `-k wide_n` only the 3 of the 128x192 tile, `-k sliced` the 6 of `split_k N
+workspace`.
 """
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ SCHEDULE_CASES = [
     _program(Problem(None, None, None, "row", "col"), tile=(64, 256, 64), mainloop="ws_pingpong", cluster=(1, 2)),
     _program(Problem(None, None, None, "row", "col"), tile=(128, 128, 64), mainloop="ws_pingpong", cluster=(2, 1)),
     _program(Problem(None, None, None, "row", "col"), tile=(128, 128, 64), scheduler="stream_k"),
-    _program(Problem(None, None, None, "row", "col"), tile=(128, 128, 64), scheduler="stream_k", split_k=4,
-             raster="n", swizzle=2),
+    _program(Problem(None, None, None, "row", "col"), tile=(128, 128, 64), scheduler="persistent", split_k=4,
+             split_k_reduce="unordered", raster="n", swizzle=2),
     _program(Problem(None, None, None, "row", "col"), tile=(128, 256, 64), stages=4, swizzle=8),
 ]
 
@@ -162,7 +163,8 @@ def test_one_build_serves_runtime_variants(runner):
     from gemmgen.dsl import diagnose
 
     base = SCHEDULE_CASES[4].bind((2048, 2048, 4096))
-    variants = [replace(base, raster=r, swizzle=s, split_k=k, scheduler="stream_k" if k == 1 else "persistent")
+    variants = [replace(base, raster=r, swizzle=s, split_k=k, split_k_reduce="unordered",
+                        scheduler="stream_k" if k == 1 else "persistent")
                 for r in "mn" for s in (1, 4) for k in (1, 3)]
     assert all(diagnose(v) == [] for v in variants)
     assert len({cutlass.build_key(v) for v in variants}) == 1
@@ -234,6 +236,57 @@ def wide_n_artifacts():
 def test_wide_n_tile_192(index, wide_n_artifacts, runner):
     program, shape = WIDE_N_CASES[index]
     _check(program.bind(shape), wide_n_artifacts, runner)
+
+
+# `split_k N workspace` (session 14): K slices of a batched GEMM into fp32 partials and a reduce
+# kernel with the epilogue; every epilogue kind, three majors, partial tiles, slice counts that
+# leave a partial last k-tile (1000 / 5 = 200), and three tile widths.
+def _sliced(problem, tile=(64, 64, 64)):
+    return _program(problem, tile=tile, mainloop="ws_pingpong", scheduler="tile", split_k=2,
+                    split_k_reduce="workspace")
+
+
+SLICED_CASES = [
+    (_sliced(Problem(None, None, None, "row", "row")), (64, 64, 12288), 8),
+    (_sliced(Problem(None, None, None, "row", "row")), (129, 264, 1024), 4),
+    (_sliced(Problem(None, None, None, "row", "row")), (1000, 1000, 1000), 5),
+    (_sliced(Problem(None, None, None, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))),
+     (256, 128, 8192), 16),
+    (_sliced(Problem(None, None, None, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))),
+     (999, 1000, 2048), 4),
+    (_sliced(Problem(None, None, None, "row", "row", epilogue=Epilogue(residual=True, alpha=0.5))),
+     (129, 264, 4096), 8),
+    (_sliced(Problem(None, None, None, "col", "row", epilogue=Epilogue(alpha=0.5, beta=0.75))),
+     (256, 264, 4096), 4),
+    (_sliced(Problem(None, None, None, "row", "row"), tile=(64, 32, 64)), (64, 2048, 16384), 16),
+    (_sliced(Problem(None, None, None, "row", "row"), tile=(64, 128, 64)), (512, 256, 16384), 8),
+]
+
+
+@pytest.fixture(scope="module")
+def sliced_artifacts():
+    """Built apart, so `-k sliced` builds only the split-K workspace instances."""
+    return _built(p.bind(shape) for p, shape, _ in SLICED_CASES)
+
+
+@pytest.mark.parametrize("index", range(len(SLICED_CASES)))
+def test_sliced_split_k(index, sliced_artifacts, runner):
+    program, shape, split = SLICED_CASES[index]
+    _check(replace(program, split_k=split).bind(shape), sliced_artifacts, runner)
+
+
+def test_sliced_split_k_refuses_a_k_that_does_not_cut_evenly(sliced_artifacts):
+    import torch
+
+    from gemmgen.backends import cutlass
+    from gemmgen.errors import GemmgenError
+
+    program = replace(SLICED_CASES[0][0], split_k=8).bind((64, 64, 12288))
+    fn = cutlass.load(sliced_artifacts[cutlass.lower(program).digest], program)
+    a = torch.randn(64, 1000, device="cuda", dtype=torch.float16)       # 1000 / 8 = 125: not a multiple of 8
+    b = torch.randn(1000, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(GemmgenError, match="split_k slices"):
+        fn(a, b, torch.empty(64, 64, device="cuda", dtype=torch.float16))
 
 
 def _hammer(artifact, program):
