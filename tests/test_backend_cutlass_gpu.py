@@ -155,8 +155,8 @@ def test_random_space_programs(index, artifacts, runner):
 def test_one_build_serves_runtime_variants(runner):
     """Raster, swizzle and splits change per call, not per build; all give right answers.
 
-    Stream-K and split-K (`scheduler persistent` with `split_k 3`) are two decompositions
-    of one stream-K tile scheduler, chosen per call. The test builds its one instance
+    Stream-K and split-K (`scheduler persistent` with `split_k 3 unordered`) are two
+    decompositions of one stream-K tile scheduler, chosen per call. The test builds its one instance
     itself, so `-k runtime_variants` runs it without building the module's other 24."""
     from gemmgen.backends import cutlass
     from gemmgen.backends.build import build_many
