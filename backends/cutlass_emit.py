@@ -404,16 +404,8 @@ _SLICED_ENTRIES = r"""// ---- split_k N workspace: K slices into fp32 partials, 
 namespace gg_reduce {
 ${reduce_defines}
 ${common}
-// Sum the slices in order and finish each element with the program's epilogue.
 __global__ void splitk_reduce(const float* __restrict__ parts, int M, int N, int slices, const EpilogueArgs epi) {
-  const long long total = (long long)M * N;
-  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-       idx += (long long)gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (int z = 0; z < slices; ++z) s += parts[z * total + idx];
-    const int row = (int)(idx / N), col = (int)(idx - (long long)row * N);
-    epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, s, row, col));
-  }
+  reduce_slices(parts, M, N, slices, epi);
 }
 }  // namespace gg_reduce
 

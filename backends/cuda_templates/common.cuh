@@ -87,6 +87,21 @@ __device__ __forceinline__ float epilogue_value(const EpilogueArgs& e, float acc
   return v;
 }
 
+// Split-K's second kernel (`split_k N workspace`, in the multistage family and in the CUTLASS
+// backend's K slices): each element's fp32 partials, slice z at parts[z * M * N + idx], summed
+// in slice order, then the epilogue.
+__device__ __forceinline__ void reduce_slices(const float* __restrict__ parts, int M, int N, int slices,
+                                              const EpilogueArgs& epi) {
+  const long long total = (long long)M * N;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (long long)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int z = 0; z < slices; ++z) s += parts[z * total + idx];
+    const int row = (int)(idx / N), col = (int)(idx - (long long)row * N);
+    epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, s, row, col));
+  }
+}
+
 // Store the epilogue of two horizontally adjacent accumulators (row, col), (row, col+1),
 // bounds-checked against M x N; one 4- or 8-byte store when both are in and aligned.
 __device__ __forceinline__ void epilogue_store_pair(const EpilogueArgs& e, float acc0, float acc1,

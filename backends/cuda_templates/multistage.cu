@@ -373,14 +373,6 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 // Sum the SPLIT_K partials of each element in slice order, then the epilogue.
 extern "C" __global__ void __launch_bounds__(256)
 splitk_reduce(const float* __restrict__ workspace, int M, int N, const EpilogueArgs epi) {
-  long long total = (long long)M * N;
-  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-       idx += (long long)gridDim.x * blockDim.x) {
-    float s = 0.f;
-#pragma unroll
-    for (int z = 0; z < SPLIT_K; ++z) s += workspace[z * total + idx];
-    int row = (int)(idx / N), col = (int)(idx - (long long)row * N);
-    epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, s, row, col));
-  }
+  reduce_slices(workspace, M, N, SPLIT_K, epi);
 }
 #endif
