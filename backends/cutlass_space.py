@@ -53,10 +53,11 @@ MIN_SK_ITERS = 8  # K-iterations a stream-K unit takes at least
 # 128x64 cooperative tile is there for split-K on small M x N with long K (18 long-K sample
 # shapes: 0.829x -> 0.871x with it). `sliced` builds run `split_k N workspace`: N K slices
 # as one batched GEMM into fp32 partials, then a reduce kernel with the epilogue, as cuBLAS
-# does at these shapes; on the same 18 shapes 0.871x -> 1.050x (session 14, 13 chose them). The 128x192 cooperative tile fills one wave where 128x256
-# leaves SMs idle and 128x128 spills into a second (256 x 12288: 128 tiles against 96 or 192;
-# cuBLAS runs a 192x128 kernel there); on the H200 it took 256x12288x2048 from 0.84x to 0.98x
-# and 256x12288x4096 from 0.86x to 1.01x of torch.matmul (session 14).
+# does at these shapes; on the same 18 shapes 0.871x -> 1.050x (session 14, 13 chose them).
+# The 128x192 cooperative tile fills one wave where 128x256 leaves SMs idle and 128x128
+# spills into a second (256 x 12288: 128 tiles against 96 or 192; cuBLAS runs a 192x128
+# kernel there); on the H200 it took 256x12288x2048 from 0.84x to 0.98x and 256x12288x4096
+# from 0.86x to 1.01x of torch.matmul (session 14).
 TILES = {
     ("ws_cooperative", 128, 256): (1.00, ("persistent", "stream_k")),
     ("ws_cooperative", 256, 128): (1.00, ("persistent", "stream_k")),

@@ -165,7 +165,8 @@ def main(argv=None) -> int:
                 print(f"  {n:28s} not timed: {'; '.join(v.get('failures', []))[:200]}")
                 continue
             ratio = v.get("vs_torch_median_ratio")
-            print(f"  {n:28s} {v['median_ms']:.4f} ms {v['tflops']:6.0f} TFLOP/s  SM {v['clocks'].get('sm_mhz_median')} MHz"
+            clock = v["clocks"].get("sm_mhz_median")
+            print(f"  {n:28s} {v['median_ms']:.4f} ms {v['tflops']:6.0f} TFLOP/s  SM {clock} MHz"
                   + (f"  x torch {ratio[1]:.3f} ({ratio[0]:.3f}-{ratio[2]:.3f})" if ratio else ""))
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "python " + " ".join(sys.argv), "args": vars(args)}
