@@ -120,7 +120,8 @@ def instance_spec(program: Program) -> InstanceSpec:
 
 def runtime_args(program: Program) -> RuntimeArgs:
     """The runtime half of a program: raster, swizzle, splits, decomposition and reduction mode."""
-    if program.split_k > 1 and not sliced_split_k(program):
+    stream_k_split = program.split_k > 1 and not sliced_split_k(program)
+    if stream_k_split:
         decomposition = DECOMPOSITION_CODES["split_k"]
     elif program.scheduler == "stream_k":
         decomposition = DECOMPOSITION_CODES["stream_k"]
@@ -131,7 +132,7 @@ def runtime_args(program: Program) -> RuntimeArgs:
         swizzle=program.swizzle,
         splits=program.split_k,
         decomposition=decomposition,
-        reduction=REDUCTION_CODES["unordered"] if program.split_k > 1 and not sliced_split_k(program) else 0,
+        reduction=REDUCTION_CODES["unordered"] if stream_k_split else 0,
     )
 
 

@@ -162,10 +162,9 @@ def _runtime_variants(p: Program) -> list[Program]:
     pr = p.problem
     tm_count, tn_count = _tiles(p)
     raster = "m" if tm_count >= tn_count else "n"  # walk the long side within a swizzle band
-    if sliced_split_k(p):   # the build's variants are its slice counts
-        k = pr.k
+    if sliced_split_k(p):   # the build's variants are its slice counts (the rules drop those K cannot cut)
         return [replace(p, split_k=s, raster="m", swizzle=1) for s in SLICED_SPLITS
-                if k % s == 0 and (k // s) % 8 == 0 and k // s >= 2 * p.tile.k and tm_count * tn_count * s <= 4 * SMS]
+                if pr.k // s >= 2 * p.tile.k and tm_count * tn_count * s <= 4 * SMS]
     if p.scheduler == "tile":  # the grid is the tile grid: raster and swizzle do nothing
         return [replace(p, raster="m", swizzle=1)]
     swizzles = [s for s in SWIZZLES if s == 1 or min(tm_count, tn_count) >= 2 * s]
