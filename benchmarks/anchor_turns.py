@@ -11,6 +11,11 @@ in an order rotated every repeat, the SM clock sampled at the end of every loop.
 variant: the median time, TFLOP/s, the per-repeat ratio to torch.matmul with its 95 %
 interval, and the clocks. Writes results.json and anchor_turns.png under --out.
 
+`--protocol pairs` times instead as the bench times a candidate: each program in an offline
+session (cold L2, CUPTI device time) with torch.matmul alone, program after program in
+turns, so that every program meets the same clocks. `--swizzles m1,n8` adds each program's
+run-time raster/swizzle variants (no new build).
+
     python benchmarks/anchor_turns.py --out DIR PROGRAM.gemm [PROGRAM.gemm ...]
 """
 from __future__ import annotations
@@ -30,6 +35,11 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=20, help="calls per timed loop")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--seed", type=int, default=20261130)
+    p.add_argument("--protocol", choices=("turns", "pairs"), default="turns",
+                   help="turns: warm loops in turns (sustained, at the power cap); pairs: each program "
+                        "with torch.matmul in its own offline session (cold L2), as the bench times a candidate")
+    p.add_argument("--swizzles", default="",
+                   help="also time each program at these raster/swizzle run-time choices, e.g. m1,m8,n4")
     return p.parse_args(argv)
 
 
@@ -71,6 +81,20 @@ def loop_ms(fn, args, iters: int, sampler) -> float:
     return start.elapsed_time(end) / iters
 
 
+def pair_ms(fn, torch_fn, problem, seed: int) -> tuple[float, float]:
+    """(program, torch.matmul) device ms from one offline session of the two, the bench's protocol."""
+    from dataclasses import replace
+
+    from gemmgen.measure.timing import TimingOptions, time_many
+
+    options = replace(TimingOptions(), host_reps=0, seed=seed)
+    timed = time_many([("program", fn, problem), ("torch", torch_fn, problem)], "offline", options=options)
+    for t in timed.values():
+        if isinstance(t, Exception):
+            raise t
+    return timed["program"].device_ms, timed["torch"].device_ms
+
+
 def measure_shape(problem, programs: list, args) -> dict:
     """Check every program of one shape, then time them and torch.matmul (twice) in turns."""
     import torch
@@ -95,6 +119,8 @@ def measure_shape(problem, programs: list, args) -> dict:
             variants[name] = fn
         print(f"{problem.m}x{problem.n}x{problem.k} {name}: check {'passed' if verdict.passed else 'FAILED'}",
               flush=True)
+    if args.protocol == "pairs":
+        return measure_pairs(problem, variants, rows, args)
     ops = operands(problem, args.seed)
     names = list(variants)
     samplers = {n: ClockSampler(nvml_index(torch.cuda.current_device())) for n in names}
@@ -119,6 +145,37 @@ def measure_shape(problem, programs: list, args) -> dict:
                 list(zip(times[n], times["torch"])))]
         samplers[n].close()
     return {"shape": f"{problem.m}x{problem.n}x{problem.k}", "key": problem.key, "variants": rows}
+
+
+def measure_pairs(problem, variants: dict, rows: dict, args) -> dict:
+    """Each variant (the control included) in its own session with torch.matmul, in turns."""
+    from gemmgen.measure.comparison import median_interval
+
+    names = [n for n in variants if n != "torch"]
+    times = {n: [] for n in names}
+    for r in range(args.repeats):
+        for j in range(len(names)):
+            n = names[(j + r) % len(names)]
+            times[n].append(pair_ms(variants[n], variants["torch"], problem, args.seed + r))
+    flop = 2 * problem.m * problem.n * problem.k
+    for n in names:
+        med = statistics.median(t for t, _ in times[n])
+        rows.setdefault(n, {"program": None}).update(
+            median_ms=med, tflops=flop / (med * 1e-3) / 1e12, times_ms=times[n], clocks={},
+            vs_torch_median_ratio=[round(v, 4) for v in median_interval([ref / t for t, ref in times[n]])])
+    return {"shape": f"{problem.m}x{problem.n}x{problem.k}", "key": problem.key, "variants": rows}
+
+
+def with_swizzles(name: str, program, swizzles: str) -> list:
+    """The program, then its run-time raster/swizzle variants (one build serves them all)."""
+    from dataclasses import replace
+
+    out = [(name, program)]
+    for choice in filter(None, swizzles.split(",")):
+        raster, width = choice[0], int(choice[1:])
+        if (raster, width) != (program.raster, program.swizzle):
+            out.append((f"{name}_{choice}", replace(program, raster=raster, swizzle=width)))
+    return out
 
 
 def plot(shapes: list, path: Path) -> None:
@@ -154,7 +211,7 @@ def main(argv=None) -> int:
         if not program.problem.is_bound:
             print(f"{path}: the program's gemm line must give M, N and K", file=sys.stderr)
             return 2
-        by_shape.setdefault(program.problem, []).append((Path(path).stem, program))
+        by_shape.setdefault(program.problem, []).extend(with_swizzles(Path(path).stem, program, args.swizzles))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = [measure_shape(problem, programs, args) for problem, programs in by_shape.items()]

@@ -190,34 +190,38 @@ def select(chosen, artifacts, out: Path, budget_s, timeout_s: float, seed: int) 
 
 
 def bucket_table(docs: dict) -> str:
-    """Per bucket of GFLOP: shapes, geomean CUTLASS/torch speedup per mode."""
+    """Per bucket of GFLOP: shapes, geomean CUTLASS/torch speedup per mode, two ways.
+
+    `x torch` divides torch.matmul's time from its own session by the CUTLASS program's from
+    the program's worker session; `same sess.` divides by torch.matmul timed in that worker
+    session, interleaved with the program. A session of two kernels does twice the work of
+    torch's own, so on long kernels it runs further into the power cap (8192^3 in session 15:
+    torch.matmul 1.46 ms alone, 1.67 ms beside the program); the second figure shares it."""
     from gemmgen.measure.numerics import bucket_names, geomean
 
-    lines = [f"{'bucket':<14}" + "".join(f"{mode + ' n':>11}{mode + ' x torch':>18}" for mode in docs)]
+    lines = [f"{'bucket':<14}" + "".join(f"{mode + ' n':>11}{mode + ' x torch':>18}{'same sess.':>12}"
+                                         for mode in docs)]
     per_mode = {}
     for mode, doc in docs.items():
-        rows = doc.get("rows", [])
-        by_shape = {}
-        for r in rows:
-            if r.get("passed") and r.get("device_ms"):
-                role = "candidate" if r["kind"] == "candidate" else r["name"]
-                by_shape.setdefault((r["m"], r["n"], r["k"], r["bucket"]), {})[role] = r["device_ms"]
+        torch_ms = {(r["m"], r["n"], r["k"]): r["device_ms"] for r in doc.get("rows", [])
+                    if r["name"] == "torch" and r.get("passed") and r.get("device_ms")}
         speedups = {}
-        for (m, n, k, bucket), t in by_shape.items():
-            if "candidate" in t and "torch" in t:
-                ratio = t["torch"] / t["candidate"]
-                speedups.setdefault(bucket, []).append(ratio)
-                speedups.setdefault("all", []).append(ratio)
-                if (m, n, k) in common.ANCHORS:
-                    speedups[f"{m}^3"] = [ratio]
+        for r in doc.get("rows", []):
+            shape = (r["m"], r["n"], r["k"])
+            if r["kind"] != "candidate" or not (r.get("passed") and r.get("device_ms")) or shape not in torch_ms:
+                continue
+            same = (r.get("notes") or {}).get("reference_device_ms")
+            pair = (torch_ms[shape] / r["device_ms"], same / r["device_ms"] if same else None)
+            for key in (r["bucket"], "all") + ((f"{r['m']}^3",) if shape in common.ANCHORS else ()):
+                speedups.setdefault(key, []).append(pair)
         per_mode[mode] = speedups
-    keys = list(bucket_names()) + ["all", "4096^3", "8192^3"]
-    for key in keys:
+    for key in list(bucket_names()) + ["all", "4096^3", "8192^3"]:
         cells = ""
         for mode in docs:
-            values = per_mode[mode].get(key, [])
-            g = geomean(values)
-            cells += f"{len(values):>11}" + (f"{g:>18.3f}" if g else f"{'-':>18}")
+            pairs = per_mode[mode].get(key, [])
+            cross, same = geomean([p[0] for p in pairs]), geomean([p[1] for p in pairs if p[1]])
+            cells += f"{len(pairs):>11}" + (f"{cross:>18.3f}" if cross else f"{'-':>18}")
+            cells += f"{same:>12.3f}" if same else f"{'-':>12}"
         lines.append(f"{key:<14}" + cells)
     return "\n".join(lines)
 
