@@ -1,4 +1,4 @@
-"""Programs at the anchor shapes against torch.matmul, in turns, in one process.
+"""Programs against torch.matmul at their shapes (the anchors first), in turns, in one process.
 
 GPU only (an H200). The search scripts time torch.matmul in the bench's process and each
 candidate in an isolated worker beside a second torch.matmul. At 8192^3 those two
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -156,9 +157,15 @@ def measure_pairs(problem, variants: dict, rows: dict, args) -> dict:
     for r in range(args.repeats):
         for j in range(len(names)):
             n = names[(j + r) % len(names)]
-            times[n].append(pair_ms(variants[n], variants["torch"], problem, args.seed + r))
+            if n not in times:
+                continue
+            try:
+                times[n].append(pair_ms(variants[n], variants["torch"], problem, args.seed + r))
+            except Exception as exc:  # noqa: BLE001 - one variant's failed timing is its row, not the run's
+                rows.setdefault(n, {"program": None}).setdefault("failures", []).append(f"timing: {exc}")
+                del times[n]
     flop = 2 * problem.m * problem.n * problem.k
-    for n in names:
+    for n in times:
         med = statistics.median(t for t, _ in times[n])
         rows.setdefault(n, {"program": None}).update(
             median_ms=med, tflops=flop / (med * 1e-3) / 1e12, times_ms=times[n], clocks={},
@@ -167,14 +174,22 @@ def measure_pairs(problem, variants: dict, rows: dict, args) -> dict:
 
 
 def with_swizzles(name: str, program, swizzles: str) -> list:
-    """The program, then its run-time raster/swizzle variants (one build serves them all)."""
+    """The program, then its run-time raster/swizzle variants (one build serves them all);
+    ValueError names a choice that is not raster m or n and a width, or that the program refuses."""
     from dataclasses import replace
 
+    from gemmgen.dsl import diagnose
+
     out = [(name, program)]
-    for choice in filter(None, swizzles.split(",")):
-        raster, width = choice[0], int(choice[1:])
-        if (raster, width) != (program.raster, program.swizzle):
-            out.append((f"{name}_{choice}", replace(program, raster=raster, swizzle=width)))
+    for choice in filter(None, (c.strip() for c in swizzles.split(","))):
+        if not re.fullmatch(r"[mn][0-9]+", choice):
+            raise ValueError(f"--swizzles {choice!r}: write the raster (m or n) then the width, e.g. m8")
+        variant = replace(program, raster=choice[0], swizzle=int(choice[1:]))
+        problems = diagnose(variant)
+        if problems:
+            raise ValueError(f"--swizzles {choice} for {name}: {problems[0].message}")
+        if variant != program:
+            out.append((f"{name}_{choice}", variant))
     return out
 
 
@@ -211,7 +226,11 @@ def main(argv=None) -> int:
         if not program.problem.is_bound:
             print(f"{path}: the program's gemm line must give M, N and K", file=sys.stderr)
             return 2
-        by_shape.setdefault(program.problem, []).extend(with_swizzles(Path(path).stem, program, args.swizzles))
+        try:
+            by_shape.setdefault(program.problem, []).extend(with_swizzles(Path(path).stem, program, args.swizzles))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = [measure_shape(problem, programs, args) for problem, programs in by_shape.items()]
@@ -223,7 +242,8 @@ def main(argv=None) -> int:
                 continue
             ratio = v.get("vs_torch_median_ratio")
             clock = v["clocks"].get("sm_mhz_median")
-            print(f"  {n:28s} {v['median_ms']:.4f} ms {v['tflops']:6.0f} TFLOP/s  SM {clock} MHz"
+            print(f"  {n:28s} {v['median_ms']:.4f} ms {v['tflops']:6.0f} TFLOP/s"
+                  + (f"  SM {clock} MHz" if clock else "")
                   + (f"  x torch {ratio[1]:.3f} ({ratio[0]:.3f}-{ratio[2]:.3f})" if ratio else ""))
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "python " + " ".join(sys.argv), "args": vars(args)}

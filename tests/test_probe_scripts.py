@@ -1,8 +1,11 @@
-"""The session-14 probe scripts on CPU: their pure parts, their plots from the committed results,
-and their refusal to run without a GPU (the measurements themselves ran on the H200)."""
+"""The probe scripts (sessions 14-15) on CPU: their pure parts, their plots from the committed
+results, and their refusal to run without a GPU (the measurements themselves ran on the H200)."""
 import json
 
+import pytest
 import torch
+
+from gemmgen import dsl
 
 from benchmark_scripts import BENCHMARKS, load_script
 
@@ -40,8 +43,6 @@ def test_swiglu_probe_redraws_its_plot_and_refuses_to_run_without_a_gpu(tmp_path
 
 
 def test_anchor_programs_are_valid_and_bound_to_the_anchors():
-    from gemmgen import dsl
-
     programs = sorted((RESULTS / "anchor_turns" / "programs").glob("*.gemm"))
     assert len(programs) == 8
     for path in programs:
@@ -73,3 +74,38 @@ def test_anchor_turns_refuses_a_shape_generic_program(tmp_path, capsys, monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)    # reach the program check on CPU
     assert script.main(["--out", str(tmp_path / "run"), str(path)]) == 2
     assert "must give M, N and K" in capsys.readouterr().err
+
+
+def test_anchor_turns_expands_run_time_swizzles_and_refuses_bad_ones(tmp_path, capsys, monkeypatch):
+    script = load_script("anchor_turns")
+    path = RESULTS / "anchor_pairs" / "programs" / "cutlass_pingpong_4096.gemm"
+    program = dsl.parse(path.read_text())
+    variants = script.with_swizzles("pp", program, "m8, m4,n1")
+    assert [n for n, _ in variants] == ["pp", "pp_m4", "pp_n1"]      # m8 is the program itself
+    assert (variants[2][1].raster, variants[2][1].swizzle) == ("n", 1)
+    assert len({v for _, v in variants}) == 3
+    with pytest.raises(ValueError, match="raster"):
+        script.with_swizzles("pp", program, "x4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)    # reach the argument check on CPU
+    assert script.main(["--out", str(tmp_path / "run"), "--swizzles", "m", str(path)]) == 2
+    assert "--swizzles 'm'" in capsys.readouterr().err
+
+
+def test_anchor_turns_pairs_protocol_keeps_a_failed_variant_as_its_row(monkeypatch):
+    script = load_script("anchor_turns")
+    args = script.parse_args(["--out", "unused", "--protocol", "pairs", "--repeats", "4", "p.gemm"])
+
+    def pair_ms(fn, torch_fn, problem, seed):
+        if fn == "broken":
+            raise RuntimeError("floor violation")
+        return (0.9, 1.0) if fn == "fast" else (1.0, 1.0)
+
+    monkeypatch.setattr(script, "pair_ms", pair_ms)
+    problem = dsl.parse((RESULTS / "anchor_pairs" / "programs" / "cutlass_pingpong_4096.gemm").read_text()).problem
+    variants = {"torch": "t", "torch (control)": "t", "fast": "fast", "broken": "broken"}
+    rows = script.measure_pairs(problem, variants, {}, args)["variants"]
+    assert rows["fast"]["vs_torch_median_ratio"][1] == pytest.approx(1 / 0.9, rel=1e-3)
+    assert rows["torch (control)"]["vs_torch_median_ratio"][1] == pytest.approx(1.0)
+    assert "median_ms" not in rows["broken"] and rows["broken"]["failures"] == ["timing: floor violation"]
+    recorded = json.loads((RESULTS / "anchor_pairs" / "pairs" / "results.json").read_text())["shapes"][0]
+    assert recorded["variants"]["torch (control)"]["vs_torch_median_ratio"][0] <= 1.0
