@@ -59,6 +59,12 @@ def load_functions(key: str, cubin: bytes, names: tuple[str, ...], device_index:
             check(driver.cuFuncSetAttribute(
                 fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
                 f"cuFuncSetAttribute({name}, {smem} bytes of dynamic smem)")
+            # Only a hint to the driver, asked for so that a kernel whose ring leaves room for two
+            # or three CTAs gets them on every SM (a GPU test reads the count back).
+            check(driver.cuFuncSetAttribute(
+                fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                int(driver.CUshared_carveout.CU_SHAREDMEM_CARVEOUT_MAX_SHARED)),
+                f"cuFuncSetAttribute({name}, shared memory carveout)")
         funcs[name] = fn
     return funcs
 
@@ -73,6 +79,13 @@ class ArgPack:
     @property
     def address(self) -> int:
         return ctypes.addressof(self.array)
+
+
+def resident_ctas(fn, threads: int, smem: int) -> int:
+    """CTAs of `fn` one SM holds at once (the driver's occupancy calculator)."""
+    from cuda.bindings import driver
+    return check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, smem),
+                 "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
 
 def launch(fn, grid: tuple[int, int, int], block: int, smem: int, stream: int, args: ArgPack,
@@ -206,7 +219,8 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "OperandCheck", "ceil_div", "check", "launch", "load_functions"]
+__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "OperandCheck", "ceil_div", "check", "launch", "load_functions",
+           "resident_ctas"]
 
 
 class FamilyLauncher:

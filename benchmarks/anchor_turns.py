@@ -14,7 +14,9 @@ interval, and the clocks. Writes results.json and anchor_turns.png under --out.
 `--protocol pairs` times instead as the bench times a candidate: each program in an offline
 session (cold L2, CUPTI device time) with torch.matmul alone, program after program in
 turns, so that every program meets the same clocks. `--swizzles m1,n8` adds each program's
-run-time raster/swizzle variants (no new build).
+run-time raster/swizzle variants (no new build). `--rotate N` (turns) gives each call of a loop
+the next of N copies of B and the output, as a model's layers do: the weights come from DRAM,
+not from the L2 the previous call filled, while the loop still runs at the power cap.
 
     python benchmarks/anchor_turns.py --out DIR PROGRAM.gemm [PROGRAM.gemm ...]
 """
@@ -39,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--protocol", choices=("turns", "pairs"), default="turns",
                    help="turns: warm loops in turns (sustained, at the power cap); pairs: each program "
                         "with torch.matmul in its own offline session (cold L2), as the bench times a candidate")
+    p.add_argument("--rotate", type=int, default=1,
+                   help="turns: cycle each loop's calls over this many copies of B and the output (cold weights)")
     p.add_argument("--swizzles", default="",
                    help="also time each program at these raster/swizzle run-time choices, e.g. m1,m8,n4")
     return p.parse_args(argv)
@@ -54,7 +58,8 @@ def loaded(program):
     return backend.load(artifact, program), time.perf_counter() - t0
 
 
-def operands(problem, seed: int):
+def operands(problem, seed: int, copies: int = 1) -> list[tuple]:
+    """`copies` argument tuples (a, b, out): one A, and B and the output `copies` times."""
     import torch
     from gemmgen.measure.cases import empty_laid_out
 
@@ -65,17 +70,19 @@ def operands(problem, seed: int):
         t.copy_(torch.randn((rows, cols), generator=gen, device="cuda"))
         return t
 
-    a, b = filled(problem.m, problem.k, problem.a_major), filled(problem.k, problem.n, problem.b_major)
-    return a, b, empty_laid_out(problem.m, problem.n, problem.c_major, torch.float16, "cuda")
+    a = filled(problem.m, problem.k, problem.a_major)
+    return [(a, filled(problem.k, problem.n, problem.b_major),
+             empty_laid_out(problem.m, problem.n, problem.c_major, torch.float16, "cuda")) for _ in range(copies)]
 
 
-def loop_ms(fn, args, iters: int, sampler) -> float:
+def loop_ms(fn, args: list[tuple], iters: int, sampler) -> float:
+    """Mean ms a call over `iters` back-to-back calls, call i on args[i % len(args)]."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(iters):
-        fn(*args)
+    for i in range(iters):
+        fn(*args[i % len(args)])
     end.record()
     sampler.sample()                     # the GPU is still running the loop's tail
     end.synchronize()
@@ -122,7 +129,7 @@ def measure_shape(problem, programs: list, args) -> dict:
               flush=True)
     if args.protocol == "pairs":
         return measure_pairs(problem, variants, rows, args)
-    ops = operands(problem, args.seed)
+    ops = operands(problem, args.seed, args.rotate)
     names = list(variants)
     samplers = {n: ClockSampler(nvml_index(torch.cuda.current_device())) for n in names}
     for n in names:                                   # warm-up: heuristics, clocks
@@ -217,6 +224,10 @@ def main(argv=None) -> int:
     from gemmgen import dsl
 
     args = parse_args(argv)
+    if args.rotate < 1 or (args.rotate > 1 and args.protocol != "turns"):
+        print("--rotate takes a count of 1 or more, and only with --protocol turns "
+              "(pairs times offline sessions, which flush the L2 anyway)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("anchor_turns.py needs a CUDA GPU (an H200); none is visible.", file=sys.stderr)
         return 2

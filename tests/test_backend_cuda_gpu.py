@@ -91,6 +91,22 @@ def test_multistage_same_launcher_many_shapes_and_no_sync():
         assert err < 2e-3, (m, n, k, float(err))
 
 
+def test_multistage_small_ring_gets_every_cta_its_registers_allow():
+    """The launcher asks for the largest shared-memory carveout: without it the driver may size
+    shared memory for one CTA and leave the SM's other slots empty. A 72 KB ring leaves room
+    for three CTAs (228 KB an SM, 1 KB of it reserved per CTA), so registers set the count."""
+    from gemmgen.backends import cuda, cuda_launch, cuda_multistage as ms
+    program = multistage(Problem(512, 2048, 2048, epilogue=Epilogue()), tile=(64, 128, 64), stages=3)
+    artifact = cuda.compile_program(program)
+    fn = cuda.load(artifact, program)
+    geo = ms.geometry(program)
+    regs = artifact.meta["resources"][ms.ENTRY]["registers"]
+    per_warp = -(-regs * 32 // 256) * 256                 # registers are handed out 256 a warp
+    by_registers = 65536 // (per_warp * geo.threads // 32)
+    assert geo.smem == 72 * 1024 and by_registers >= 2, (regs, by_registers)
+    assert cuda_launch.resident_ctas(fn.funcs[ms.ENTRY], geo.threads, geo.smem) == min(3, by_registers)
+
+
 # Both majors; TMA needs the contiguous dimension of each operand to be a multiple of 8.
 HOPPER_SHAPES = ((4096, 4096, 4096, "row", "col"), (1000, 1000, 1000, "row", "row"),
                  (129, 263, 520, "row", "col"), (776, 1000, 264, "col", "row"), (512, 384, 1024, "col", "col"))

@@ -91,6 +91,23 @@ def test_anchor_turns_expands_run_time_swizzles_and_refuses_bad_ones(tmp_path, c
     assert "--swizzles 'm'" in capsys.readouterr().err
 
 
+def test_anchor_turns_rotates_weights_only_in_the_turns_protocol(tmp_path, capsys, monkeypatch):
+    script = load_script("anchor_turns")
+    path = RESULTS / "anchor_pairs" / "programs" / "cutlass_pingpong_4096.gemm"
+    for bad in (["--rotate", "0"], ["--rotate", "4", "--protocol", "pairs"]):
+        assert script.main(["--out", str(tmp_path / "run"), *bad, str(path)]) == 2
+        assert "--rotate" in capsys.readouterr().err
+    # loop_ms records CUDA events: stand in for them, so this runs on CPU
+    event = type("Event", (), {"record": lambda self: None, "synchronize": lambda self: None,
+                               "elapsed_time": lambda self, other: 3.0})
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: event())
+    calls = []
+    sampler = type("Sampler", (), {"sample": lambda self: None})()
+    ms = script.loop_ms(lambda a, b, out: calls.append(b), [("a", f"b{i}", "c") for i in range(3)], 7, sampler)
+    assert calls == ["b0", "b1", "b2", "b0", "b1", "b2", "b0"]      # call i takes copy i mod 3
+    assert ms == pytest.approx(3.0 / 7)
+
+
 def test_anchor_turns_pairs_protocol_keeps_a_failed_variant_as_its_row(monkeypatch):
     script = load_script("anchor_turns")
     args = script.parse_args(["--out", "unused", "--protocol", "pairs", "--repeats", "4", "p.gemm"])
@@ -109,3 +126,65 @@ def test_anchor_turns_pairs_protocol_keeps_a_failed_variant_as_its_row(monkeypat
     assert "median_ms" not in rows["broken"] and rows["broken"]["failures"] == ["timing: floor violation"]
     recorded = json.loads((RESULTS / "anchor_pairs" / "pairs" / "results.json").read_text())["shapes"][0]
     assert recorded["variants"]["torch (control)"]["vs_torch_median_ratio"][0] <= 1.0
+
+
+def test_occupancy_probe_writes_valid_variants_of_each_selected_program(tmp_path):
+    from gemmgen.backends import cuda_multistage as ms
+
+    script = load_script("occupancy_probe")
+    search = json.loads((RESULTS / "cuda_search" / "s13" / "narrow" / "cuda_search.json").read_text())
+    selected = script.selected_rows(search, 1.0, 16.0)
+    assert len(selected) == 29 and all(1.0 <= r["gflop"] < 16.0 for r in selected)
+    variants = script.variants_of(dsl.parse(selected[0]["program"]))
+    assert variants[0][0] == "selected" and len({v for _, v in variants}) == len(variants)
+    for label, program in variants:
+        assert ms.rules(program) == [], label
+        if label.startswith("t"):                 # the 64-deep rings leave room for a second CTA
+            assert program.tile.k == 64 and ms.smem_bytes(program) <= 96 * 1024, label
+    assert script.main(["write", "--search", str(RESULTS / "cuda_search" / "s13" / "narrow" / "cuda_search.json"),
+                        "--out", str(tmp_path)]) == 0
+    written = sorted(p.stem for p in tmp_path.glob("*.gemm"))
+    shapes = [s for f in (RESULTS / "occupancy_probe").glob("pairs*/results.json")
+              for s in json.loads(f.read_text())["shapes"]]
+    timed = sorted(name for s in shapes for name in s["variants"] if not name.startswith("torch"))
+    assert written == timed and len(written) == 219          # the programs the committed run timed
+
+
+def test_occupancy_probe_summary_is_what_the_committed_timings_give(tmp_path):
+    import shutil
+
+    script = load_script("occupancy_probe")
+    folder = RESULTS / "occupancy_probe"
+    for name in ("pairs_a", "pairs_b"):
+        shutil.copytree(folder / name, tmp_path / name)
+    shutil.copy(folder / "resident.json", tmp_path / "resident.json")
+    assert script.main(["summarize", str(tmp_path)]) == 0
+    fresh = json.loads((tmp_path / "summary.json").read_text())
+    assert fresh == json.loads((folder / "summary.json").read_text())
+    assert fresh["shapes"] == 29 and not any(label.startswith("torch") for label in fresh["wins_by_variant"])
+    assert fresh["geomean_selected"] <= fresh["geomean_best"] < 0.75     # the finding: no second CTA rescues it
+    resident = json.loads((folder / "resident.json").read_text())
+    assert resident["512x2048x2048_nn_selected"]["resident_ctas"] == 1
+    assert resident["512x2048x2048_nn_t64x128k64s4"]["resident_ctas"] == 2
+
+
+def test_mma_peak_kernels_compile_to_hmma_chains_without_spills():
+    from gemmgen.backends import cuda_compile
+
+    script = load_script("mma_peak")
+    compiled = cuda_compile.compile_cubin(script.SOURCE, name="mma_peak.cu")
+    assert set(compiled.resources) == {f"mma_ilp{n}" for n in script.ILPS}
+    assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in compiled.resources.values())
+    text = cuda_compile.sass(compiled.cubin)
+    assert text.count("HMMA.16816.F32") >= sum(script.ILPS)
+    if not torch.cuda.is_available():
+        assert script.main(["--out", "unused"]) == 2
+
+
+def test_mma_peak_committed_result_is_consistent():
+    result = json.loads((RESULTS / "mma_peak" / "mma_peak.json").read_text())
+    rows = result["rows"]
+    assert len(rows) == 15 and result["best"] == max(rows, key=lambda r: r["tflops"])
+    one = next(r for r in rows if r["warps_per_sm"] == 4 and r["ilp"] == 1)
+    assert one["warp_cycles_per_mma"] == pytest.approx(24.0, abs=0.5)          # the latency
+    assert result["best"]["cycles_per_mma_per_subpartition"] == pytest.approx(6.0, abs=0.2)   # the rate

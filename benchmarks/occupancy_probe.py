@@ -1,0 +1,186 @@
+"""Does a second resident CTA per SM speed up the multistage family at mid shapes?
+
+Session 15's Nsight Compute runs found the family's selected programs at 1-16 GFLOP holding one
+4-warp CTA per SM: a 3-stage ring of 128-deep k tiles takes 147 KB of shared memory
+(`backends/CUDA_NOTES.md`). This probe writes, for every shape of a cuda_search result in a
+GFLOP range, the selected multistage program and variants whose rings leave room for two or
+three CTAs (64-deep k tiles), plus an 8-warp variant of the selected tile; `report` asks the
+driver how many CTAs of each an SM holds; the timing is `anchor_turns.py --protocol pairs`
+(the bench's protocol); `summarize` joins the two.
+
+    python benchmarks/occupancy_probe.py write --search RESULT.json --out DIR      (the programs)
+    python benchmarks/occupancy_probe.py report --out DIR/resident.json DIR/*.gemm       (GPU)
+    python benchmarks/anchor_turns.py --protocol pairs --repeats 3 --out DIR/pairs DIR/*.gemm  (GPU; pairs*/ all read)
+    python benchmarks/occupancy_probe.py summarize DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+# (label, tile M, tile N, tile K, warps, stages): rings of 64-deep k tiles, 48-96 KB a CTA
+VARIANTS = (
+    ("t64x128k64s3", 64, 128, 64, (2, 2), 3),
+    ("t64x128k64s4", 64, 128, 64, (2, 2), 4),
+    ("t128x128k64s3", 128, 128, 64, (2, 2), 3),
+    ("t128x128k64s3w8", 128, 128, 64, (4, 2), 3),
+    ("t64x64k64s4", 64, 64, 64, (2, 2), 4),
+    ("t128x64k64s3", 128, 64, 64, (2, 2), 3),
+)
+
+
+def selected_rows(search: dict, low: float, high: float) -> list[dict]:
+    """The fastest checked multistage row of every shape with low <= GFLOP < high."""
+    best: dict = {}
+    for r in search["rows"]:
+        if r.get("family") != "multistage" or r.get("status") != "ok" or not low <= r["gflop"] < high:
+            continue
+        key = (r["m"], r["n"], r["k"], r["layout"])
+        if key not in best or r["speedup_vs_torch"] > best[key]["speedup_vs_torch"]:
+            best[key] = r
+    return [best[k] for k in sorted(best)]
+
+
+def variants_of(program) -> list[tuple[str, object]]:
+    """The selected program, its 8-warp twin, and the VARIANTS the multistage rules accept
+    (split-K kept where the variant's K tiles allow it, else dropped)."""
+    from gemmgen.backends import cuda_multistage as ms
+    from gemmgen.dsl.ir import Tile
+
+    out = [("selected", program)]
+    t = program.tile
+    if program.num_warps == 4:
+        wide = (program.warps[0] * 2, program.warps[1]) if t.m >= t.n else (program.warps[0], program.warps[1] * 2)
+        out.append(("selected_w8", replace(program, warps=wide)))
+    for label, tm, tn, tk, warps, stages in VARIANTS:
+        v = replace(program, tile=Tile(tm, tn, tk), warps=warps, stages=stages,
+                    swizzle=8 if tm * tn >= 128 * 128 else 4)
+        if ms.rules(v) and v.split_k > 1:
+            v = replace(v, split_k=1)
+        out.append((label, v))
+    return [(label, v) for label, v in out if not ms.rules(v)]
+
+
+def write(args) -> int:
+    from gemmgen import dsl
+
+    search = json.loads(Path(args.search).read_text())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for row in selected_rows(search, args.min_gflop, args.max_gflop):
+        program = dsl.parse(row["program"])
+        stem = f"{row['m']}x{row['n']}x{row['k']}_{row['layout']}"
+        seen = set()
+        for label, v in variants_of(program):
+            if v in seen:
+                continue
+            seen.add(v)
+            (out / f"{stem}_{label}.gemm").write_text(dsl.to_text(v))
+            n += 1
+    print(f"wrote {n} programs under {out}")
+    return 0
+
+
+def report(args) -> int:
+    """Registers, shared memory and resident CTAs per SM of every program (loads each on the GPU)."""
+    import torch
+
+    from gemmgen import backends, dsl
+    from gemmgen.backends import cuda_launch, cuda_multistage as ms
+
+    if not torch.cuda.is_available():
+        print("report needs a CUDA GPU: it asks the driver for each kernel's occupancy", file=sys.stderr)
+        return 2
+    backend = backends.get("cuda")
+    rows = {}
+    for path in args.programs:
+        program = dsl.parse(Path(path).read_text())
+        artifact = backend.build(backend.lower(program))
+        fn = backend.load(artifact, program)
+        geo = ms.geometry(program)
+        ctas = cuda_launch.resident_ctas(fn.funcs[ms.ENTRY], geo.threads, geo.smem)
+        regs = (artifact.meta.get("resources") or {}).get(ms.ENTRY, {}).get("registers")
+        rows[Path(path).stem] = {"registers": regs, "smem": geo.smem, "threads": geo.threads,
+                                 "resident_ctas": ctas, "warps_per_scheduler": ctas * geo.threads / 32 / 4}
+        print(f"{Path(path).stem:48s} regs {regs} smem {geo.smem // 1024} KB -> {ctas} CTAs/SM", flush=True)
+    Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def summarize(args) -> int:
+    """Per shape: the selected program's ratio to torch.matmul, the best variant's, and the geomeans."""
+    d = Path(args.dir)
+    shapes = [s for f in sorted(d.glob("pairs*/results.json")) for s in json.loads(f.read_text())["shapes"]]
+    resident = json.loads((d / "resident.json").read_text()) if (d / "resident.json").exists() else {}
+    table, sel_all, best_all, by_label = [], [], [], {}
+    for s in shapes:
+        ratios = {n: v["vs_torch_median_ratio"][1] for n, v in s["variants"].items()
+                  if v.get("vs_torch_median_ratio") and not n.startswith("torch")}
+        sel = next((r for n, r in ratios.items() if n.endswith("_selected")), None)
+        if sel is None or not ratios:
+            continue
+        best_name = max(ratios, key=ratios.get)
+        label = best_name.split("_", 2)[-1]
+        by_label[label] = by_label.get(label, 0) + 1
+        sel_all.append(sel)
+        best_all.append(ratios[best_name])
+        table.append({"shape": s["shape"], "selected": sel, "best": label, "best_ratio": ratios[best_name],
+                      "best_ctas": resident.get(best_name, {}).get("resident_ctas"), "ratios": ratios})
+    geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs))  # noqa: E731
+    summary = {"shapes": len(table), "geomean_selected": geo(sel_all), "geomean_best": geo(best_all),
+               "wins_by_variant": by_label, "rows": table}
+    (d / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(table, d / "occupancy_probe.png")
+    for r in table:
+        print(f"{r['shape']:18s} selected {r['selected']:.3f}  best {r['best_ratio']:.3f} {r['best']}"
+              f" ({r['best_ctas']} CTAs/SM)")
+    print(f"\n{len(table)} shapes: geomean x torch.matmul selected {summary['geomean_selected']:.3f}, "
+          f"best variant {summary['geomean_best']:.3f}; wins {by_label}")
+    return 0
+
+
+def plot(table: list[dict], path: Path) -> None:
+    """Per shape: the selected program's ratio to torch.matmul and the best variant's."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(table, key=lambda r: r["selected"])
+    y = range(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 0.28 * len(rows) + 1.2))
+    ax.scatter([r["selected"] for r in rows], y, label="selected by the session-13 search", color="tab:gray")
+    ax.scatter([r["best_ratio"] for r in rows], y, label="best variant", color="tab:green", marker="x")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(list(y), [r["shape"] for r in rows], fontsize=7)
+    ax.set_xlabel("x torch.matmul (bench protocol, median of 3 pairs)")
+    ax.set_title("multistage family, 1-16 GFLOP sample shapes")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--search", required=True, help="a cuda_search.py results JSON")
+    w.add_argument("--out", required=True)
+    w.add_argument("--min-gflop", type=float, default=1.0)
+    w.add_argument("--max-gflop", type=float, default=16.0)
+    r = sub.add_parser("report")
+    r.add_argument("programs", nargs="+")
+    r.add_argument("--out", required=True)
+    s = sub.add_parser("summarize")
+    s.add_argument("dir")
+    args = p.parse_args(argv)
+    return {"write": write, "report": report, "summarize": summarize}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
