@@ -69,6 +69,9 @@ def variants_of(program) -> list[tuple[str, object]]:
 def write(args) -> int:
     from gemmgen import dsl
 
+    if not Path(args.search).is_file():
+        print(f"--search {args.search}: no such file (a cuda_search.py results JSON)", file=sys.stderr)
+        return 2
     search = json.loads(Path(args.search).read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,6 +120,10 @@ def summarize(args) -> int:
     """Per shape: the selected program's ratio to torch.matmul, the best variant's, and the geomeans."""
     d = Path(args.dir)
     shapes = [s for f in sorted(d.glob("pairs*/results.json")) for s in json.loads(f.read_text())["shapes"]]
+    if not shapes:
+        print(f"{d}: no pairs*/results.json (run anchor_turns.py --protocol pairs --out {d}/pairs first)",
+              file=sys.stderr)
+        return 2
     resident = json.loads((d / "resident.json").read_text()) if (d / "resident.json").exists() else {}
     table, sel_all, best_all, by_label = [], [], [], {}
     for s in shapes:

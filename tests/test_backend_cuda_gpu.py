@@ -92,9 +92,9 @@ def test_multistage_same_launcher_many_shapes_and_no_sync():
 
 
 def test_multistage_small_ring_gets_every_cta_its_registers_allow():
-    """The launcher asks for the largest shared-memory carveout: without it the driver may size
-    shared memory for one CTA and leave the SM's other slots empty. A 72 KB ring leaves room
-    for three CTAs (228 KB an SM, 1 KB of it reserved per CTA), so registers set the count."""
+    """The launcher asks for the largest shared-memory carveout, so that a small ring gets every
+    CTA its registers allow: a 72 KB ring leaves room for three (228 KB an SM, 1 KB of it
+    reserved per CTA), so the registers set the count."""
     from gemmgen.backends import cuda, cuda_launch, cuda_multistage as ms
     program = multistage(Problem(512, 2048, 2048, epilogue=Epilogue()), tile=(64, 128, 64), stages=3)
     artifact = cuda.compile_program(program)

@@ -150,6 +150,14 @@ def test_occupancy_probe_writes_valid_variants_of_each_selected_program(tmp_path
     assert written == timed and len(written) == 219          # the programs the committed run timed
 
 
+def test_occupancy_probe_refuses_missing_inputs(tmp_path, capsys):
+    script = load_script("occupancy_probe")
+    assert script.main(["write", "--search", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert script.main(["summarize", str(tmp_path)]) == 2
+    assert "no pairs*/results.json" in capsys.readouterr().err
+
+
 def test_occupancy_probe_summary_is_what_the_committed_timings_give(tmp_path):
     import shutil
 
