@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from gemmgen.backends.cutlass_rules import sliced_split_k
+from gemmgen.backends.cutlass_rules import on_stream_k_scheduler, sliced_split_k, stream_k_split
 from gemmgen.dsl.ir import Program
 
 # DSL activation -> the CUTLASS functor (GELU is the exact erf form, as in dsl/ir.py).
@@ -98,7 +98,7 @@ def instance_spec(program: Program) -> InstanceSpec:
     # "persistent" program with such splits needs the stream-K build; `workspace` splits are
     # K slices of a batched GEMM on the program's own scheduler.
     partials = sliced_split_k(program)
-    uses_stream_k = program.scheduler == "stream_k" or (program.split_k > 1 and not partials)
+    uses_stream_k = on_stream_k_scheduler(program)
     return InstanceSpec(
         tile=(program.tile.m, program.tile.n, program.tile.k),
         cluster=tuple(program.cluster),
@@ -120,8 +120,8 @@ def instance_spec(program: Program) -> InstanceSpec:
 
 def runtime_args(program: Program) -> RuntimeArgs:
     """The runtime half of a program: raster, swizzle, splits, decomposition and reduction mode."""
-    stream_k_split = program.split_k > 1 and not sliced_split_k(program)
-    if stream_k_split:
+    splits_on_stream_k = stream_k_split(program)
+    if splits_on_stream_k:
         decomposition = DECOMPOSITION_CODES["split_k"]
     elif program.scheduler == "stream_k":
         decomposition = DECOMPOSITION_CODES["stream_k"]
@@ -132,7 +132,7 @@ def runtime_args(program: Program) -> RuntimeArgs:
         swizzle=program.swizzle,
         splits=program.split_k,
         decomposition=decomposition,
-        reduction=REDUCTION_CODES["unordered"] if stream_k_split else 0,
+        reduction=REDUCTION_CODES["unordered"] if splits_on_stream_k else 0,
     )
 
 

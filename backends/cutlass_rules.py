@@ -60,7 +60,7 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
     if cooperative and p.scheduler == "tile":
         out.append(("scheduler", "CUTLASS's ws_cooperative kernel is always persistent: use scheduler persistent "
                                  "or stream_k, or mainloop ws_pingpong for one tile per CTA"))
-    if not cooperative and (p.scheduler == "stream_k" or (p.split_k > 1 and not sliced_split_k(p))):
+    if not cooperative and on_stream_k_scheduler(p):
         out.append(("scheduler", "ws_pingpong has no stream-K tile scheduler (CUTLASS static_asserts it): use "
                                  "scheduler persistent with split_k 1, split_k N workspace (K slices reduced by "
                                  "a second kernel), or mainloop ws_cooperative"))
@@ -121,6 +121,16 @@ def sliced_split_k(p: Program) -> bool:
     return p.split_k > 1 and p.split_k_reduce == "workspace"
 
 
+def stream_k_split(p: Program) -> bool:
+    """`split_k N unordered`: splits the stream-K scheduler adds into its workspace as they arrive."""
+    return p.split_k > 1 and not sliced_split_k(p)
+
+
+def on_stream_k_scheduler(p: Program) -> bool:
+    """Whether the program needs CUTLASS's stream-K tile scheduler: stream-K itself, or its splits."""
+    return p.scheduler == "stream_k" or stream_k_split(p)
+
+
 def split_rules(p: Program) -> list[tuple[str, str]]:
     if sliced_split_k(p):
         out = []
@@ -156,7 +166,7 @@ def hang_rules(p: Program) -> list[tuple[str, str]]:
     stream-K with clusters finishing on the H200 it stays refused.
     """
     size = p.cluster[0] * p.cluster[1]
-    if (p.scheduler == "stream_k" or (p.split_k > 1 and not sliced_split_k(p))) and size > 1:
+    if on_stream_k_scheduler(p) and size > 1:
         return [("cluster", f"stream-K/split-K with a {p.cluster[0]}x{p.cluster[1]} cluster is refused as unsafe: "
                             "its fix-up spins on peer CTAs and needs the whole grid co-resident, which clusters "
                             "do not guarantee; use cluster 1x1 or scheduler persistent")]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from gemmgen.backends.cutlass_rules import sliced_split_k
+from gemmgen.backends.cutlass_rules import on_stream_k_scheduler, sliced_split_k
 from gemmgen.dsl.ir import Problem, Program, Tile
 
 SMS = 132
@@ -224,5 +224,4 @@ def space(problem: Problem) -> list[Program]:
 
 
 def _build_of(p: Program) -> tuple:
-    sliced = sliced_split_k(p)
-    return (p.mainloop, p.tile, p.cluster, p.scheduler == "stream_k" or (p.split_k > 1 and not sliced), sliced)
+    return (p.mainloop, p.tile, p.cluster, on_stream_k_scheduler(p), sliced_split_k(p))

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -118,6 +116,8 @@ def report(args) -> int:
 
 def summarize(args) -> int:
     """Per shape: the selected program's ratio to torch.matmul, the best variant's, and the geomeans."""
+    from gemmgen.measure.numerics import geomean
+
     d = Path(args.dir)
     shapes = [s for f in sorted(d.glob("pairs*/results.json")) for s in json.loads(f.read_text())["shapes"]]
     if not shapes:
@@ -139,8 +139,7 @@ def summarize(args) -> int:
         best_all.append(ratios[best_name])
         table.append({"shape": s["shape"], "selected": sel, "best": label, "best_ratio": ratios[best_name],
                       "best_ctas": resident.get(best_name, {}).get("resident_ctas"), "ratios": ratios})
-    geo = lambda xs: math.exp(statistics.fmean(math.log(x) for x in xs))  # noqa: E731
-    summary = {"shapes": len(table), "geomean_selected": geo(sel_all), "geomean_best": geo(best_all),
+    summary = {"shapes": len(table), "geomean_selected": geomean(sel_all), "geomean_best": geomean(best_all),
                "wins_by_variant": by_label, "rows": table}
     (d / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(table, d / "occupancy_probe.png")
