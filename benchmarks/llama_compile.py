@@ -203,6 +203,23 @@ def _timed_loop(call, reset, iters: int, sampler=None) -> float:
     return start.elapsed_time(end) / iters
 
 
+def launch_ms(call, reset, n: int = 7) -> float:
+    """Median host ms to launch one call onto an idle GPU: the host's share of a call, with
+    no full launch queue to wait on. A variant is host-bound once this nears its device time;
+    it is how a slow host (the H200 machine's drifts 2x) can make one variant lose and not another."""
+    import torch
+
+    times = []
+    for _ in range(n):
+        reset()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def sync() -> None:
     import torch
 
@@ -352,6 +369,9 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
         if sampler is not None:
             row["clocks"] = sampler.summary()         # SM clock while this variant's loops ran
             sampler.close()
+        if args.device == "cuda":
+            with torch.no_grad():
+                row["launch_ms"] = round(launch_ms(call, reset), 3)
         if not args.no_profile and args.device != "cpu":
             reset()
             trace = Path(args.out) / f"trace_{case.name}_{row['variant']}.json.gz" if args.trace else None
@@ -495,6 +515,8 @@ def print_table(result) -> None:
             rep = f"replaced {sum(g['replaced'].values())}, left {g['skipped']}"
             if g.get("joins"):
                 rep += f", joins {g['joins']} ({r.get('joined_weights_mib', 0)} MiB of joined weights)"
+        if r.get("launch_ms") is not None:
+            rep = f"launch {r['launch_ms']:.2f} ms  " + rep
         clk = r.get("clocks") or {}
         if clk.get("samples"):
             rep = f"SM {clk['sm_mhz_median']} MHz ({','.join(clk['reasons']) or 'no cap'})  " + rep

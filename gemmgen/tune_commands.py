@@ -14,7 +14,10 @@ def register(subparsers) -> None:
                     "in the same run, and record every trial. Resumable: measured pairs are skipped.")
     tune.add_argument("--shapes", required=True, metavar="FILE",
                       help="CSV of M,N,K[,layout] (layout nn|nt|tn|tt: A then B, n = row-major)")
-    tune.add_argument("--proposer", default="heuristic", help="heuristic | random | policy")
+    tune.add_argument("--proposer", default="heuristic", help="heuristic | random | policy | programs")
+    tune.add_argument("--programs", metavar="PATH", default=None,
+                      help="a .gemm file or a folder of them: propose those programs, re-bound to every "
+                           "shape of the CSV they fit (implies --proposer programs)")
     tune.add_argument("--budget", type=int, default=8, metavar="N", help="trials per shape (default 8)")
     tune.add_argument("--backends", default="triton,cutlass,cuda",
                       help="comma-separated backends; 'cublaslt' adds a search of cuBLASLt's own "
@@ -78,14 +81,17 @@ def _tune(args) -> int:
     from pathlib import Path
 
     from gemmgen.compile import clear_cache
-    from gemmgen.policy.proposers import get_proposer
+    from gemmgen.policy.proposers import ALL_BACKENDS, get_proposer
     from gemmgen.tune import split_library, tune_backends
     from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
     problems = tune_problems(args.shapes, args.shard, args.epilogue)
-    proposer = get_proposer(args.proposer, backends=backends) if backends else None
+    if args.programs or args.proposer == "programs":     # FileProposer says so if no --programs
+        proposer = get_proposer("programs", path=args.programs, backends=backends or ALL_BACKENDS)
+    else:
+        proposer = get_proposer(args.proposer, backends=backends) if backends else None
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     db_path = Path(args.db) if args.db else default_db_path()
     with Database(db_path) as db, WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout,

@@ -17,7 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint", metavar="PATH", help="a trained policy folder (default: the shipped one)")
     p.add_argument("--base-model", metavar="PATH",
                    help="a local Hugging Face causal LM folder or .gguf file to sample from instead")
-    p.add_argument("--proposer", default="policy", help="policy | heuristic | random (to compare)")
+    p.add_argument("--proposer", default="policy", help="policy | heuristic | random | programs (to compare)")
+    p.add_argument("--programs", metavar="PATH", default=None,
+                   help="a .gemm file or a folder of them, re-bound to --shape (implies --proposer programs)")
     p.add_argument("--backends", default=None, help="comma-separated backends to keep (default: all)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -53,9 +55,12 @@ def _propose(args) -> int:
     options: dict = {}
     if args.backends:
         options["backends"] = tuple(b.strip() for b in args.backends.split(",") if b.strip())
-    if args.proposer == "policy":
+    name = "programs" if args.programs else args.proposer
+    if name == "programs":
+        options["path"] = args.programs
+    if name == "policy":
         options.update(checkpoint=args.checkpoint, base_model=args.base_model, temperature=args.temperature)
-    proposer = get_proposer(args.proposer, **options)
+    proposer = get_proposer(name, **options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         programs = proposer.propose(problem, args.k, seed=args.seed)
@@ -66,6 +71,7 @@ def _propose(args) -> int:
     if args.stats and stats:
         print("# samples: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     if not programs:
-        raise GemmgenError(f"the {args.proposer} proposer found no valid program for {problem.key}; "
-                           "try a larger -k or another --checkpoint")
+        hint = ("none of the files is of this problem's majors, dtypes and epilogue, or valid at its shape"
+                if name == "programs" else "try a larger -k or another --checkpoint")
+        raise GemmgenError(f"the {name} proposer found no valid program for {problem.key}; {hint}")
     return 0

@@ -13,6 +13,9 @@ A proposer only proposes: it never compiles or times (the tuning loop does that)
   backends are interleaved so each is tried.
 - `RandomProposer`: uniform over the valid space by rejection sampling: every field drawn
   uniformly from what the chosen backend supports, kept if `gemmgen.dsl.validate` accepts.
+- `FileProposer`: the programs of `.gemm` files that a person wrote or a probe picked, re-bound
+  to each problem of the same majors, dtypes and epilogue, in file order: how a program found
+  outside the tuner (a sweep, a profile) gets checked and recorded like any other.
 """
 from __future__ import annotations
 
@@ -204,14 +207,50 @@ class RandomProposer:
         return found
 
 
+class FileProposer:
+    """Programs from `.gemm` files (one file, or every file of a folder in name order),
+    re-bound to each problem they fit: same majors, dtypes and epilogue, valid at its shape."""
+
+    name = "programs"
+    version = "1"
+
+    def __init__(self, path: Optional[str] = None, backends: Sequence[str] = ALL_BACKENDS):
+        from pathlib import Path
+
+        from gemmgen.dsl import parse
+        from gemmgen.dsl.diagnostics import ProgramError
+
+        if not path:
+            raise ProposerError("the programs proposer reads .gemm files: give them with --programs FILE_OR_FOLDER")
+        root = Path(path)
+        files = sorted(root.glob("*.gemm")) if root.is_dir() else [root]
+        if not files or not all(f.is_file() for f in files):
+            raise ProposerError(f"--programs {path}: no .gemm file there (give a DSL file or a folder of them)")
+        programs = []
+        for f in files:
+            try:
+                programs.append(parse(f.read_text()))
+            except ProgramError as exc:
+                raise ProposerError(f"--programs: {f}: {exc}") from None
+        self.backends = tuple(backends)
+        self.programs = _dedupe(programs)
+
+    def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]:
+        def fits(p: Program) -> bool:
+            return p.backend in self.backends and p.problem.with_shape(problem.m, problem.n, problem.k) == problem
+
+        return _dedupe(p.bind(problem) for p in self.programs if fits(p) and _validate(p.bind(problem)))[:k]
+
+
 class ProposerError(GemmgenError):
-    """An unknown proposer name."""
+    """An unknown proposer name, or a proposer that cannot start (no programs to read)."""
 
 
 # name -> a factory or "module:attribute" (imported on first use). The policy adds "policy".
 _REGISTRY: dict[str, Callable[..., Proposer] | str] = {
     "heuristic": HeuristicProposer,
     "random": RandomProposer,
+    "programs": FileProposer,
     "policy": "gemmgen.policy.lm_proposer:PolicyProposer",
 }
 
@@ -237,5 +276,5 @@ def get_proposer(name: str, **options) -> Proposer:
     return factory(**options)
 
 
-__all__ = ["HeuristicProposer", "Proposer", "ProposerError", "RandomProposer", "estimated_seconds",
+__all__ = ["FileProposer", "HeuristicProposer", "Proposer", "ProposerError", "RandomProposer", "estimated_seconds",
            "get_proposer", "present_backends", "proposer_names", "register_proposer"]
