@@ -103,30 +103,39 @@ def pair_ms(fn, torch_fn, problem, seed: int) -> tuple[float, float]:
     return timed["program"].device_ms, timed["torch"].device_ms
 
 
-def measure_shape(problem, programs: list, args) -> dict:
-    """Check every program of one shape, then time them and torch.matmul (twice) in turns."""
-    import torch
-    from gemmgen.dsl import to_text
+def checked_variants(problem, named: list[tuple[str, object, dict]], seed: int, rows: dict) -> dict:
+    """torch.matmul (the benches' own call) and its control, then every (name, fn, row) whose fn
+    passes the harness's check on random inputs; each row gets the verdict and goes into `rows`."""
+    from gemmgen.measure.baselines import make
     from gemmgen.measure.cases import make_cases
     from gemmgen.measure.checking import check
-    from gemmgen.measure.clocks import ClockSampler, nvml_index
-    from gemmgen.measure.comparison import median_interval, ratio_of_medians_interval
 
-    from gemmgen.measure.baselines import make
-
-    torch_fn = make("torch", problem).fn              # the benches' own torch.matmul call
+    torch_fn = make("torch", problem).fn
     variants = {"torch": torch_fn, "torch (control)": torch_fn}
-    rows = {}
-    cases = make_cases(problem, args.seed, "cuda")
-    for name, program in programs:
-        fn, build_s = loaded(program)
+    cases = make_cases(problem, seed, "cuda")
+    for name, fn, row in named:
         verdict = check(fn, problem, cases=cases)
-        rows[name] = {"program": to_text(program), "build_s": round(build_s, 1), "passed": verdict.passed,
-                      "failures": list(verdict.failures)}
+        rows[name] = {**row, "passed": verdict.passed, "failures": list(verdict.failures)}
         if verdict.passed:
             variants[name] = fn
         print(f"{problem.m}x{problem.n}x{problem.k} {name}: check {'passed' if verdict.passed else 'FAILED'}",
               flush=True)
+    return variants
+
+
+def measure_shape(problem, programs: list, args) -> dict:
+    """Check every program of one shape, then time them and torch.matmul (twice) in turns."""
+    import torch
+    from gemmgen.dsl import to_text
+    from gemmgen.measure.clocks import ClockSampler, nvml_index
+    from gemmgen.measure.comparison import median_interval, ratio_of_medians_interval
+
+    named = []
+    for name, program in programs:
+        fn, build_s = loaded(program)
+        named.append((name, fn, {"program": to_text(program), "build_s": round(build_s, 1)}))
+    rows: dict = {}
+    variants = checked_variants(problem, named, args.seed, rows)
     if args.protocol == "pairs":
         return measure_pairs(problem, variants, rows, args)
     ops = operands(problem, args.seed, args.rotate)

@@ -136,13 +136,13 @@ def main(argv=None) -> int:
         if program.backend != "cutlass" or not program.problem.is_bound:
             print(f"{path}: needs a CUTLASS program whose gemm line gives M, N and K", file=sys.stderr)
             return 2
-        refused = dsl.diagnose(replace(program, problem=replace(program.problem, c_major="row")))
+        refused = [d.message for d in dsl.diagnose(replace(program, problem=replace(program.problem, c_major="row")))]
         try:
             timed = timed_problem(program)
-            if refused:
-                raise ValueError(refused[0].message)
         except ValueError as exc:
-            print(f"{path}: {exc}", file=sys.stderr)
+            refused.append(str(exc))
+        if refused:
+            print(f"{path}: {refused[0]}", file=sys.stderr)
             return 2
         if problem not in (None, timed):
             print(f"{path}: every program must be of one problem, or its transpose ({problem.key})", file=sys.stderr)
@@ -178,30 +178,21 @@ def measure(problem, artifacts: dict, failed: dict, args, out: Path, build_s: fl
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from anchor_turns import measure_pairs
+    from anchor_turns import checked_variants, measure_pairs
 
     from gemmgen import backends
-    from gemmgen.measure.baselines import make
-    from gemmgen.measure.cases import make_cases
-    from gemmgen.measure.checking import check
 
     if not torch.cuda.is_available():
         print("timing needs a CUDA GPU (an H200); use --build-only here", file=sys.stderr)
         return 2
-    rows = {name: {"failures": [why]} for name, why in failed.items()}
-    torch_fn = make("torch", problem).fn
-    fns = {"torch": torch_fn, "torch (control)": torch_fn}
-    cases = make_cases(problem, args.seed, "cuda")
+    named = []
     for name, (program, artifact) in artifacts.items():
         fn = backends.get("cutlass").load(artifact, program)
         if program.problem.c_major == "col":
             fn = transposed_call(fn)
-        verdict = check(fn, problem, cases=cases)
-        rows[name] = {"passed": verdict.passed, "failures": list(verdict.failures),
-                      "stages": artifact.meta.get("stages"), "registers": artifact.meta.get("resources")}
-        if verdict.passed:
-            fns[name] = fn
-        print(f"{name}: check {'passed' if verdict.passed else 'FAILED'}", flush=True)
+        named.append((name, fn, {"stages": artifact.meta.get("stages"), "registers": artifact.meta.get("resources")}))
+    rows = {name: {"failures": [why]} for name, why in failed.items()}
+    fns = checked_variants(problem, named, args.seed, rows)
     shape = measure_pairs(problem, fns, rows, args)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "python " + " ".join(sys.argv), "build_s": round(build_s, 1)}

@@ -239,7 +239,8 @@ class FileProposer:
         def fits(p: Program) -> bool:
             return p.backend in self.backends and p.problem.with_shape(problem.m, problem.n, problem.k) == problem
 
-        return _dedupe(p.bind(problem) for p in self.programs if fits(p) and _validate(p.bind(problem)))[:k]
+        bound = (p.bind(problem) for p in self.programs if fits(p))
+        return _dedupe(b for b in bound if _validate(b))[:k]
 
 
 class ProposerError(GemmgenError):
