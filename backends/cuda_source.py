@@ -19,20 +19,27 @@ def template(name: str) -> str:
     return resources.files("gemmgen.backends").joinpath("cuda_templates", name).read_text()
 
 
+def epilogue_flags(*, beta: bool, residual: bool, bias, activation, out_dtype: str) -> dict[str, int]:
+    """The #defines common.cuh's epilogue reads: shared by both raw CUDA families and by the
+    CUTLASS backend's split-K reduce kernel, which finishes its partials with that epilogue."""
+    return {
+        "HAS_BETA": int(beta),
+        "BIAS_N": int(bias == "n"),
+        "BIAS_M": int(bias == "m"),
+        "ACT_RELU": int(activation == "relu"),
+        "ACT_GELU": int(activation == "gelu"),
+        "ACT_SILU": int(activation == "silu"),
+        "HAS_RESIDUAL": int(residual),
+        "OUT_DTYPE_F32": int(out_dtype == "f32"),
+        "OUT_DTYPE_BF16": int(out_dtype == "bf16"),
+    }
+
+
 def epilogue_defines(program: Program) -> dict[str, int]:
     e = program.problem.epilogue
-    return {
-        "HAS_BETA": int(e.beta != 0.0),
-        "BIAS_N": int(e.bias == "n"),
-        "BIAS_M": int(e.bias == "m"),
-        "ACT_RELU": int(e.activation == "relu"),
-        "ACT_GELU": int(e.activation == "gelu"),
-        "ACT_SILU": int(e.activation == "silu"),
-        "HAS_RESIDUAL": int(e.residual),
-        "OUT_DTYPE_F32": int(e.out_dtype == "f32"),
-        "OUT_DTYPE_BF16": int(e.out_dtype == "bf16"),
-        "IN_DTYPE_BF16": int(program.problem.in_dtype == "bf16"),
-    }
+    return {**epilogue_flags(beta=e.beta != 0.0, residual=e.residual, bias=e.bias, activation=e.activation,
+                             out_dtype=e.out_dtype),
+            "IN_DTYPE_BF16": int(program.problem.in_dtype == "bf16")}
 
 
 def layout_defines(program: Program) -> dict[str, int]:

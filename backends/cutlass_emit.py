@@ -468,15 +468,12 @@ extern "C" int gg_run(void const* a, void const* b, void const* c, void* d, void
 
 def _reduce_defines(spec: InstanceSpec) -> str:
     """The constants common.cuh's epilogue reads, from the instance's epilogue."""
-    values = {
-        "HAS_BETA": spec.source == "c", "HAS_RESIDUAL": spec.source == "residual",
-        "BIAS_N": spec.bias == "n", "BIAS_M": spec.bias == "m",
-        "ACT_RELU": spec.activation == "relu", "ACT_GELU": spec.activation == "gelu",
-        "ACT_SILU": spec.activation == "silu",
-        "OUT_DTYPE_F32": spec.out_dtype == "f32", "OUT_DTYPE_BF16": spec.out_dtype == "bf16",
-        "RASTER_M": True, "SWIZZLE": True,   # read only by common.cuh's tile order, unused here
-    }
-    return "\n".join(f"#define {name} {int(v)}" for name, v in values.items())
+    from gemmgen.backends.cuda_source import epilogue_flags
+
+    values = {**epilogue_flags(beta=spec.source == "c", residual=spec.source == "residual", bias=spec.bias,
+                               activation=spec.activation, out_dtype=spec.out_dtype),
+              "RASTER_M": 1, "SWIZZLE": 1}   # read only by common.cuh's tile order, unused here
+    return "\n".join(f"#define {name} {v}" for name, v in values.items())
 
 
 def _substitute(template: str, values: dict) -> str:

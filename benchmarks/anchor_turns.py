@@ -13,8 +13,8 @@ interval, and the clocks. Writes results.json and anchor_turns.png under --out.
 
 `--protocol pairs` times instead as the bench times a candidate: each program in an offline
 session (cold L2, CUPTI device time) with torch.matmul alone, program after program in
-turns, so that every program meets the same clocks. `--swizzles m1,n8` adds each program's
-run-time raster/swizzle variants (no new build). `--rotate N` (turns) gives each call of a loop
+turns, so that every program meets the same clocks (`gemmgen.measure.turns.in_pairs`).
+`--swizzles m1,n8` adds each program's run-time raster/swizzle variants (no new build). `--rotate N` (turns) gives each call of a loop
 the next of N copies of B and the output, as a model's layers do: the weights come from DRAM,
 not from the L2 the previous call filled, while the loop still runs at the power cap.
 
@@ -75,52 +75,9 @@ def operands(problem, seed: int, copies: int = 1) -> list[tuple]:
              empty_laid_out(problem.m, problem.n, problem.c_major, torch.float16, "cuda")) for _ in range(copies)]
 
 
-def loop_ms(fn, args: list[tuple], iters: int, sampler) -> float:
-    """Mean ms a call over `iters` back-to-back calls, call i on args[i % len(args)]."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(iters):
-        fn(*args[i % len(args)])
-    end.record()
-    sampler.sample()                     # the GPU is still running the loop's tail
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
-def pair_ms(fn, torch_fn, problem, seed: int) -> tuple[float, float]:
-    """(program, torch.matmul) device ms from one offline session of the two, the bench's protocol."""
-    from dataclasses import replace
-
-    from gemmgen.measure.timing import TimingOptions, time_many
-
-    options = replace(TimingOptions(), host_reps=0, seed=seed)
-    timed = time_many([("program", fn, problem), ("torch", torch_fn, problem)], "offline", options=options)
-    for t in timed.values():
-        if isinstance(t, Exception):
-            raise t
-    return timed["program"].device_ms, timed["torch"].device_ms
-
-
-def checked_variants(problem, named: list[tuple[str, object, dict]], seed: int, rows: dict) -> dict:
-    """torch.matmul (the benches' own call) and its control, then every (name, fn, row) whose fn
-    passes the harness's check on random inputs; each row gets the verdict and goes into `rows`."""
-    from gemmgen.measure.baselines import make
-    from gemmgen.measure.cases import make_cases
-    from gemmgen.measure.checking import check
-
-    torch_fn = make("torch", problem).fn
-    variants = {"torch": torch_fn, "torch (control)": torch_fn}
-    cases = make_cases(problem, seed, "cuda")
-    for name, fn, row in named:
-        verdict = check(fn, problem, cases=cases)
-        rows[name] = {**row, "passed": verdict.passed, "failures": list(verdict.failures)}
-        if verdict.passed:
-            variants[name] = fn
-        print(f"{problem.m}x{problem.n}x{problem.k} {name}: check {'passed' if verdict.passed else 'FAILED'}",
-              flush=True)
-    return variants
+def on_copies(fn, ops: list[tuple]):
+    """fn as a loop's call: call i takes argument tuple i mod len(ops) (--rotate's copies)."""
+    return lambda i: fn(*ops[i % len(ops)])
 
 
 def measure_shape(problem, programs: list, args) -> dict:
@@ -129,6 +86,7 @@ def measure_shape(problem, programs: list, args) -> dict:
     from gemmgen.dsl import to_text
     from gemmgen.measure.clocks import ClockSampler, nvml_index
     from gemmgen.measure.comparison import median_interval, ratio_of_medians_interval
+    from gemmgen.measure.turns import checked_variants, in_pairs, loop_ms
 
     named = []
     for name, program in programs:
@@ -137,18 +95,18 @@ def measure_shape(problem, programs: list, args) -> dict:
     rows: dict = {}
     variants = checked_variants(problem, named, args.seed, rows)
     if args.protocol == "pairs":
-        return measure_pairs(problem, variants, rows, args)
+        return in_pairs(problem, variants, rows, args.repeats, args.seed)
     ops = operands(problem, args.seed, args.rotate)
     names = list(variants)
     samplers = {n: ClockSampler(nvml_index(torch.cuda.current_device())) for n in names}
     for n in names:                                   # warm-up: heuristics, clocks
-        loop_ms(variants[n], ops, 3, samplers[n])
+        loop_ms(on_copies(variants[n], ops), 3, samplers[n])
         samplers[n].samples.clear()
     times = {n: [] for n in names}
     for r in range(args.repeats):
         for j in range(len(names)):
             n = names[(j + r) % len(names)]
-            times[n].append(loop_ms(variants[n], ops, args.iters, samplers[n]))
+            times[n].append(loop_ms(on_copies(variants[n], ops), args.iters, samplers[n]))
     flop = 2 * problem.m * problem.n * problem.k
     for n in names:
         med = statistics.median(times[n])
@@ -161,31 +119,6 @@ def measure_shape(problem, programs: list, args) -> dict:
             row["vs_torch_ratio_of_medians"] = [round(v, 4) for v in ratio_of_medians_interval(
                 list(zip(times[n], times["torch"])))]
         samplers[n].close()
-    return {"shape": f"{problem.m}x{problem.n}x{problem.k}", "key": problem.key, "variants": rows}
-
-
-def measure_pairs(problem, variants: dict, rows: dict, args) -> dict:
-    """Each variant (the control included) in its own session with torch.matmul, in turns."""
-    from gemmgen.measure.comparison import median_interval
-
-    names = [n for n in variants if n != "torch"]
-    times = {n: [] for n in names}
-    for r in range(args.repeats):
-        for j in range(len(names)):
-            n = names[(j + r) % len(names)]
-            if n not in times:
-                continue
-            try:
-                times[n].append(pair_ms(variants[n], variants["torch"], problem, args.seed + r))
-            except Exception as exc:  # noqa: BLE001 - one variant's failed timing is its row, not the run's
-                rows.setdefault(n, {"program": None}).setdefault("failures", []).append(f"timing: {exc}")
-                del times[n]
-    flop = 2 * problem.m * problem.n * problem.k
-    for n in times:
-        med = statistics.median(t for t, _ in times[n])
-        rows.setdefault(n, {"program": None}).update(
-            median_ms=med, tflops=flop / (med * 1e-3) / 1e12, times_ms=times[n], clocks={},
-            vs_torch_median_ratio=[round(v, 4) for v in median_interval([ref / t for t, ref in times[n]])])
     return {"shape": f"{problem.m}x{problem.n}x{problem.k}", "key": problem.key, "variants": rows}
 
 

@@ -10,11 +10,14 @@ cycles a tile outside the loop: the epilogue's share. The emitter asks for CUTLA
 epilogue: a 128x32 sub-tile (cooperative; 64x32 for ping-pong) stored through shared memory by
 TMA, eight synchronised rounds for a 128x256 tile. This probe builds each program again with
 another epilogue and times every build in pairs with torch.matmul, as the bench times a
-candidate (`anchor_turns.measure_pairs`), after the harness's check:
+candidate (`gemmgen.measure.turns.in_pairs`), after the harness's check:
 
 - `MxN`: the TMA-store epilogue with an M x N sub-tile (fewer, larger rounds; more shared
   memory, which the automatic stage count then takes from the ring);
 - `direct`: `NoSmemWarpSpecialized`, each thread storing its accumulators to global memory.
+
+With `--epilogues auto` alone it times CUTLASS programs as written: session 18 timed stream-K
+builds against persistent ones this way (`benchmarks/results/streamk_probe/`).
 
 The variants are text edits of the emitted instance (the build cache keys them by that text),
 not DSL programs: a probe, to learn whether a DSL choice would pay before adding one.
@@ -177,10 +180,8 @@ def measure(problem, artifacts: dict, failed: dict, args, out: Path, build_s: fl
     """Check every built variant, time the passing ones in pairs, write results.json, print a table."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from anchor_turns import checked_variants, measure_pairs
-
     from gemmgen import backends
+    from gemmgen.measure.turns import checked_variants, in_pairs
 
     if not torch.cuda.is_available():
         print("timing needs a CUDA GPU (an H200); use --build-only here", file=sys.stderr)
@@ -193,7 +194,7 @@ def measure(problem, artifacts: dict, failed: dict, args, out: Path, build_s: fl
         named.append((name, fn, {"stages": artifact.meta.get("stages"), "registers": artifact.meta.get("resources")}))
     rows = {name: {"failures": [why]} for name, why in failed.items()}
     fns = checked_variants(problem, named, args.seed, rows)
-    shape = measure_pairs(problem, fns, rows, args)
+    shape = in_pairs(problem, fns, rows, args.repeats, args.seed)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "python " + " ".join(sys.argv), "build_s": round(build_s, 1)}
     (out / "results.json").write_text(json.dumps({**meta, **shape}, indent=1))

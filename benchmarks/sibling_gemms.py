@@ -30,20 +30,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def loop_ms(fn, iters: int) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def measure_group(m: int, widths: tuple, iters: int, repeats: int) -> dict:
     import torch
+    from gemmgen.measure.turns import loop_ms
 
     g = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, K, device="cuda", dtype=torch.float16, generator=g)
@@ -65,7 +54,7 @@ def measure_group(m: int, widths: tuple, iters: int, repeats: int) -> dict:
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, fn in variants.items():        # in turns, so drift hits all alike
-            times[name].append(loop_ms(fn, iters))
+            times[name].append(loop_ms(lambda i, fn=fn: fn(), iters))
     med = {name: statistics.median(v) for name, v in times.items()}
     ratios = sorted(s / j for s, j in zip(times["separate"], times["joined"]))
     flop = 2 * m * sum(widths) * K

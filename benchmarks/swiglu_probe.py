@@ -131,20 +131,9 @@ def interleave(wg, wu, bn: int):
     return torch.stack([wg.view(n // bn, bn, k), wu.view(n // bn, bn, k)], dim=1).reshape(2 * n, k).contiguous()
 
 
-def loop_ms(fn, iters: int) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(iters):
-        fn(i)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def measure(m: int, args, fns) -> dict:
     import torch
+    from gemmgen.measure.turns import loop_ms
     import torch.nn.functional as F
     import triton
 

@@ -1,0 +1,98 @@
+"""Variants of one problem against torch.matmul in one process: checked, then timed in turns.
+
+The bench times each candidate in its own worker, beside its own torch.matmul. Probing what
+limits a shape needs the other contest too: many variants in one process, taking turns, so
+that every variant meets the same clocks (the H200's power cap moves them by what ran just
+before). The benchmark scripts that ask such questions (`benchmarks/anchor_turns.py`,
+`benchmarks/cutlass_epilogue_probe.py`, the probes of the Llama shapes) share these pieces:
+
+- `checked_variants`: torch.matmul, its control (torch.matmul again, whose ratio to the first
+  says how large the noise is), then every variant that passes the harness's check;
+- `in_pairs`: the bench's own protocol for each variant in turn, an offline session
+  (cold L2, CUPTI device time) of the variant and torch.matmul alone;
+- `loop_ms`: one loop of back-to-back calls between two CUDA events.
+
+GPU only, apart from the bookkeeping (the tests stand in for the timers).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Callable
+
+
+def loop_ms(call: Callable[[int], object], iters: int, sampler=None) -> float:
+    """Mean ms a call over `iters` back-to-back calls `call(0)`, `call(1)`, ...; `sampler.sample()`
+    (a `gemmgen.measure.clocks.ClockSampler`) runs while the GPU still runs the loop's tail."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(iters):
+        call(i)
+    end.record()
+    if sampler is not None:
+        sampler.sample()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def pair_ms(fn, torch_fn, problem, seed: int) -> tuple[float, float]:
+    """(variant, torch.matmul) device ms from one offline session of the two: the bench's protocol."""
+    from gemmgen.measure.timing import TimingOptions, time_many
+
+    options = replace(TimingOptions(), host_reps=0, seed=seed)
+    timed = time_many([("variant", fn, problem), ("torch", torch_fn, problem)], "offline", options=options)
+    for t in timed.values():
+        if isinstance(t, Exception):
+            raise t
+    return timed["variant"].device_ms, timed["torch"].device_ms
+
+
+def checked_variants(problem, named: list[tuple[str, object, dict]], seed: int, rows: dict) -> dict:
+    """{name: fn}: torch.matmul (the benches' own call) and its control, then every (name, fn, row)
+    whose fn passes the harness's check on random inputs; each row gets the verdict and goes
+    into `rows`."""
+    from gemmgen.measure.baselines import make
+    from gemmgen.measure.cases import make_cases
+    from gemmgen.measure.checking import check
+
+    torch_fn = make("torch", problem).fn
+    variants = {"torch": torch_fn, "torch (control)": torch_fn}
+    cases = make_cases(problem, seed, "cuda")
+    for name, fn, row in named:
+        verdict = check(fn, problem, cases=cases)
+        rows[name] = {**row, "passed": verdict.passed, "failures": list(verdict.failures)}
+        if verdict.passed:
+            variants[name] = fn
+        print(f"{problem.m}x{problem.n}x{problem.k} {name}: check {'passed' if verdict.passed else 'FAILED'}",
+              flush=True)
+    return variants
+
+
+def in_pairs(problem, variants: dict, rows: dict, repeats: int, seed: int) -> dict:
+    """Each variant but "torch" (the control included) in its own offline session with
+    variants["torch"], in an order rotated every repeat. A variant whose timing fails keeps
+    its row with the failure and is timed no more. Rows gain the median ms, TFLOP/s, the
+    per-repeat times and the per-repeat speedup over torch.matmul (median and 95 % interval)."""
+    from gemmgen.measure.comparison import median_interval
+
+    names = [n for n in variants if n != "torch"]
+    times: dict = {n: [] for n in names}
+    for r in range(repeats):
+        for j in range(len(names)):
+            n = names[(j + r) % len(names)]
+            if n not in times:
+                continue
+            try:
+                times[n].append(pair_ms(variants[n], variants["torch"], problem, seed + r))
+            except Exception as exc:  # noqa: BLE001 - one variant's failed timing is its row, not the run's
+                rows.setdefault(n, {"program": None}).setdefault("failures", []).append(f"timing: {exc}")
+                del times[n]
+    flop = 2 * problem.m * problem.n * problem.k
+    for n, pairs in times.items():
+        med = statistics.median(t for t, _ in pairs)
+        rows.setdefault(n, {"program": None}).update(
+            median_ms=med, tflops=flop / (med * 1e-3) / 1e12, times_ms=pairs, clocks={},
+            vs_torch_median_ratio=[round(v, 4) for v in median_interval([ref / t for t, ref in pairs])])
+    return {"shape": f"{problem.m}x{problem.n}x{problem.k}", "key": problem.key, "variants": rows}
