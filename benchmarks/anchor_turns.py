@@ -14,9 +14,10 @@ interval, and the clocks. Writes results.json and anchor_turns.png under --out.
 `--protocol pairs` times instead as the bench times a candidate: each program in an offline
 session (cold L2, CUPTI device time) with torch.matmul alone, program after program in
 turns, so that every program meets the same clocks (`gemmgen.measure.turns.in_pairs`).
-`--swizzles m1,n8` adds each program's run-time raster/swizzle variants (no new build). `--rotate N` (turns) gives each call of a loop
-the next of N copies of B and the output, as a model's layers do: the weights come from DRAM,
-not from the L2 the previous call filled, while the loop still runs at the power cap.
+`--swizzles m1,n8` adds each program's run-time raster/swizzle variants (no new build).
+`--rotate N` (turns) gives each call of a loop the next of N copies of B and the output, as a
+model's layers do: the weights come from DRAM, not from the L2 the previous call filled, while
+the loop still runs at the power cap.
 
     python benchmarks/anchor_turns.py --out DIR PROGRAM.gemm [PROGRAM.gemm ...]
 """

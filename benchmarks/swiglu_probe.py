@@ -133,9 +133,10 @@ def interleave(wg, wu, bn: int):
 
 def measure(m: int, args, fns) -> dict:
     import torch
-    from gemmgen.measure.turns import loop_ms
     import torch.nn.functional as F
     import triton
+
+    from gemmgen.measure.turns import loop_ms
 
     g = torch.Generator(device="cuda").manual_seed(m)
     n, k = INTERMEDIATE, HIDDEN
