@@ -36,6 +36,7 @@ class Support:
     max_cluster: int = 1
     smem_swizzles: frozenset[Optional[int]] = frozenset({None})
     auto_stages: bool = False
+    grid_sms: bool = False           # takes `scheduler persistent N` (a persistent grid on N SMs)
     majors_a: frozenset[str] = frozenset({"row", "col"})
     majors_b: frozenset[str] = frozenset({"row", "col"})
     majors_c: frozenset[str] = frozenset({"row"})

@@ -46,6 +46,7 @@ SUPPORT = Support(
     max_cluster=4,
     smem_swizzles=frozenset({None, 128}),
     auto_stages=True,
+    grid_sms=True,
     majors_a=frozenset({"row", "col"}),
     majors_b=frozenset({"row", "col"}),
     majors_c=frozenset({"row"}),

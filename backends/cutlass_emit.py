@@ -82,6 +82,7 @@ class RuntimeArgs:
     splits: int
     decomposition: int
     reduction: int = 0
+    grid_sms: int = 0   # `scheduler persistent N`: the persistent grid on N SMs; 0: every SM
 
 
 def instance_spec(program: Program) -> InstanceSpec:
@@ -119,7 +120,8 @@ def instance_spec(program: Program) -> InstanceSpec:
 
 
 def runtime_args(program: Program) -> RuntimeArgs:
-    """The runtime half of a program: raster, swizzle, splits, decomposition and reduction mode."""
+    """The runtime half of a program: raster, swizzle, splits, decomposition, reduction mode and
+    the persistent grid's SMs."""
     splits_on_stream_k = stream_k_split(program)
     if splits_on_stream_k:
         decomposition = DECOMPOSITION_CODES["split_k"]
@@ -133,6 +135,7 @@ def runtime_args(program: Program) -> RuntimeArgs:
         splits=program.split_k,
         decomposition=decomposition,
         reduction=REDUCTION_CODES["unordered"] if splits_on_stream_k else 0,
+        grid_sms=program.grid_sms or 0,
     )
 
 
@@ -296,7 +299,7 @@ Stride leading_stride(int64_t ld, int64_t batch) {
 Arguments make_arguments(void const* a, void const* b, void const* c, void* d, void const* bias,
                          int m, int n, int k, int64_t lda, int64_t ldb, int64_t ldc, int64_t ldd,
                          float alpha, float beta, int raster, int swizzle, int splits, int decomposition,
-                         int reduction) {
+                         int reduction, int grid_sms) {
   (void)bias; (void)splits; (void)decomposition; (void)reduction;
   Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
@@ -313,6 +316,12 @@ Arguments make_arguments(void const* a, void const* b, void const* c, void* d, v
   args.hw_info.device_id = g_device;
   args.hw_info.sm_count = g_sm_count;
   args.hw_info.max_active_clusters = g_max_active_clusters;
+  // `scheduler persistent N`: the persistent grid on N SMs (whole clusters), not on all of them.
+  if (grid_sms > 0 && grid_sms < g_sm_count) {
+    args.hw_info.sm_count = grid_sms;
+    int clusters = grid_sms / ${cluster_size};
+    if (g_max_active_clusters > clusters) args.hw_info.max_active_clusters = clusters;
+  }
   args.scheduler.raster_order =
       static_cast<cutlass::gemm::kernel::detail::RasterOrderOptions>(raster);
   args.scheduler.max_swizzle_size = swizzle;
@@ -358,9 +367,9 @@ ${entries}"""
 
 _DIRECT_ENTRIES = r"""// Bytes of device workspace for these arguments (0 for data-parallel persistent runs).
 extern "C" long long gg_workspace_size(int m, int n, int k, int raster, int swizzle, int splits,
-                                       int decomposition, int reduction) {
+                                       int decomposition, int reduction, int grid_sms) {
   Arguments args = make_arguments(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, 0, 0, 0, 0,
-                                  1.f, 0.f, raster, swizzle, splits, decomposition, reduction);
+                                  1.f, 0.f, raster, swizzle, splits, decomposition, reduction, grid_sms);
   return (long long)Gemm::get_workspace_size(args);
 }
 
@@ -369,9 +378,9 @@ extern "C" long long gg_workspace_size(int m, int n, int k, int raster, int swiz
 extern "C" int gg_run(void const* a, void const* b, void const* c, void* d, void const* bias,
                       int m, int n, int k, long long lda, long long ldb, long long ldc, long long ldd,
                       float alpha, float beta, int raster, int swizzle, int splits, int decomposition,
-                      int reduction, void* workspace, void* stream) {
+                      int reduction, int grid_sms, void* workspace, void* stream) {
   Arguments args = make_arguments(a, b, c, d, bias, m, n, k, lda, ldb, ldc, ldd, alpha, beta,
-                                  raster, swizzle, splits, decomposition, reduction);
+                                  raster, swizzle, splits, decomposition, reduction, grid_sms);
   cutlass::Status status = Kernel::can_implement(args) ? cutlass::Status::kSuccess
                                                        : cutlass::Status::kErrorInvalidProblem;
   if (status != cutlass::Status::kSuccess) return 100 + int(status);
@@ -412,18 +421,18 @@ __global__ void splitk_reduce(const float* __restrict__ parts, int M, int N, int
 
 namespace {
 // CUTLASS's own workspace, rounded up so that the partials after it start 256-byte aligned.
-long long own_workspace_bytes(int m, int n, int k, int raster, int swizzle, int splits) {
+long long own_workspace_bytes(int m, int n, int k, int raster, int swizzle, int splits, int grid_sms) {
   Arguments args = make_arguments(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, 0, 0, 0, n,
-                                  1.f, 0.f, raster, swizzle, splits, 0, 0);
+                                  1.f, 0.f, raster, swizzle, splits, 0, 0, grid_sms);
   long long bytes = (long long)Gemm::get_workspace_size(args);
   return (bytes + 255) / 256 * 256;
 }
 }  // namespace
 
 extern "C" long long gg_workspace_size(int m, int n, int k, int raster, int swizzle, int splits,
-                                       int decomposition, int reduction) {
+                                       int decomposition, int reduction, int grid_sms) {
   (void)decomposition; (void)reduction;
-  return own_workspace_bytes(m, n, k, raster, swizzle, splits) + (long long)m * n * splits * 4;
+  return own_workspace_bytes(m, n, k, raster, swizzle, splits, grid_sms) + (long long)m * n * splits * 4;
 }
 
 // As the direct gg_run; 400: K does not cut into `splits` slices of a multiple of 8,
@@ -431,14 +440,14 @@ extern "C" long long gg_workspace_size(int m, int n, int k, int raster, int swiz
 extern "C" int gg_run(void const* a, void const* b, void const* c, void* d, void const* bias,
                       int m, int n, int k, long long lda, long long ldb, long long ldc, long long ldd,
                       float alpha, float beta, int raster, int swizzle, int splits, int decomposition,
-                      int reduction, void* workspace, void* stream) {
+                      int reduction, int grid_sms, void* workspace, void* stream) {
   (void)decomposition; (void)reduction;
   if (splits < 2 || k % splits || (k / splits) % 8) return 400;
   auto cuda_stream = static_cast<cudaStream_t>(stream);
   float* parts = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                          own_workspace_bytes(m, n, k, raster, swizzle, splits));
+                                          own_workspace_bytes(m, n, k, raster, swizzle, splits, grid_sms));
   Arguments args = make_arguments(a, b, nullptr, parts, nullptr, m, n, k, lda, ldb, 0, n, 1.f, 0.f,
-                                  raster, swizzle, splits, 0, 0);
+                                  raster, swizzle, splits, 0, 0, grid_sms);
   cutlass::Status status = Kernel::can_implement(args) ? cutlass::Status::kSuccess
                                                        : cutlass::Status::kErrorInvalidProblem;
   if (status != cutlass::Status::kSuccess) return 100 + int(status);
@@ -462,6 +471,16 @@ extern "C" int gg_run(void const* a, void const* b, void const* c, void* d, void
   gg_reduce::splitk_reduce<<<grid, 256, 0, cuda_stream>>>(parts, m, n, splits, epi);
   if (cudaGetLastError() != cudaSuccess) return 500;
   return 0;
+}
+"""
+
+
+_GRID_ENTRY = r"""
+// For the GPU tests: how many SMs the persistent scheduler may use for one call.
+extern "C" int gg_grid_sms(int m, int n, int k, int swizzle, int splits, int grid_sms) {
+  Arguments args = make_arguments(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, 0, 0, 0, 0,
+                                  1.f, 0.f, 0, swizzle, splits, 0, 0, grid_sms);
+  return args.hw_info.sm_count;
 }
 """
 
@@ -514,8 +533,10 @@ def emit_source(spec: InstanceSpec) -> str:
         "c_pointer": "nullptr" if gemm.source is None else "static_cast<ElementC const*>(c)",
         "thread_args": thread_args,
         "scheduler_args": scheduler_args,
+        "cluster_size": str(spec.cluster[0] * spec.cluster[1]),
         **(_SLICED if spec.partials else _DIRECT),
-        "entries": _SLICED_ENTRIES if spec.partials else _DIRECT_ENTRIES,
+        "entries": (_SLICED_ENTRIES if spec.partials else _DIRECT_ENTRIES)
+        + (_GRID_ENTRY if spec.tile_scheduler == "persistent" else ""),
     }
     if spec.partials:
         from gemmgen.backends.cuda_source import template

@@ -31,7 +31,7 @@ _SLICED_ERRORS = {4: "K does not cut into split_k slices whose length is a multi
 
 _c = ctypes
 _RUN_ARGTYPES = [_c.c_void_p] * 5 + [_c.c_int] * 3 + [_c.c_longlong] * 4 + [_c.c_float] * 2 + \
-    [_c.c_int] * 5 + [_c.c_void_p, _c.c_void_p]
+    [_c.c_int] * 6 + [_c.c_void_p, _c.c_void_p]
 
 
 def open_library(path: str) -> ctypes.CDLL:
@@ -43,7 +43,7 @@ def open_library(path: str) -> ctypes.CDLL:
                            "(gemmgen build --backend cutlass ...)") from None
     lib.gg_run.argtypes = _RUN_ARGTYPES
     lib.gg_run.restype = _c.c_int
-    lib.gg_workspace_size.argtypes = [_c.c_int] * 8
+    lib.gg_workspace_size.argtypes = [_c.c_int] * 9
     lib.gg_workspace_size.restype = _c.c_longlong
     lib.gg_debug_skip_workspace_init.argtypes = [_c.c_int]
     lib.gg_debug_skip_workspace_init.restype = None
@@ -85,7 +85,7 @@ class CutlassLauncher:
         if size is None:
             r = self.runtime
             size = int(self._lib.gg_workspace_size(m, n, k, r.raster, r.swizzle, r.splits, r.decomposition,
-                                                   r.reduction))
+                                                   r.reduction, r.grid_sms))
             self._workspace_sizes[(m, n, k)] = size
         if size == 0:
             return 0
@@ -127,7 +127,8 @@ class CutlassLauncher:
         stream = self._torch.cuda.current_stream(a.device).cuda_stream
         rc = self._lib.gg_run(a.data_ptr(), b.data_ptr(), source.data_ptr() if source is not None else 0,
                               out.data_ptr(), bias_ptr, m, n, k, lda, ldb, ldc, ldd, float(alpha), float(beta),
-                              r.raster, r.swizzle, r.splits, r.decomposition, r.reduction, workspace, stream)
+                              r.raster, r.swizzle, r.splits, r.decomposition, r.reduction, r.grid_sms,
+                              workspace, stream)
         if rc:
             phase, status = divmod(rc, 100)
             if phase in _SLICED_ERRORS:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Optional
 
 from gemmgen.backends.cutlass_rules import on_stream_k_scheduler, sliced_split_k
 from gemmgen.dsl.ir import Problem, Program, Tile
@@ -157,6 +158,32 @@ def estimate_us(p: Program) -> float:
     return max(compute, dram) + LAUNCH_US + start
 
 
+def balanced_grid_sms(p: Program) -> Optional[int]:
+    """The SMs on which a persistent grid gives every cluster the same number of tiles in as
+    many rounds as on all of them, when that is fewer SMs (else None).
+
+    At 4096^3 in 128x256 tiles: 512 tiles, 4 rounds either way, 128 CTAs of 4 tiles instead of
+    132 of 3 or 4: 1.000x of torch.matmul against 0.989-0.993x on the H200; not better
+    everywhere (2048x32000x2048, ping-pong 1x2: 1.008x against 1.019x), hence a variant to time,
+    not a default (session 18, benchmarks/results/streamk_probe/grid/). Tiles are counted as
+    CUTLASS's persistent scheduler counts them: padded to whole clusters, then to the swizzle's band.
+    """
+    pr = p.problem
+    cm, cn = p.cluster
+    tm_count, tn_count = _tiles(p)
+    bm, bn = math.ceil(tm_count / cm) * cm, math.ceil(tn_count / cn) * cn
+    low = min(bm, bn)
+    log_band = next((b for b, need in ((3, 6), (2, 3), (1, 2)) if p.swizzle >= 1 << b and low >= need), 0)
+    bm = math.ceil(bm / ((1 << log_band) * cm)) * (1 << log_band) * cm
+    bn = math.ceil(bn / ((1 << log_band) * cn)) * (1 << log_band) * cn
+    clusters = bm * bn * (p.split_k if sliced_split_k(p) else 1) // (cm * cn)
+    slots = SMS // (cm * cn)
+    if clusters <= slots or not pr.is_bound:
+        return None
+    used = math.ceil(clusters / math.ceil(clusters / slots))
+    return used * cm * cn if used < slots else None
+
+
 def _runtime_variants(p: Program) -> list[Program]:
     """Raster and swizzle (and splits on stream-K builds) for one build: free to vary."""
     pr = p.problem
@@ -176,6 +203,9 @@ def _runtime_variants(p: Program) -> list[Program]:
         best = math.sqrt(SMS * along / across)
         swizzles.sort(key=lambda s: abs(math.log(s / best)))
     out = [replace(p, raster=raster, swizzle=s) for s in swizzles]
+    balanced = balanced_grid_sms(out[0]) if p.scheduler == "persistent" and not on_stream_k_scheduler(p) else None
+    if balanced:     # the first swizzle again on fewer SMs, second in line
+        out.insert(1, replace(out[0], grid_sms=balanced))
     if p.scheduler == "stream_k":
         k_tiles = math.ceil(pr.k / p.tile.k)
         # Splits add in arrival order: in every pair of split_k_s11 (8 shapes x 2 tiles x 3

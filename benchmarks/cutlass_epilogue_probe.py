@@ -17,7 +17,9 @@ candidate (`gemmgen.measure.turns.in_pairs`), after the harness's check:
 - `direct`: `NoSmemWarpSpecialized`, each thread storing its accumulators to global memory.
 
 With `--epilogues auto` alone it times CUTLASS programs as written: session 18 timed stream-K
-builds against persistent ones this way (`benchmarks/results/streamk_probe/`).
+builds against persistent ones this way (`benchmarks/results/streamk_probe/`). `--sms 128,120`
+adds builds whose persistent grid is sized for fewer SMs than the GPU has (how session 18 found
+what `scheduler persistent N` now says).
 
 The variants are text edits of the emitted instance (the build cache keys them by that text),
 not DSL programs: a probe, to learn whether a DSL choice would pay before adding one.
@@ -63,6 +65,24 @@ def with_epilogue(text: str, choice: str) -> str:
     return text.replace(AUTO_TILE, f"cute::Shape<cute::_{m.group(1)}, cute::_{m.group(2)}>", 1)
 
 
+SM_COUNT = "args.hw_info.sm_count = g_sm_count;"
+ACTIVE_CLUSTERS = "args.hw_info.max_active_clusters = g_max_active_clusters;"
+
+
+def with_sms(text: str, sms: int, cluster_size: int) -> str:
+    """The instance with its persistent grid sized for `sms` SMs instead of all of them (what a
+    program now says with `scheduler persistent N`, as a run-time choice); ValueError if the text
+    does not size its grid from the SM count."""
+    if SM_COUNT not in text or ACTIVE_CLUSTERS not in text:
+        raise ValueError("the instance does not size its grid from the SM count")
+    if sms < cluster_size or sms % cluster_size:
+        raise ValueError(f"--sms {sms}: give a multiple of the cluster size ({cluster_size})")
+    clusters = sms // cluster_size
+    return (text.replace(SM_COUNT, f"args.hw_info.sm_count = {sms};")
+            .replace(ACTIVE_CLUSTERS, f"args.hw_info.max_active_clusters = "
+                                      f"g_max_active_clusters < {clusters} ? g_max_active_clusters : {clusters};"))
+
+
 FLIP = {"row": "col", "col": "row"}
 
 
@@ -89,6 +109,9 @@ def parse_args(argv=None):
     p.add_argument("--epilogues", default="auto,128x64,direct",
                    help="comma-separated: auto, direct, or MxN sub-tiles (a choice a program's tile refuses "
                         "is its row's failure, not the run's)")
+    p.add_argument("--sms", default="",
+                   help="also build each variant with its persistent grid sized for these SM counts, e.g. 128,120 "
+                        "(names gain _smsN)")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc builds (default: every core)")
@@ -97,19 +120,24 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def variant_sources(programs: list, epilogues: list[str]) -> tuple[list, dict]:
-    """([(name, program, Source)], {name: failure}) for every program x epilogue choice."""
+def variant_sources(programs: list, epilogues: list[str], sms: tuple[int, ...] = ()) -> tuple[list, dict]:
+    """([(name, program, Source)], {name: failure}) for every program x epilogue choice (x each
+    of `sms`, after the grid of all SMs)."""
     from gemmgen import backends
 
     variants, failed = [], {}
     for stem, program in programs:
         source = backends.get("cutlass").lower(program)
         for choice in epilogues:
-            name = f"{stem}_epi_{choice}"
-            try:
-                variants.append((name, program, replace(source, text=with_epilogue(source.text, choice))))
-            except ValueError as exc:
-                failed[name] = str(exc)
+            for count in (None, *sms):
+                name = f"{stem}_epi_{choice}" + (f"_sms{count}" if count else "")
+                try:
+                    text = with_epilogue(source.text, choice)
+                    if count:
+                        text = with_sms(text, count, program.cluster[0] * program.cluster[1])
+                    variants.append((name, program, replace(source, text=text)))
+                except ValueError as exc:
+                    failed[name] = str(exc)
     return variants, failed
 
 
@@ -129,6 +157,11 @@ def main(argv=None) -> int:
         print("give one or more CUTLASS programs (.gemm files)", file=sys.stderr)
         return 2
     epilogues = [e.strip() for e in args.epilogues.split(",") if e.strip()]
+    try:
+        sms = tuple(int(n) for n in args.sms.split(",") if n.strip())
+    except ValueError:
+        print(f"--sms {args.sms!r}: give SM counts separated by commas, e.g. 128,120", file=sys.stderr)
+        return 2
     programs, problem = [], None
     for path in args.programs:
         try:
@@ -153,7 +186,7 @@ def main(argv=None) -> int:
         problem = timed
         programs.append((Path(path).stem, program))
     try:
-        variants, failed = variant_sources(programs, epilogues)
+        variants, failed = variant_sources(programs, epilogues, sms)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -214,6 +214,25 @@ def check_raster(p: Program, hw: Hardware) -> Iterator[Finding]:
                          f"{MAX_RASTER_SWIZZLE} (CTAs grouped along the raster axis), e.g. `raster m swizzle=8`")
 
 
+def check_grid(p: Program, hw: Hardware) -> Iterator[Finding]:
+    """`scheduler persistent N`: a persistent grid on at most N SMs, in whole clusters."""
+    n = p.grid_sms
+    if n is None:
+        return
+    if p.scheduler != "persistent":
+        yield "scheduler", (f"an SM count sizes a persistent grid, and `scheduler {p.scheduler}` has none: "
+                            f"write `scheduler {p.scheduler}`")
+        return
+    if p.split_k > 1 and p.split_k_reduce == "unordered":
+        yield "scheduler", (f"`split_k {p.split_k} unordered` runs on the stream-K scheduler, whose fix-up needs "
+                            f"every SM: write `scheduler persistent` without the {n}")
+        return
+    size = p.cluster[0] * p.cluster[1]
+    if not size <= n <= hw.sms or n % size:
+        yield "scheduler", (f"scheduler persistent {n}: the grid's SMs are whole clusters of {size} from {size} to "
+                            f"{hw.persistent_grid(size)} on the {hw.name}, e.g. `scheduler persistent 128`")
+
+
 def check_split_k(p: Program, hw: Hardware) -> Iterator[Finding]:
     s, pr, e = p.split_k, p.problem, p.problem.epilogue
     if s == 1:
@@ -268,4 +287,4 @@ def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:
 
 VALUE_CHECKS = (check_values,)
 CHECKS = (check_dtypes, check_instruction, check_threads, check_shared_memory, check_smem_swizzle,
-          check_cluster, check_raster, check_split_k, check_epilogue, check_alignment)
+          check_cluster, check_raster, check_grid, check_split_k, check_epilogue, check_alignment)

@@ -85,7 +85,7 @@ def facts(program: Program, hw: Hardware = SM90A) -> Facts:
         grid = ctas
         efficiency = ctas / (math.ceil(ctas / hw.sms) * hw.sms)
     elif program.scheduler == "persistent":
-        grid = min(ctas, hw.persistent_grid(cluster))
+        grid = min(ctas, hw.persistent_grid(cluster), program.grid_sms or hw.sms)
         efficiency = ctas / (math.ceil(ctas / grid) * hw.sms)
     else:  # stream_k: the k-iterations of all tiles spread evenly over the grid
         work = tiles * k_tiles

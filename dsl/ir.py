@@ -165,7 +165,8 @@ class Instr:
 class Program:
     """How to compute a problem: the decisions a kernel engineer makes.
 
-    `None` for `instr`, `stages` and `smem_swizzle` means the backend chooses.
+    `None` for `instr`, `stages` and `smem_swizzle` means the backend chooses; `grid_sms`
+    (`scheduler persistent N`) caps the SMs a persistent grid uses, `None` meaning all of them.
     `warps` (WM, WN) are the math warps that share one CTA tile, WM along M and WN
     along N; warp-specialized mainloops add a producer warpgroup, and ws_pingpong
     runs two such consumer groups on alternating tiles (docs/dsl.md, "Resource model").
@@ -180,6 +181,7 @@ class Program:
     cluster: tuple[int, int] = (1, 1)
     stages: Optional[int] = None
     scheduler: Scheduler = "tile"
+    grid_sms: Optional[int] = None
     raster: Literal["m", "n"] = "m"
     swizzle: int = 1
     smem_swizzle: Optional[int] = None

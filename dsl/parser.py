@@ -32,7 +32,7 @@ USAGE = {
     "cluster": "cluster CMxCN, e.g. cluster 2x1",
     "stages": "stages N | stages auto",
     "mainloop": "mainloop multistage|ws_cooperative|ws_pingpong",
-    "scheduler": "scheduler tile|persistent|stream_k",
+    "scheduler": "scheduler tile|persistent|stream_k (persistent: optionally the SMs it may use, e.g. 128)",
     "raster": "raster m|n swizzle=S, e.g. raster m swizzle=8",
     "smem_swizzle": "smem_swizzle auto|0|32|64|128",
     "split_k": "split_k 1 | split_k N workspace | split_k N unordered | split_k N atomic",
@@ -179,7 +179,8 @@ class _ToIR(Transformer):
         return ("mainloop", _pos(meta), str(children[0]))
 
     def scheduler(self, meta, children):
-        return ("scheduler", _pos(meta), str(children[0]))
+        sms = int(children[1]) if len(children) > 1 else None
+        return ("scheduler", _pos(meta), (str(children[0]), sms))
 
     def raster(self, meta, children):
         swizzle = int(children[1]) if len(children) > 1 else 1
@@ -224,10 +225,11 @@ class _ToIR(Transformer):
                                  problem.c_major, problem.in_dtype, problem.acc_dtype, value["epilogue"])
         raster, swizzle = value.get("raster", ("m", 1))
         split_k, reduce = value.get("split_k", (1, "workspace"))
+        scheduler, grid_sms = value.get("scheduler", ("tile", None))
         return ir.Program(
             problem=problem, backend=value["backend"], tile=value["tile"], warps=value["warps"],
             mainloop=value["mainloop"], instr=value.get("instr"), cluster=value.get("cluster", (1, 1)),
-            stages=value.get("stages"), scheduler=value.get("scheduler", "tile"), raster=raster,
+            stages=value.get("stages"), scheduler=scheduler, grid_sms=grid_sms, raster=raster,
             swizzle=swizzle, smem_swizzle=value.get("smem_swizzle"), split_k=split_k,
             split_k_reduce=reduce, spans={name: at for name, (at, _) in found.items()},
         )

@@ -52,7 +52,7 @@ def statements(program: Program) -> list[tuple[str, str]]:
         ("cluster", f"cluster {p.cluster[0]}x{p.cluster[1]}"),
         ("stages", f"stages {'auto' if p.stages is None else p.stages}"),
         ("mainloop", f"mainloop {p.mainloop}"),
-        ("scheduler", f"scheduler {p.scheduler}"),
+        ("scheduler", f"scheduler {p.scheduler}" + ("" if p.grid_sms is None else f" {p.grid_sms}")),
         ("raster", f"raster {p.raster} swizzle={p.swizzle}"),
         ("smem_swizzle", f"smem_swizzle {'auto' if p.smem_swizzle is None else p.smem_swizzle}"),
         ("split_k", f"split_k {split_k}"),

@@ -63,6 +63,9 @@ def check_support(p: Program, run_extra_rules: bool = True) -> Iterator[Finding]
         yield "mainloop", f"the {b} backend has no mainloop {p.mainloop}: use one of {_list(support.mainloops)}, {other}"
     if p.scheduler not in support.schedulers:
         yield "scheduler", f"the {b} backend has no scheduler {p.scheduler}: use one of {_list(support.schedulers)}, {other}"
+    if p.grid_sms is not None and not support.grid_sms:
+        yield "scheduler", (f"the {b} backend sizes its own grid: write `scheduler {p.scheduler}` without the "
+                            f"SM count, {other}")
     kind = p.instr.kind if p.instr else None
     if kind not in support.instr_kinds:
         yield "instr", (f"the {b} backend does not take `instr {kind or 'auto'}`: use one of "

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Union
 
@@ -270,7 +271,8 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
         if not _smaller_or_equal(problem, near.trial.problem):
             continue
         try:
-            program = parse(near.trial.program).bind(problem)
+            # an SM count was chosen for the tuned shape's tiles; elsewhere the whole grid
+            program = replace(parse(near.trial.program).bind(problem), grid_sms=None)
             validate(program)
         except ProgramError:
             continue

@@ -12,7 +12,7 @@ import pytest
 
 from gemmgen.backends import cutlass
 from gemmgen.backends.cutlass_emit import instance_spec, runtime_args
-from gemmgen.dsl import diagnose, examples, parse, validate
+from gemmgen.dsl import diagnose, examples, parse, to_text, validate
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,6 +122,58 @@ def test_runtime_choices_share_one_build():
     for other in (replace(base, cluster=(2, 1)), replace(base, stages=4), replace(base, scheduler="persistent"),
                   replace(base, problem=replace(base.problem, epilogue=Epilogue(beta=1.0)))):
         assert cutlass.build_key(other) != key
+
+
+def test_a_persistent_grid_on_fewer_sms_is_a_runtime_choice_of_the_same_build():
+    base = _program(Problem(4096, 4096, 4096, "row", "row"), cluster=(2, 1), raster="n", swizzle=8)
+    fewer = replace(base, grid_sms=128)
+    assert cutlass.build_key(fewer) == cutlass.build_key(base)
+    assert (runtime_args(base).grid_sms, runtime_args(fewer).grid_sms) == (0, 128)
+    text = cutlass.lower(base).text
+    assert "grid_sms / 2;" in text and 'extern "C" int gg_grid_sms(' in text     # the cluster's CTAs
+    assert "grid_sms / 1;" in cutlass.lower(replace(base, cluster=(1, 1))).text
+    assert "scheduler persistent 128\n" in to_text(fewer) and parse(to_text(fewer)) == fewer
+
+
+def test_only_the_cutlass_backend_takes_an_sm_count():
+    triton = parse(examples()["triton_split_k"].read_text())
+    program = replace(triton, scheduler="persistent", split_k=1, grid_sms=128)
+    assert any(d.statement == "scheduler" and "sizes its own grid" in d.message for d in diagnose(program))
+
+
+@pytest.mark.parametrize("program,phrase", [
+    (_program(scheduler="stream_k", grid_sms=128), "sizes a persistent grid"),
+    (_program(split_k=4, split_k_reduce="unordered", grid_sms=128), "stream-K scheduler"),
+    (_program(cluster=(2, 1), grid_sms=127), "whole clusters of 2"),
+    (_program(grid_sms=133), "from 1 to 132"),
+    (_program(grid_sms=0), "from 1 to 132"),
+])
+def test_grid_sms_refusals_say_why(program, phrase):
+    assert any(d.statement == "scheduler" and phrase in d.message for d in diagnose(program)), diagnose(program)
+
+
+def test_the_space_times_the_balanced_grid_where_the_last_round_is_partial():
+    from gemmgen.backends.cutlass_space import balanced_grid_sms, space
+
+    def grid(shape, **kw):
+        return balanced_grid_sms(_program(Problem(*shape, "row", "col"), **kw))
+
+    assert grid((4096, 4096, 4096), raster="n", swizzle=8) == 128               # 512 tiles: 4 rounds
+    assert grid((4096, 4096, 4096), cluster=(2, 1), raster="n", swizzle=8) == 128
+    assert grid((8192, 8192, 8192), swizzle=8) == 128                           # 2,048: 16 rounds
+    assert grid((1024, 1024, 1024)) is None                                     # one round
+    assert grid((4224, 4096, 4096)) is None                                     # 33 x 16 = 528: 4 rounds of 132
+    # Padded to the swizzle's band: 16 x 44 tiles count as 16 x 48 = 768, 6 rounds of 128.
+    assert grid((2048, 11264, 2048), swizzle=8) == 128
+    programs = space(Problem(4096, 4096, 4096, "row", "row"))
+    balanced = [p for p in programs if p.grid_sms]
+    assert balanced and all(not diagnose(p) and p.scheduler == "persistent" for p in balanced)
+    assert all(replace(p, grid_sms=None) in programs for p in balanced)       # beside its whole-grid twin
+    from gemmgen.dsl.facts import facts
+
+    whole = _program(Problem(4096, 4096, 4096, "row", "row"))
+    assert (facts(whole).grid, facts(replace(whole, grid_sms=128)).grid) == (132, 128)
+    assert facts(whole).wave_efficiency == facts(replace(whole, grid_sms=128)).wave_efficiency   # same rounds
 
 
 def _findings(program):
@@ -295,7 +347,7 @@ def test_unordered_split_k_is_a_runtime_reduction_mode_of_the_stream_k_build():
     assert runtime_args(replace(unordered, split_k=1, scheduler="stream_k")).reduction == 0
     text = cutlass.lower(unordered).text
     assert "args.scheduler.reduction_mode =" in text and "ReductionMode>(reduction)" in text
-    assert "int decomposition,\n                      int reduction, void* workspace" in text
+    assert "int decomposition,\n                      int reduction, int grid_sms, void* workspace" in text
     atomic = replace(unordered, split_k_reduce="atomic")
     assert any("cannot reduce split-K by atomic" in m for _, m in _findings(atomic))
 

@@ -7,7 +7,7 @@ of stopping the run. The instances (about 25) are built first, in parallel on ev
 the file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
 `-k narrow` builds only the 6 instances of the narrow-tile, one-tile-per-CTA and 128x64
 split-K cases, `-k wide_n` only the 3 of the 128x192 tile, `-k sliced` the 6 of `split_k N
-workspace`.
+workspace`, `-k persistent_grid` the 2 of `scheduler persistent N`.
 """
 from __future__ import annotations
 
@@ -174,6 +174,26 @@ def test_one_build_serves_runtime_variants(runner):
     assert not isinstance(artifact, Exception), artifact
     for v in variants:
         _check(v, {digest: artifact for digest in sources}, runner)
+
+
+def test_persistent_grid_on_fewer_sms(runner):
+    """`scheduler persistent N` runs the persistent grid on N SMs, a run-time choice of the same
+    build: 4096^3 in 128x256 tiles on 128 SMs is 4 tiles a CTA. The products pass the harness's
+    check. `-k persistent_grid` builds only its two instances."""
+    from gemmgen.backends import cutlass
+    from gemmgen.backends.cutlass_space import balanced_grid_sms
+
+    wholes = [_program(Problem(None, None, None, "row", "row"), cluster=cluster, raster="n",
+                       swizzle=8).bind((4096, 4096, 4096)) for cluster in ((1, 1), (2, 1))]
+    artifacts = _built(wholes)
+    for whole in wholes:
+        fewer = replace(whole, grid_sms=balanced_grid_sms(whole))
+        assert fewer.grid_sms == 128 and cutlass.build_key(fewer) == cutlass.build_key(whole)
+        grid = cutlass.load(artifacts[cutlass.lower(whole).digest], whole)._lib.gg_grid_sms
+        assert grid(4096, 4096, 4096, 8, 1, 0) == 132 and grid(4096, 4096, 4096, 8, 1, 128) == 128
+        assert grid(4096, 4096, 4096, 8, 1, 200) == 132            # never more than the GPU has
+        _check(fewer, artifacts, runner)
+        _check(replace(fewer, grid_sms=120).bind((2048, 11264, 2048)), artifacts, runner)
 
 
 # Narrow tiles, one tile per CTA (`scheduler tile`) and the 128x64 split-K tile: the small-problem

@@ -62,6 +62,21 @@ def test_nearest_problem_is_rebound_and_revalidated(db):
     assert plain_nt.provenance.how == "baseline"
 
 
+def test_a_rebound_program_runs_on_the_whole_grid(tmp_path):
+    """`scheduler persistent N` was chosen for the tuned shape's tiles; a neighbour gets every SM."""
+    clear_cache()
+    db = Database(tmp_path / "grid.sqlite")
+    small = Problem(512, 1024, 1024)
+    program = parse(f"gemm {small.m}x{small.n}x{small.k} a=row b=row c=row in=f16 acc=f32\nbackend cutlass\n"
+                    "tile 128x256x64\nwarps 8x1\nmainloop ws_cooperative\nscheduler persistent 128\n")
+    db.record(trial(small, device_ms=0.010, baseline_ms=0.012, program=program_text(program), backend="cutlass"))
+    assert gemmgen.compile((512, 1024, 1024), device=GPU, db=db).ir.grid_sms == 128     # exact: as tuned
+    near = gemmgen.compile((512, 1024, 896), device=GPU, db=db)
+    assert near.provenance.how == "nearest" and near.ir.grid_sms is None
+    assert "scheduler persistent\n" in near.program
+    clear_cache()
+
+
 def test_a_program_is_not_rebound_to_a_longer_k_or_more_work(db):
     """Measured on the H200's 1,000 shapes: re-bound programs lost where K grew."""
     def how(m, n, k):
