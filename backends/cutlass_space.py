@@ -168,7 +168,8 @@ def balanced_grid_sms(p: Program) -> Optional[int]:
     not a default (session 18, benchmarks/results/streamk_probe/grid/). Tiles are counted as
     CUTLASS's persistent scheduler counts them: padded to whole clusters, then to the swizzle's band.
     """
-    pr = p.problem
+    if not p.problem.is_bound:
+        return None
     cm, cn = p.cluster
     tm_count, tn_count = _tiles(p)
     bm, bn = math.ceil(tm_count / cm) * cm, math.ceil(tn_count / cn) * cn
@@ -178,7 +179,7 @@ def balanced_grid_sms(p: Program) -> Optional[int]:
     bn = math.ceil(bn / ((1 << log_band) * cn)) * (1 << log_band) * cn
     clusters = bm * bn * (p.split_k if sliced_split_k(p) else 1) // (cm * cn)
     slots = SMS // (cm * cn)
-    if clusters <= slots or not pr.is_bound:
+    if clusters <= slots:
         return None
     used = math.ceil(clusters / math.ceil(clusters / slots))
     return used * cm * cn if used < slots else None

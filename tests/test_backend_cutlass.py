@@ -162,6 +162,7 @@ def test_the_space_times_the_balanced_grid_where_the_last_round_is_partial():
     assert grid((4096, 4096, 4096), cluster=(2, 1), raster="n", swizzle=8) == 128
     assert grid((8192, 8192, 8192), swizzle=8) == 128                           # 2,048: 16 rounds
     assert grid((1024, 1024, 1024)) is None                                     # one round
+    assert grid((None, None, None)) is None                                     # shape-generic: no tiles yet
     assert grid((4224, 4096, 4096)) is None                                     # 33 x 16 = 528: 4 rounds of 132
     # Padded to the swizzle's band: 16 x 44 tiles count as 16 x 48 = 768, 6 rounds of 128.
     assert grid((2048, 11264, 2048), swizzle=8) == 128
