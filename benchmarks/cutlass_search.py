@@ -185,7 +185,7 @@ def select(chosen, artifacts, out: Path, budget_s, timeout_s: float, seed: int) 
                                for n in by_name},
             }
             print(f"select {shape.key}: {result.status}, best {timed.get(best) if best else None} ms", flush=True)
-    (out / "selection.json").write_text(json.dumps(selection, indent=1))
+    (out / "selection.json").write_text(json.dumps(selection, separators=(",", ":")))   # compact: it is committed
     return selection
 
 

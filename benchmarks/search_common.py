@@ -158,7 +158,7 @@ def fastest(rows: Iterable[dict], key: Callable[[dict], tuple]) -> list[dict]:
 def write_doc(path: Path, start: float, **fields) -> None:
     """The run's JSON document: the command, the seconds since `start`, then `fields` in order."""
     path.write_text(json.dumps({"command": " ".join(sys.argv), "elapsed_s": time.monotonic() - start, **fields},
-                               indent=1, default=str))
+                               separators=(",", ":"), default=str))   # compact: it is committed
 
 
 def plot_speedups(path: Path, series, *, ylabel: str, title: str, alpha: float,

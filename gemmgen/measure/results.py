@@ -144,7 +144,8 @@ def save(out_dir: str | Path, meta: dict, rows: list[dict]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "summary": summarize(rows)}
     tmp = out / (RESULTS + ".tmp")
-    tmp.write_text(json.dumps(_clean(doc), indent=1, sort_keys=False) + "\n")
+    # Compact: committed results travel with the repository to the GPU machine (64 MiB in all).
+    tmp.write_text(json.dumps(_clean(doc), separators=(",", ":")) + "\n")
     os.replace(tmp, out / RESULTS)
     return doc
 
