@@ -251,7 +251,14 @@ def space(problem: Problem) -> list[Program]:
             continue
         (rest if _build_of(p) in builds else firsts).append(p)
         builds.add(_build_of(p))
-    return (leaders + firsts + rest)[:SPACE_SIZE]
+    ordered = leaders + firsts + rest
+    # The best estimate's balanced grid is timed second: the estimate cannot tell the two apart
+    # (same rounds), and at 4096^3 only the balanced grid reached torch.matmul (session 18).
+    twin = next((p for p in rest if p.grid_sms and replace(p, grid_sms=None) == ordered[0]), None)
+    if twin is not None:
+        ordered.remove(twin)
+        ordered.insert(1, twin)
+    return ordered[:SPACE_SIZE]
 
 
 def _build_of(p: Program) -> tuple:

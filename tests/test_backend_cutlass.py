@@ -170,6 +170,8 @@ def test_the_space_times_the_balanced_grid_where_the_last_round_is_partial():
     balanced = [p for p in programs if p.grid_sms]
     assert balanced and all(not diagnose(p) and p.scheduler == "persistent" for p in balanced)
     assert all(replace(p, grid_sms=None) in programs for p in balanced)       # beside its whole-grid twin
+    assert programs[1] == replace(programs[0], grid_sms=128)                  # the best's twin timed second
+    assert not any(p.grid_sms for p in space(Problem(1024, 1024, 1024, "row", "row"))[:2])
     from gemmgen.dsl.facts import facts
 
     whole = _program(Problem(4096, 4096, 4096, "row", "row"))
