@@ -29,9 +29,74 @@ def test_bucket_table_gives_the_cross_session_and_the_same_session_speedups():
     assert cells["8192^3"] == ["0", "-", "-"]
 
 
-def test_the_committed_session_15_table_is_what_the_rows_give():
+@pytest.mark.parametrize("session", ["s15", "s19"])
+def test_the_committed_table_is_what_the_rows_give(session):
     script = load_script("cutlass_search")
-    folder = BENCHMARKS / "results" / "cutlass_search" / "s15"
+    folder = BENCHMARKS / "results" / "cutlass_search" / session
     docs = {mode: json.loads((folder / mode / "results.json").read_text()) for mode in ("offline", "server")}
     summary = json.loads((folder / "summary.json").read_text())
     assert script.bucket_table(docs).splitlines() == summary["table"]
+
+
+def test_finalists_are_the_ties_of_a_long_group_session():
+    script = load_script("cutlass_search")
+    at_8192 = {"c8": 1.654, "c3": 1.660, "c0": 1.683, "c5": 2.069}          # session 19, together
+    assert script.finalists(at_8192) == ["c8", "c3", "c0"]                  # within 5 % of the best
+    assert script.finalists({"c0": 0.1219, "c1": 0.1224}) == []             # short: ranked together
+    assert script.finalists({"c0": 0.1948, "c1": 0.1936}) == ["c0", "c1"]   # 4096^3
+    assert script.finalists({"c0": 1.654, "c5": 2.069}) == []               # one within the gap
+    assert script.finalists({}) == []
+
+
+class _Result:
+    def __init__(self, ms, torch_ms, status="ok"):
+        self.status, self.timing, self.reference_timing = status, {"device_ms": ms}, {"device_ms": torch_ms}
+
+    @property
+    def ok(self):
+        return self.status == "ok"
+
+
+class _Runner:
+    """Answers each alone job from a table keyed by (mode, name); records the jobs."""
+
+    def __init__(self, table):
+        self.table, self.jobs = table, []
+
+    def run(self, job):
+        self.jobs.append(job)
+        mode, name = job.name.split(" ")[-2:]
+        return self.table[(mode, name)]
+
+
+def test_time_alone_runs_each_finalist_beside_torch_in_its_own_job_per_mode():
+    from gemmgen.dsl.ir import Problem
+
+    script = load_script("cutlass_search")
+    problem = Problem(8192, 8192, 8192)
+    entries = [(n, f"artifact-{n}", f"program-{n}") for n in ("c0", "c8", "c9")]
+    runner = _Runner({("offline", "c0"): _Result(1.60, 1.62), ("server", "c0"): _Result(1.42, 1.42),
+                      ("offline", "c8"): _Result(1.66, 1.73), ("server", "c8"): _Result(1.56, 1.42),
+                      ("offline", "c9"): _Result(1.50, 1.44), ("server", "c9"): _Result(1.5, 1.4, "error")})
+    alone = script.time_alone(runner, ["c0", "c8", "c9"], entries, problem, seed=7)
+    assert set(alone) == {"c0", "c8"}                                        # c9 lacks a server time
+    assert alone["c8"]["offline"] == pytest.approx(1.73 / 1.66) and alone["c8"]["server"] == pytest.approx(1.42 / 1.56)
+    assert max(alone, key=lambda n: min(alone[n].values())) == "c0"         # the better worse mode
+    assert len(runner.jobs) == 6 and {j.mode for j in runner.jobs} == {"offline", "server"}
+    assert all(j.reference == "torch" and not j.check for j in runner.jobs)
+    assert {j.args for j in runner.jobs} == {(f"artifact-{n}", f"program-{n}") for n in ("c0", "c8", "c9")}
+    again = _Runner(runner.table)
+    script.time_alone(again, ["c0", "c8", "c9"], entries, problem, seed=7)
+    assert [j.name for j in again.jobs] == [j.name for j in runner.jobs]     # seeded order
+
+
+def test_session_19_chose_the_balanced_grid_at_both_anchors_in_the_finalist_round():
+    folder = BENCHMARKS / "results" / "cutlass_search" / "s19"
+    selection = json.loads((folder / "selection.json").read_text())
+    anchors = [e for e in selection.values() if e["shape"].split(":")[0] in ("4096x4096x4096", "8192x8192x8192")]
+    assert len(anchors) == 2
+    for entry in anchors:
+        assert "scheduler persistent 128" in entry["program"] and "worse-mode" in entry["why"]
+    finalists = [e for e in selection.values() if "worse-mode" in e.get("why", "")]
+    assert len(finalists) == 19
+    assert sum("scheduler persistent 128" in e["program"] for e in finalists) == 7
