@@ -14,12 +14,13 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
 from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
 
-MAX_SMEM = 227 * 1024
-SMS = 132
+MAX_SMEM = SM90A.max_smem_per_block
+SMS = SM90A.sms
 BK = 64                      # one 128-byte swizzle atom of fp16 along K
 MAX_ACC_PER_THREAD = 128
 PRODUCER_REGS = 40

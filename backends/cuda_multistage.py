@@ -10,6 +10,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
@@ -178,7 +179,7 @@ class MultistageLauncher(L.FamilyLauncher):
         L.launch(self.funcs[ENTRY], (tiles, 1, g.split_k), g.threads, g.smem, stream, self.pack)
         if g.split_k > 1 and not g.atomic:
             self._reduce_ws.value, self._reduce_m.value, self._reduce_n.value = ga.workspace, M, N
-            blocks = min(math.ceil(M * N / 256), 132 * 16)
+            blocks = min(math.ceil(M * N / 256), SM90A.sms * 16)
             L.launch(self.funcs[REDUCE_ENTRY], (blocks, 1, 1), 256, 0, stream, self.reduce_pack)
 
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Instr, Problem, Program, Tile
 
-SMS = 132
+SMS = SM90A.sms
 MMA_SYNC_RATE = 620e12        # what mma.sync kernels reach on Hopper at best
 WGMMA_RATE = 800e12           # best hand-written wgmma GEMMs
 DRAM_RATE = 4.0e12
 L2_RATE = 10e12             # operand bytes per second L2 feeds all SMs together
 LAUNCH_S = 2.5e-6
-MAX_SMEM = 227 * 1024
+MAX_SMEM = SM90A.max_smem_per_block
 # A k-tile's copies take about this long to land when the L2 is cold. A CTA with a ring of S
 # stages has S - 1 tiles in flight, so its K loop cannot run faster than one tile per
 # LOAD_LATENCY_S / (S - 1). A rough calibration: session 3 timed 0.65-0.7 us per k tile of

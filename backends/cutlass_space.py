@@ -32,9 +32,10 @@ from dataclasses import replace
 from typing import Optional
 
 from gemmgen.backends.cutlass_rules import on_stream_k_scheduler, sliced_split_k
+from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Problem, Program, Tile
 
-SMS = 132
+SMS = SM90A.sms
 PEAK_FLOPS = 989e12 * 0.80  # what a good SM90 GEMM sustains
 DRAM_BYTES_PER_S = 3.6e12
 LAUNCH_US = 3.0
