@@ -183,7 +183,11 @@ def versus(times: list[float], reference: list[float]) -> dict | None:
 
 
 def _timed_loop(call, reset, iters: int, sampler=None) -> float:
+    """Mean ms a call over `iters` calls after `reset()`, from an idle GPU (so a host-bound
+    variant cannot hide behind work queued before the loop)."""
     import torch
+
+    from gemmgen.measure.turns import loop_ms
 
     reset()
     if not torch.cuda.is_available():            # the CPU smoke test: wall clock
@@ -192,15 +196,7 @@ def _timed_loop(call, reset, iters: int, sampler=None) -> float:
             call()
         return (time.perf_counter() - t0) * 1e3 / iters
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        call()
-    end.record()
-    if sampler is not None:
-        sampler.sample()                         # the GPU is still running the loop's tail
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return loop_ms(lambda i: call(), iters, sampler)
 
 
 def launch_ms(call, reset, n: int = 7) -> float:
