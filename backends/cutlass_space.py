@@ -259,7 +259,13 @@ def space(problem: Problem) -> list[Program]:
     if twin is not None:
         ordered.remove(twin)
         ordered.insert(1, twin)
+        # And along the other side: at 4096^3 and 4096x8192x4096 the 128x256 tiles read 0.2-0.9 %
+        # better walking N (the tile's wider side) than M (the grid's longer side) (session 19).
+        across = replace(twin, raster="n" if twin.raster == "m" else "m")
+        if not any(rule(across) for rule in RULES) and across not in ordered:
+            ordered.insert(2, across)
     return ordered[:SPACE_SIZE]
+
 
 
 def _build_of(p: Program) -> tuple:
