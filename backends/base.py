@@ -37,6 +37,7 @@ class Support:
     smem_swizzles: frozenset[Optional[int]] = frozenset({None})
     auto_stages: bool = False
     grid_sms: bool = False           # takes `scheduler persistent N` (a persistent grid on N SMs)
+    epilogue_tile: bool = False      # takes `tile ... epilogue=MxN` (the store's sub-tile)
     majors_a: frozenset[str] = frozenset({"row", "col"})
     majors_b: frozenset[str] = frozenset({"row", "col"})
     majors_c: frozenset[str] = frozenset({"row"})

@@ -47,6 +47,7 @@ SUPPORT = Support(
     smem_swizzles=frozenset({None, 128}),
     auto_stages=True,
     grid_sms=True,
+    epilogue_tile=True,
     majors_a=frozenset({"row", "col"}),
     majors_b=frozenset({"row", "col"}),
     majors_c=frozenset({"row"}),

@@ -41,6 +41,7 @@ DECOMPOSITION_CODES = {"heuristic": 0, "data_parallel": 1, "split_k": 2, "stream
 # a reduce kernel (`InstanceSpec.partials`, session 14).
 REDUCTION_CODES = {"unordered": 1}
 WRAPPER_ENTRY = "gg_run"
+AUTO_EPILOGUE_TILE = "cutlass::epilogue::collective::EpilogueTileAuto"
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,15 @@ class InstanceSpec:
     # `split_k N workspace`: the kernel writes fp32 partials of N K slices (a batched GEMM, no
     # epilogue) and a reduce kernel in the same library sums them and applies the epilogue.
     partials: bool = False
+    # `tile ... epilogue=MxN`: the TMA-store epilogue's sub-tile; None: CUTLASS's automatic one.
+    epilogue_tile: Optional[tuple[int, int]] = None
 
     @property
     def as_meta(self) -> dict:
         meta = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-        if not self.partials:          # the key only where set: earlier builds keep their digests
-            del meta["partials"]
+        for key in ("partials", "epilogue_tile"):   # only where set: earlier builds keep their digests
+            if not meta[key]:
+                del meta[key]
         return meta
 
 
@@ -116,6 +120,7 @@ def instance_spec(program: Program) -> InstanceSpec:
         activation=e.activation,
         residual_after_activation=bool(e.residual and e.activation),
         partials=partials,
+        epilogue_tile=program.epilogue_tile,
     )
 
 
@@ -262,7 +267,13 @@ def kernel_type_source(spec: InstanceSpec) -> tuple[str, str, str]:
     # The emitter reads a non-enum functor from itself (emitter.epilogue_functor).
     emitter.epilogue_functor = functor
     includes = "\n".join(f'#include "{h}"' for h in emitter.includes)
-    return includes, emitter.emit(operation), operation.procedural_name()
+    text = emitter.emit(operation)
+    if spec.epilogue_tile:
+        # The SM90 path of the emitter always asks for the automatic sub-tile; set the program's.
+        m, n = spec.epilogue_tile
+        assert text.count(AUTO_EPILOGUE_TILE) == 1, "the emitter's epilogue no longer has one automatic tile"
+        text = text.replace(AUTO_EPILOGUE_TILE, f"cute::Shape<cute::_{m}, cute::_{n}>")
+    return includes, text, operation.procedural_name()
 
 
 _WRAPPER = r"""

@@ -8,6 +8,8 @@ hang analysis; benchmarks/cutlass_hang_probe.py checks it on the GPU.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gemmgen.dsl.ir import DTYPE_BYTES, Program
 
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
@@ -16,6 +18,14 @@ SWIZZLES = (1, 2, 4, 8)  # CUTLASS rounds max_swizzle_size down to a power of tw
 # Tile N below 64 (one 64xN wgmma; B's shared-memory rows swizzled at 32 or 64 bytes):
 # small problems, where more CTAs each with less work finish sooner. ping-pong only.
 NARROW_TILE_N = (16, 32)
+# `tile ... epilogue=MxN`: the TMA-store epilogue's sub-tile, M the rows of the consumer warpgroups
+# that store together (both of a cooperative tile, one ping-pong group's), N one of these.
+EPILOGUE_TILE_N = (32, 64, 128)
+
+
+def epilogue_tile(p: Program) -> tuple[int, int]:
+    """The epilogue's sub-tile: the program's, else what CUTLASS's automatic choice gives."""
+    return p.epilogue_tile or (128 if p.mainloop == "ws_cooperative" else 64, 32)
 
 
 def _consumer_threads(program: Program) -> int:
@@ -69,10 +79,11 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
                                f"(CUTLASS rounds it to a power of two of at most 8; got {p.swizzle})"))
     if p.stages is not None:
         stage_bytes = (t.m + t.n) * t.k * DTYPE_BYTES[p.problem.in_dtype]
-        # TMA epilogue: 2 stages of D (and 2 of C when read) of a (64 or 128) x 32 sub-tile.
-        epilogue_rows = 128 if cooperative else 64
+        # TMA epilogue: 2 stages of D (and 2 of C when read) of the epilogue's sub-tile.
+        epilogue_rows, epilogue_cols = epilogue_tile(p)
         reads_c = p.problem.epilogue.beta != 0.0 or p.problem.epilogue.residual
-        epilogue_bytes = epilogue_rows * 32 * DTYPE_BYTES[p.problem.epilogue.out_dtype] * (4 if reads_c else 2)
+        epilogue_bytes = (epilogue_rows * epilogue_cols * DTYPE_BYTES[p.problem.epilogue.out_dtype]
+                          * (4 if reads_c else 2))
         need = p.stages * stage_bytes + epilogue_bytes
         if p.stages < 2 or need > SMEM_BYTES:
             fit = max(2, (SMEM_BYTES - epilogue_bytes) // stage_bytes)
@@ -84,10 +95,26 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
 
 def epilogue_rules(p: Program) -> list[tuple[str, str]]:
     e = p.problem.epilogue
+    out = []
     if e.residual and e.beta != 0.0:
-        return [("epilogue", "the CUTLASS epilogue reads one source tensor, used either as beta*C or as the "
-                             "residual: drop beta or residual (add the residual into C and keep beta)")]
-    return []
+        out.append(("epilogue", "the CUTLASS epilogue reads one source tensor, used either as beta*C or as the "
+                                "residual: drop beta or residual (add the residual into C and keep beta)"))
+    if p.epilogue_tile is None:
+        return out
+    rows, cols = p.epilogue_tile
+    want = epilogue_tile(replace(p, epilogue_tile=None))[0]
+    fits = [n for n in EPILOGUE_TILE_N if p.tile.n % n == 0]
+    t = p.tile
+    if rows != want or cols not in fits:
+        out.append(("epilogue_tile", f"a {p.mainloop} {t.m}x{t.n} tile stores sub-tiles of {want} rows "
+                                     f"(its {'two consumer warpgroups' if want == 128 else 'consumer warpgroup'}) "
+                                     f"and {', '.join(map(str, fits))} columns: write "
+                                     f"`tile {t.m}x{t.n}x{t.k} epilogue={want}x{fits[-1]}`, another of those "
+                                     f"widths, or no `epilogue=`"))
+    if p.split_k > 1:
+        out.append(("epilogue_tile", "the split-K builds keep CUTLASS's automatic epilogue (not built or checked "
+                                     "with another): drop `epilogue=` from `tile`, or write `split_k 1`"))
+    return out
 
 
 def alignment_rules(p: Program) -> list[tuple[str, str]]:

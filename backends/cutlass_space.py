@@ -12,7 +12,10 @@ every shape through runtime arguments:
     ws_pingpong      64x32, 64x64, 64x128                  cluster 1x1         K slices (split_k N workspace)
 
 That is 35 builds (the table TILES); stages are automatic (the builder fills shared memory after
-the epilogue's carve-out). Per shape the runtime choices vary for free: raster
+the epilogue's carve-out). Where the output is large and K short (`_store_bound`), the 7
+persistent 1x1 builds of WIDE_EPILOGUE store through a wide epilogue sub-tile
+(`tile ... epilogue=MxN`) instead of CUTLASS's automatic one: 7 more instances for a library
+that serves such shapes too. Per shape the runtime choices vary for free: raster
 order, swizzle 1/2/4/8, on the stream-K builds the decomposition (stream-K,
 or split-K with 2-16 splits, added in arrival order), and on the K-slice builds the
 slice count (2-64, where K cuts into equal slices of a multiple of 8).
@@ -73,6 +76,29 @@ TILES = {
     ("ws_pingpong", 64, 32): (0.45, ("tile", "sliced")),
     ("ws_pingpong", 64, 16): (0.30, ("tile",)),
 }
+# Short K: a tile's prologue and epilogue cost about EPILOGUE_K_TILES k-tiles of its mainloop
+# (`estimate_us`). The TMA-store epilogue in 128- or 64-row sub-tiles 128 wide instead of 32
+# (CUTLASS's automatic choice) took 0.89-0.93x the time at K of one or two k-tiles on the H200:
+# 16384x4096x128 0.925x -> 1.018x of torch.matmul, 4096x16384x64 0.956x -> 1.050x (session 20,
+# benchmarks/results/short_k_epilogue/), about 1.7 k-tiles. It shrinks the ring by a stage, so it
+# is used only where K is short; at 4096^3 it was level (session 17). The outputs measured
+# were 4M to 64M elements; smaller ones are left to the builds that won them. It replaces the
+# automatic epilogue of those builds rather than adding twins: it was at least as fast in every
+# pair measured at these shapes, and twins crowded other builds out of the timed candidates
+# (8192x512x128 lost its 64x256 cluster 1x2 winner, 0.946x -> 0.907x, session 20).
+EPILOGUE_K_TILES = 2.0
+WIDE_EPILOGUE_K_TILES = 1.7
+SHORT_K_TILES = 4
+STORE_BOUND_OUTPUT = 1 << 22
+WIDE_EPILOGUE = {
+    ("ws_cooperative", 128, 256): (128, 128),
+    ("ws_cooperative", 256, 128): (128, 128),
+    ("ws_cooperative", 128, 192): (128, 64),
+    ("ws_cooperative", 128, 128): (128, 128),
+    ("ws_pingpong", 64, 256): (64, 128),
+    ("ws_pingpong", 128, 128): (64, 128),
+    ("ws_pingpong", 64, 128): (64, 128),
+}
 SCHEDULER_START_US = 0.7  # a persistent build's extra time per launch (median of 120 pairs under 1 GFLOP: 0.69 us)
 WAVE_US = 1.0  # one tile per CTA: each wave after the first adds a prologue and epilogue no tile hides
 CLUSTERS = ((1, 1), (2, 1), (1, 2))
@@ -86,7 +112,8 @@ NEAR_BEST = 1.25  # estimates within 25 % of the best are ties
 
 
 def library(problem: Problem) -> list[Program]:
-    """The builds (one program per build key) for a problem's majors and epilogue."""
+    """The builds (one program per build key) for a problem's majors and epilogue; where the
+    bound problem is store-bound, the persistent 1x1 ones with their wide epilogue."""
     programs = []
     for (mainloop, tm, tn), (_, schedulers) in TILES.items():
         warps = (8, 1) if mainloop == "ws_cooperative" else (4, 1)
@@ -97,8 +124,17 @@ def library(problem: Problem) -> list[Program]:
                 programs.append(replace(base, scheduler="tile", split_k=2, split_k_reduce="workspace"))
                 continue
             clusters = CLUSTERS if scheduler == "persistent" and tn >= 128 else ((1, 1),)
-            programs += [replace(base, scheduler=scheduler, cluster=c) for c in clusters]
+            wide = WIDE_EPILOGUE.get((mainloop, tm, tn)) if scheduler == "persistent" else None
+            wide = wide if _store_bound(problem) else None
+            programs += [replace(base, scheduler=scheduler, cluster=c, epilogue_tile=wide if c == (1, 1) else None)
+                         for c in clusters]
     return programs
+
+
+def _store_bound(problem: Problem) -> bool:
+    """A large output and a short K: the epilogue's store is much of the work."""
+    return (problem.is_bound and math.ceil(problem.k / TILE_K) <= SHORT_K_TILES
+            and problem.m * problem.n >= STORE_BOUND_OUTPUT)
 
 
 def _tiles(p: Program) -> tuple[int, int]:
@@ -115,7 +151,7 @@ def estimate_us(p: Program) -> float:
     sliced = sliced_split_k(p)
     k_tiles = math.ceil(pr.k / p.tile.k / (p.split_k if sliced else 1))
     # Short K leaves the pipeline no time to fill: prologue and epilogue dominate.
-    eff *= k_tiles / (k_tiles + 2.0)
+    eff *= k_tiles / (k_tiles + (WIDE_EPILOGUE_K_TILES if p.epilogue_tile else EPILOGUE_K_TILES))
     cluster = p.cluster[0] * p.cluster[1]
     if cluster > 1:
         # Multicast halves one operand's L2 traffic: worth it with long K and many tiles;
@@ -235,7 +271,9 @@ def space(problem: Problem) -> list[Program]:
         for p in _runtime_variants(build):
             if not any(rule(p) for rule in RULES):
                 candidates.append(p)
-    candidates.sort(key=estimate_us)
+    # Ties (e.g. on the DRAM floor, where short-K shapes that write a large output sit) go to the
+    # wide epilogue: there the store is the work (4096x16384x64: 0.956x -> 1.050x, session 20).
+    candidates.sort(key=lambda p: (estimate_us(p), p.epilogue_tile is None))
     # Near-best families first (the estimate cannot tell them apart, the timer can), then
     # the best runtime variant of every other build, then second variants.
     best = estimate_us(candidates[0]) if candidates else 0.0
@@ -269,4 +307,4 @@ def space(problem: Problem) -> list[Program]:
 
 
 def _build_of(p: Program) -> tuple:
-    return (p.mainloop, p.tile, p.cluster, on_stream_k_scheduler(p), sliced_split_k(p))
+    return (p.mainloop, p.tile, p.cluster, on_stream_k_scheduler(p), sliced_split_k(p), p.epilogue_tile)

@@ -165,8 +165,9 @@ class Instr:
 class Program:
     """How to compute a problem: the decisions a kernel engineer makes.
 
-    `None` for `instr`, `stages` and `smem_swizzle` means the backend chooses; `grid_sms`
-    (`scheduler persistent N`) caps the SMs a persistent grid uses, `None` meaning all of them.
+    `None` for `instr`, `stages`, `smem_swizzle` and `epilogue_tile` (`tile ... epilogue=MxN`)
+    means the backend chooses; `grid_sms` (`scheduler persistent N`) caps the SMs a persistent
+    grid uses, `None` meaning all of them.
     `warps` (WM, WN) are the math warps that share one CTA tile, WM along M and WN
     along N; warp-specialized mainloops add a producer warpgroup, and ws_pingpong
     runs two such consumer groups on alternating tiles (docs/dsl.md, "Resource model").
@@ -187,6 +188,7 @@ class Program:
     smem_swizzle: Optional[int] = None
     split_k: int = 1
     split_k_reduce: SplitKReduce = "workspace"
+    epilogue_tile: Optional[tuple[int, int]] = None
     spans: Mapping[str, tuple[int, int]] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )

@@ -26,7 +26,7 @@ USAGE = {
     "gemm": "gemm MxNxK a=row|col b=row|col c=row|col in=f16 acc=f32  (M, N, K may be *)",
     "epilogue": "epilogue [alpha=F] [beta=F] [bias=m|n] [relu|gelu|silu] [residual] [out=f16|bf16|f32]",
     "backend": "backend triton|cutlass|cuda",
-    "tile": "tile MxNxK, e.g. tile 128x256x64",
+    "tile": "tile MxNxK [epilogue=MxN], e.g. tile 128x256x64",
     "warps": "warps WMxWN, e.g. warps 2x4",
     "instr": "instr auto | instr wgmma 64xNx16 | instr mma 16x8x16",
     "cluster": "cluster CMxCN, e.g. cluster 2x1",
@@ -157,7 +157,8 @@ class _ToIR(Transformer):
         return ("backend", _pos(meta), str(children[0]))
 
     def tile(self, meta, children):
-        return ("tile", _pos(meta), ir.Tile(*map(int, children)))
+        sizes = [int(c) for c in children]
+        return ("tile", _pos(meta), (ir.Tile(*sizes[:3]), tuple(sizes[3:]) or None))
 
     def warps(self, meta, children):
         return ("warps", _pos(meta), (int(children[0]), int(children[1])))
@@ -226,12 +227,14 @@ class _ToIR(Transformer):
         raster, swizzle = value.get("raster", ("m", 1))
         split_k, reduce = value.get("split_k", (1, "workspace"))
         scheduler, grid_sms = value.get("scheduler", ("tile", None))
+        tile, epilogue_tile = value["tile"]
         return ir.Program(
-            problem=problem, backend=value["backend"], tile=value["tile"], warps=value["warps"],
+            problem=problem, backend=value["backend"], tile=tile, warps=value["warps"],
             mainloop=value["mainloop"], instr=value.get("instr"), cluster=value.get("cluster", (1, 1)),
             stages=value.get("stages"), scheduler=scheduler, grid_sms=grid_sms, raster=raster,
             swizzle=swizzle, smem_swizzle=value.get("smem_swizzle"), split_k=split_k,
-            split_k_reduce=reduce, spans={name: at for name, (at, _) in found.items()},
+            split_k_reduce=reduce, epilogue_tile=epilogue_tile,
+            spans={name: at for name, (at, _) in found.items()},
         )
 
 

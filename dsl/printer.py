@@ -46,7 +46,8 @@ def statements(program: Program) -> list[tuple[str, str]]:
         ("gemm", problem_line(p.problem)),
         ("epilogue", epilogue_line(p.problem.epilogue)),
         ("backend", f"backend {p.backend}"),
-        ("tile", f"tile {p.tile.m}x{p.tile.n}x{p.tile.k}"),
+        ("tile", f"tile {p.tile.m}x{p.tile.n}x{p.tile.k}"
+                 + (f" epilogue={p.epilogue_tile[0]}x{p.epilogue_tile[1]}" if p.epilogue_tile else "")),
         ("warps", f"warps {p.warps[0]}x{p.warps[1]}"),
         ("instr", f"instr {instr}"),
         ("cluster", f"cluster {p.cluster[0]}x{p.cluster[1]}"),

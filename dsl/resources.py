@@ -11,7 +11,8 @@ The model (documented in docs/dsl.md, "Resource model"):
   on its own tile: threads = 32 * (2 * WM * WN + 4).
 * shared memory = stages * (tile_m * tile_k + tile_k * tile_n) * sizeof(in)
   + for warp-specialized mainloops: two 8-byte mbarriers per stage and the TMA-store
-  epilogue's double-buffered 64x32 output subtile (one more per C/residual operand read).
+  epilogue's double-buffered output subtile, 64x32 or the program's (`tile ... epilogue=MxN`),
+  one more per C/residual operand read.
   A multistage epilogue reuses the mainloop's buffers.
 * accumulator registers per math thread = tile_m * tile_n / (32 * WM * WN) fp32 values,
   plus REG_RESERVE for addresses, indices and fragments.
@@ -67,8 +68,8 @@ def epilogue_smem_bytes(program: Program) -> int:
         return 0
     e = program.problem.epilogue
     out = DTYPE_BYTES.get(e.out_dtype, 2)
-    sub_m = min(program.tile.m, EPILOGUE_SUBTILE[0])
-    sub_n = min(program.tile.n, EPILOGUE_SUBTILE[1])
+    sub_m, sub_n = program.epilogue_tile or (min(program.tile.m, EPILOGUE_SUBTILE[0]),
+                                             min(program.tile.n, EPILOGUE_SUBTILE[1]))
     buffers = 1 + (float(e.beta) != 0.0) + bool(e.residual)
     return buffers * 2 * sub_m * sub_n * out
 

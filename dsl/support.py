@@ -24,6 +24,7 @@ FIELD_STATEMENT = {
     "alpha": "epilogue", "beta": "epilogue", "bias": "epilogue", "activation": "epilogue",
     "residual": "epilogue", "out_dtype": "epilogue", "epilogue": "epilogue",
     "swizzle": "raster", "raster": "raster", "split_k_reduce": "split_k", "num_warps": "warps",
+    "epilogue_tile": "tile",
 }
 
 
@@ -66,6 +67,9 @@ def check_support(p: Program, run_extra_rules: bool = True) -> Iterator[Finding]
     if p.grid_sms is not None and not support.grid_sms:
         yield "scheduler", (f"the {b} backend sizes its own grid: write `scheduler {p.scheduler}` without the "
                             f"SM count, {other}")
+    if p.epilogue_tile is not None and not support.epilogue_tile:
+        yield "tile", (f"the {b} backend chooses how its epilogue stores: drop `epilogue=` from "
+                       f"`tile {p.tile.m}x{p.tile.n}x{p.tile.k}`, {other}")
     kind = p.instr.kind if p.instr else None
     if kind not in support.instr_kinds:
         yield "instr", (f"the {b} backend does not take `instr {kind or 'auto'}`: use one of "

@@ -61,6 +61,7 @@ def programs(draw) -> Program:
         stages=draw(st.none() | _small), scheduler=draw(st.sampled_from(ir.SCHEDULERS)),
         raster=draw(st.sampled_from(("m", "n"))), swizzle=draw(_small),
         smem_swizzle=draw(st.none() | _small), split_k=split_k, split_k_reduce=reduce,
+        epilogue_tile=draw(st.none() | pair),
     )
 
 

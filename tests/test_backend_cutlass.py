@@ -200,6 +200,12 @@ def _findings(program):
     (_program(Problem(4096, 4096, 4096, epilogue=Epilogue(beta=1.0, residual=True))), "epilogue", "one source"),
     (_program(Problem(1000, 1001, 1000, "row", "row")), "problem", "N=1001"),
     (_program(Problem(1000, 1000, 1001, "row", "col")), "problem", "K=1001"),
+    (_program(epilogue_tile=(64, 128)), "epilogue_tile", "tile 128x256x64 epilogue=128x128"),
+    (_program(epilogue_tile=(128, 96)), "epilogue_tile", "32, 64, 128 columns"),
+    (_program(mainloop="ws_pingpong", warps=(4, 1), tile=Tile(128, 128, 64), epilogue_tile=(128, 64)),
+     "epilogue_tile", "of 64 rows"),
+    (_program(split_k=2, split_k_reduce="workspace", epilogue_tile=(128, 128)), "epilogue_tile", "split-K"),
+    (_program(stages=4, epilogue_tile=(128, 128)), "stages", "use stages 3"),
 ])
 def test_refusals_are_located_and_say_why(program, statement, phrase):
     # The backend's rule says why; the validator refuses the program (the DSL's own
@@ -395,3 +401,56 @@ def test_workspace_split_k_refusals_say_why(program, phrase):
     from gemmgen.backends.cutlass_rules import RULES
     messages = [m for rule in RULES for _, m in rule(program)]
     assert any(phrase in m for m in messages), messages
+
+
+def test_the_epilogue_tile_is_a_build_choice_written_into_the_collective():
+    base = _program(Problem(4096, 16384, 64, "row", "row"))
+    wide = replace(base, epilogue_tile=(128, 128))
+    assert validate(wide) and cutlass.build_key(wide) != cutlass.build_key(base)
+    text = cutlass.lower(wide).text
+    epilogue = _collective(text, "epilogue")
+    assert "cute::Shape<cute::_128, cute::_128>" in epilogue and "EpilogueTileAuto" not in text
+    assert "EpilogueTileAuto" in _collective(cutlass.lower(base).text, "epilogue")
+    # The automatic epilogue keeps the spec (and so the digest) it had before the statement existed.
+    assert "epilogue_tile" not in instance_spec(base).as_meta
+    assert instance_spec(wide).as_meta["epilogue_tile"] == [128, 128]
+    assert "epilogue=" not in to_text(base) and "tile 128x256x64 epilogue=128x128\n" in to_text(wide)
+    assert parse(to_text(wide)) == wide
+    # The shared-memory model counts the wider sub-tile: a ring of 4 no longer fits 128x256x64.
+    from gemmgen.dsl.resources import max_stages
+    assert (max_stages(base), max_stages(wide)) == (4, 3)
+
+
+def test_only_the_cutlass_backend_takes_an_epilogue_tile():
+    for name in ("triton_split_k",):
+        program = replace(parse(examples()[name].read_text()), epilogue_tile=(128, 128))
+        assert any(d.statement == "tile" and "chooses how its epilogue stores" in d.message
+                   for d in diagnose(program)), diagnose(program)
+    text = re.sub(r"^tile (\S+)$", r"tile \1 epilogue=64x32", CUTLASS_EXAMPLES["cutlass_stream_k"].read_text(),
+                  flags=re.M)
+    with pytest.raises(Exception) as err:
+        validate(parse(text, filename="x.gemm"), filename="x.gemm")
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("tile "))
+    assert re.search(rf"x\.gemm:{line}:1: .*128 rows", str(err.value)), str(err.value)
+
+
+def test_the_space_offers_the_wide_epilogue_where_the_store_is_the_work():
+    from gemmgen.backends.cutlass_space import WIDE_EPILOGUE, library, space
+
+    short = space(Problem(4096, 16384, 64, "row", "row"))
+    assert short[0].epilogue_tile == (128, 128) and all(not diagnose(p) for p in short)
+    # The wide sub-tile replaces the automatic one of the persistent 1x1 builds (no twins to
+    # crowd the timed candidates); other clusters keep the automatic epilogue.
+    assert replace(short[0], epilogue_tile=None) not in short
+    builds = library(Problem(16384, 4096, 128, "row", "row"))
+    assert len(builds) == len(library(Problem(4096, 4096, 4096, "row", "row")))
+    wide = [p for p in builds if p.epilogue_tile]
+    assert {(p.mainloop, p.tile.m, p.tile.n) for p in wide} == set(WIDE_EPILOGUE)
+    assert all(p.cluster == (1, 1) and p.scheduler == "persistent" for p in wide)
+    assert not any(p.cluster == (1, 1) and p.scheduler == "persistent" and not p.epilogue_tile
+                   and (p.mainloop, p.tile.m, p.tile.n) in WIDE_EPILOGUE for p in builds)
+    assert any(p.cluster != (1, 1) for p in space(Problem(8192, 512, 128, "row", "row"))[:16])
+    # Long K, small outputs and shape-generic problems keep the automatic epilogue only.
+    for problem in (Problem(4096, 4096, 4096, "row", "row"), Problem(4096, 4096, 320, "row", "row"),
+                    Problem(256, 256, 64, "row", "row"), Problem(None, None, None, "row", "row")):
+        assert not any(p.epilogue_tile for p in space(problem)), problem

@@ -7,7 +7,8 @@ of stopping the run. The instances (about 25) are built first, in parallel on ev
 the file takes about 4 minutes on 16 cores from a cold cache, about one from a warm one.
 `-k narrow` builds only the 6 instances of the narrow-tile, one-tile-per-CTA and 128x64
 split-K cases, `-k wide_n` only the 3 of the 128x192 tile, `-k sliced` the 6 of `split_k N
-workspace`, `-k persistent_grid` the 2 of `scheduler persistent N`.
+workspace`, `-k persistent_grid` the 2 of `scheduler persistent N`, `-k epilogue_tile` the 9 of
+`tile ... epilogue=MxN` (7 of them the sample's wide-epilogue builds).
 """
 from __future__ import annotations
 
@@ -257,6 +258,37 @@ def test_wide_n_tile_192(index, wide_n_artifacts, runner):
     program, shape = WIDE_N_CASES[index]
     _check(program.bind(shape), wide_n_artifacts, runner)
 
+
+
+# `tile ... epilogue=MxN` (session 20): every wide-epilogue build the space offers, at short-K
+# shapes with partial tiles in M, N and K, and two fused epilogues through the wider sub-tile.
+def _wide_epilogue_cases():
+    from gemmgen.backends.cutlass_space import WIDE_EPILOGUE
+
+    shapes = ((4096, 2048, 64), (1000, 1000, 136), (264, 4104, 200))
+    cases = [(_program(Problem(None, None, None, "row", "row"), tile=(tm, tn, 64), mainloop=mainloop,
+                       epilogue_tile=wide), shapes[i % len(shapes)])
+             for i, ((mainloop, tm, tn), wide) in enumerate(sorted(WIDE_EPILOGUE.items()))]
+    cases.append((_program(Problem(None, None, None, "row", "col", epilogue=Epilogue(bias="n", activation="gelu")),
+                           epilogue_tile=(128, 128)), (999, 1000, 128)))
+    cases.append((_program(Problem(None, None, None, "row", "row", epilogue=Epilogue(residual=True, alpha=0.5)),
+                           tile=(128, 128, 64), mainloop="ws_pingpong", epilogue_tile=(64, 128)), (2048, 1000, 64)))
+    return cases
+
+
+WIDE_EPILOGUE_CASES = _wide_epilogue_cases()
+
+
+@pytest.fixture(scope="module")
+def wide_epilogue_artifacts():
+    """Built apart, so `-k epilogue_tile` builds only these instances."""
+    return _built(p.bind(shape) for p, shape in WIDE_EPILOGUE_CASES)
+
+
+@pytest.mark.parametrize("index", range(len(WIDE_EPILOGUE_CASES)))
+def test_epilogue_tile(index, wide_epilogue_artifacts, runner):
+    program, shape = WIDE_EPILOGUE_CASES[index]
+    _check(program.bind(shape), wide_epilogue_artifacts, runner)
 
 # `split_k N workspace` (session 14): K slices of a batched GEMM into fp32 partials and a reduce
 # kernel with the epilogue; every epilogue kind, three majors, partial tiles, slice counts that

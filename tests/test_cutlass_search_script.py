@@ -29,7 +29,7 @@ def test_bucket_table_gives_the_cross_session_and_the_same_session_speedups():
     assert cells["8192^3"] == ["0", "-", "-"]
 
 
-@pytest.mark.parametrize("session", ["s15", "s19"])
+@pytest.mark.parametrize("session", ["s15", "s19", "s20", "s20/wide_epilogue"])
 def test_the_committed_table_is_what_the_rows_give(session):
     script = load_script("cutlass_search")
     folder = BENCHMARKS / "results" / "cutlass_search" / session
@@ -100,3 +100,27 @@ def test_session_19_chose_the_balanced_grid_at_both_anchors_in_the_finalist_roun
     finalists = [e for e in selection.values() if "worse-mode" in e.get("why", "")]
     assert len(finalists) == 19
     assert sum("scheduler persistent 128" in e["program"] for e in finalists) == 7
+
+
+def test_session_20_stored_the_short_k_shapes_through_the_wide_epilogue():
+    """docs/backends.md, session 20: the wide sub-tile took 7 of the 11 store-bound sample shapes
+    to about torch.matmul or past it (same session), and the headline rose in both modes."""
+    from gemmgen import dsl
+    from gemmgen.backends.cutlass_space import _store_bound
+
+    folder = BENCHMARKS / "results" / "cutlass_search" / "s20"
+    selection = json.loads((folder / "wide_epilogue" / "selection.json").read_text())
+    programs = {key.split(":")[0]: dsl.parse(e["program"]) for key, e in selection.items()}
+    store_bound = {s for s, p in programs.items() if _store_bound(p.problem)}
+    assert len(store_bound) == 11
+    assert sum(bool(programs[s].epilogue_tile) for s in store_bound) == 9
+    assert not any(p.epilogue_tile for s, p in programs.items() if s not in store_bound)
+    rows = json.loads((folder / "wide_epilogue" / "offline" / "results.json").read_text())["rows"]
+    same = {f"{r['m']}x{r['n']}x{r['k']}": r["notes"]["reference_device_ms"] / r["device_ms"]
+            for r in rows if r["name"] != "torch"}
+    assert sum(same[s] >= 0.985 for s in store_bound) == 7
+    before, after = (json.loads((folder / d / "summary.json").read_text())["summaries"]
+                     for d in (".", "wide_epilogue"))
+    for mode in ("offline", "server"):
+        assert (after[mode]["same_session"]["cutlass_search:selected_kernel"]["geomean"]
+                > before[mode]["same_session"]["cutlass_search:selected_kernel"]["geomean"])

@@ -58,6 +58,8 @@ PARSE_ERRORS = [
     ("epilogue gelu relu\n", 1, 15, "gives an activation twice (gelu and relu)"),
     ("epilogue bias=k\n", 1, 15, "expected 'm' or 'n', found 'k'"),
     ("split_k 4\n", 1, 1, "split_k 4 needs a reduction: write `split_k 4 workspace`"),
+    ("tile 128x256x64 epilogue=128\n", 1, 29, "in `tile`: expected 'x'"),
+    ("tile 128x256x64 epilogue 128x128\n", 1, 26, "in `tile`: expected '='"),
     ("split_k 1 atomic\n", 1, 1, "takes no reduction: write `split_k 1`"),
     ("stages x\n", 1, 8, "expected one of 'auto', a whole number, found 'x'"),
     ("gemm 1x2x3 a=row a=col\n", 1, 18, "gives `a=` twice (row and col)"),
