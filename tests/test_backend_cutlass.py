@@ -12,7 +12,7 @@ import pytest
 
 from gemmgen.backends import cutlass
 from gemmgen.backends.cutlass_emit import instance_spec, runtime_args
-from gemmgen.dsl import diagnose, examples, parse, to_text, validate
+from gemmgen.dsl import ProgramError, diagnose, examples, parse, to_text, validate
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -411,7 +411,7 @@ def test_the_epilogue_tile_is_a_build_choice_written_into_the_collective():
     epilogue = _collective(text, "epilogue")
     assert "cute::Shape<cute::_128, cute::_128>" in epilogue and "EpilogueTileAuto" not in text
     assert "EpilogueTileAuto" in _collective(cutlass.lower(base).text, "epilogue")
-    # The automatic epilogue keeps the spec (and so the digest) it had before the statement existed.
+    # The automatic epilogue keeps the spec (and so the digest) it had before the option existed.
     assert "epilogue_tile" not in instance_spec(base).as_meta
     assert instance_spec(wide).as_meta["epilogue_tile"] == [128, 128]
     assert "epilogue=" not in to_text(base) and "tile 128x256x64 epilogue=128x128\n" in to_text(wide)
@@ -422,13 +422,13 @@ def test_the_epilogue_tile_is_a_build_choice_written_into_the_collective():
 
 
 def test_only_the_cutlass_backend_takes_an_epilogue_tile():
-    for name in ("triton_split_k",):
+    for name in ("triton_split_k", "cuda_ws_cooperative"):
         program = replace(parse(examples()[name].read_text()), epilogue_tile=(128, 128))
         assert any(d.statement == "tile" and "chooses how its epilogue stores" in d.message
                    for d in diagnose(program)), diagnose(program)
     text = re.sub(r"^tile (\S+)$", r"tile \1 epilogue=64x32", CUTLASS_EXAMPLES["cutlass_stream_k"].read_text(),
                   flags=re.M)
-    with pytest.raises(Exception) as err:
+    with pytest.raises(ProgramError) as err:
         validate(parse(text, filename="x.gemm"), filename="x.gemm")
     line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("tile "))
     assert re.search(rf"x\.gemm:{line}:1: .*128 rows", str(err.value)), str(err.value)
