@@ -8,8 +8,6 @@ hang analysis; benchmarks/cutlass_hang_probe.py checks it on the GPU.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from gemmgen.dsl.ir import DTYPE_BYTES, Program
 
 SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
@@ -23,9 +21,14 @@ NARROW_TILE_N = (16, 32)
 EPILOGUE_TILE_N = (32, 64, 128)
 
 
+def epilogue_rows(p: Program) -> int:
+    """The rows the epilogue stores at a time: both consumer warpgroups' (cooperative) or one's."""
+    return 128 if p.mainloop == "ws_cooperative" else 64
+
+
 def epilogue_tile(p: Program) -> tuple[int, int]:
     """The epilogue's sub-tile: the program's, else what CUTLASS's automatic choice gives."""
-    return p.epilogue_tile or (128 if p.mainloop == "ws_cooperative" else 64, 32)
+    return p.epilogue_tile or (epilogue_rows(p), 32)
 
 
 def _consumer_threads(program: Program) -> int:
@@ -102,7 +105,7 @@ def epilogue_rules(p: Program) -> list[tuple[str, str]]:
     if p.epilogue_tile is None:
         return out
     rows, cols = p.epilogue_tile
-    want = epilogue_tile(replace(p, epilogue_tile=None))[0]
+    want = epilogue_rows(p)
     fits = [n for n in EPILOGUE_TILE_N if p.tile.n % n == 0]
     t = p.tile
     if rows != want or cols not in fits:

@@ -114,7 +114,7 @@ NEAR_BEST = 1.25  # estimates within 25 % of the best are ties
 def library(problem: Problem) -> list[Program]:
     """The builds (one program per build key) for a problem's majors and epilogue; where the
     bound problem is store-bound, the persistent 1x1 ones with their wide epilogue."""
-    programs = []
+    programs, store_bound = [], _store_bound(problem)
     for (mainloop, tm, tn), (_, schedulers) in TILES.items():
         warps = (8, 1) if mainloop == "ws_cooperative" else (4, 1)
         base = Program(problem=problem, backend="cutlass", tile=Tile(tm, tn, TILE_K), warps=warps,
@@ -124,8 +124,7 @@ def library(problem: Problem) -> list[Program]:
                 programs.append(replace(base, scheduler="tile", split_k=2, split_k_reduce="workspace"))
                 continue
             clusters = CLUSTERS if scheduler == "persistent" and tn >= 128 else ((1, 1),)
-            wide = WIDE_EPILOGUE.get((mainloop, tm, tn)) if scheduler == "persistent" else None
-            wide = wide if _store_bound(problem) else None
+            wide = WIDE_EPILOGUE.get((mainloop, tm, tn)) if scheduler == "persistent" and store_bound else None
             programs += [replace(base, scheduler=scheduler, cluster=c, epilogue_tile=wide if c == (1, 1) else None)
                          for c in clusters]
     return programs
