@@ -141,6 +141,21 @@ def test_save_load_roundtrip_turns_nan_into_null(tmp_path):
     assert doc["rows"][0]["max_rel_err"] is None and doc["summary"]["n_shapes"] == 3
 
 
+def test_load_reads_an_archived_run_gzipped(tmp_path):
+    import gzip
+
+    results.save(tmp_path, {"mode": "offline"}, _rows())
+    plain = results.load(tmp_path)
+    packed = tmp_path / "results.json.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "results.json").read_bytes()))
+    (tmp_path / "results.json").unlink()
+    assert results.load(tmp_path) == plain == results.load(tmp_path / "results.json")
+    assert results.refresh(tmp_path)["summary"] == plain["summary"]
+    assert not (tmp_path / "results.json").exists()                 # the archive stays as it was
+    with pytest.raises(results.MeasureError, match="cannot read"):
+        results.load(tmp_path / "elsewhere")
+
+
 def test_load_rejects_foreign_files(tmp_path):
     (tmp_path / "results.json").write_text("[1, 2]")
     with pytest.raises(results.MeasureError, match="not a gemmgen results"):

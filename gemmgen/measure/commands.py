@@ -96,8 +96,7 @@ def report_command(args: argparse.Namespace) -> int:
     from gemmgen.measure.bench import table
     from gemmgen.measure.plots import plot_all
 
-    doc = results_io.load(args.dir)
-    doc = results_io.save(args.dir, doc.get("meta", {}), doc["rows"])   # summary recomputed
+    doc = results_io.refresh(args.dir)   # summary recomputed
     made = plot_all(doc, args.dir)
     print(table(doc))
     print("wrote " + ", ".join(str(p) for p in made))

@@ -21,6 +21,7 @@ which removes the processes' difference (see gemmgen.measure.worker.Job.referenc
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -151,12 +152,18 @@ def save(out_dir: str | Path, meta: dict, rows: list[dict]) -> dict:
 
 
 def load(path: str | Path) -> dict:
-    """A results document from DIR or DIR/results.json."""
+    """A results document from DIR or DIR/results.json, or its gzipped copy (results.json.gz:
+    older committed runs are archived so, the repository travels to the GPU machine)."""
     p = Path(path)
     if p.is_dir():
         p = p / RESULTS
+    packed = p.with_name(p.name + ".gz")
     try:
-        doc = json.loads(p.read_text())
+        if not p.exists() and packed.exists():
+            p = packed
+            doc = json.loads(gzip.decompress(p.read_bytes()))
+        else:
+            doc = json.loads(p.read_text())
     except OSError as exc:
         raise MeasureError(f"cannot read {p}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
@@ -164,6 +171,17 @@ def load(path: str | Path) -> dict:
     if not isinstance(doc, dict) or "rows" not in doc or not isinstance(doc["rows"], list):
         raise MeasureError(f"{p} is not a gemmgen results file (no 'rows' list)")
     return doc
+
+
+def refresh(path: str | Path) -> dict:
+    """The document with its summary recomputed, written back to DIR/results.json; an archived
+    run (results.json.gz only) is left as committed."""
+    doc = load(path)
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    if (folder / RESULTS).exists():
+        return save(folder, doc.get("meta", {}), doc["rows"])
+    return {**doc, "summary": summarize(doc["rows"])}
 
 
 def done_shapes(rows: Iterable[dict], wanted_names: Iterable[str]) -> set[tuple]:
