@@ -304,6 +304,5 @@ def space(problem: Problem) -> list[Program]:
     return ordered[:SPACE_SIZE]
 
 
-
 def _build_of(p: Program) -> tuple:
     return (p.mainloop, p.tile, p.cluster, on_stream_k_scheduler(p), sliced_split_k(p), p.epilogue_tile)

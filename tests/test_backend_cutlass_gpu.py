@@ -259,7 +259,6 @@ def test_wide_n_tile_192(index, wide_n_artifacts, runner):
     _check(program.bind(shape), wide_n_artifacts, runner)
 
 
-
 # `tile ... epilogue=MxN` (session 20): every wide-epilogue build the space offers, at short-K
 # shapes with partial tiles in M, N and K, and two fused epilogues through the wider sub-tile.
 def _wide_epilogue_cases():
@@ -289,6 +288,7 @@ def wide_epilogue_artifacts():
 def test_epilogue_tile(index, wide_epilogue_artifacts, runner):
     program, shape = WIDE_EPILOGUE_CASES[index]
     _check(program.bind(shape), wide_epilogue_artifacts, runner)
+
 
 # `split_k N workspace` (session 14): K slices of a batched GEMM into fp32 partials and a reduce
 # kernel with the epilogue; every epilogue kind, three majors, partial tiles, slice counts that
