@@ -8,9 +8,11 @@ hang analysis; benchmarks/cutlass_hang_probe.py checks it on the GPU.
 """
 from __future__ import annotations
 
+from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import DTYPE_BYTES, Program
+from gemmgen.dsl.resources import epilogue_smem_bytes, stage_bytes
 
-SMEM_BYTES = 232448  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
+SMEM_BYTES = SM90A.max_smem_per_block  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
 MAX_ACCUMULATORS_PER_THREAD = 128  # fp32 accumulator registers per consumer thread
 SWIZZLES = (1, 2, 4, 8)  # CUTLASS rounds max_swizzle_size down to a power of two <= 8
 # Tile N below 64 (one 64xN wgmma; B's shared-memory rows swizzled at 32 or 64 bytes):
@@ -81,15 +83,13 @@ def schedule_rules(p: Program) -> list[tuple[str, str]]:
         out.append(("swizzle", f"swizzle must be one of {', '.join(map(str, SWIZZLES))} "
                                f"(CUTLASS rounds it to a power of two of at most 8; got {p.swizzle})"))
     if p.stages is not None:
-        stage_bytes = (t.m + t.n) * t.k * DTYPE_BYTES[p.problem.in_dtype]
-        # TMA epilogue: 2 stages of D (and 2 of C when read) of the epilogue's sub-tile.
-        epilogue_rows, epilogue_cols = epilogue_tile(p)
-        reads_c = p.problem.epilogue.beta != 0.0 or p.problem.epilogue.residual
-        epilogue_bytes = (epilogue_rows * epilogue_cols * DTYPE_BYTES[p.problem.epilogue.out_dtype]
-                          * (4 if reads_c else 2))
-        need = p.stages * stage_bytes + epilogue_bytes
+        # The ring's stages, and the TMA epilogue's staging of CUTLASS's sub-tile (the automatic one
+        # unless the program names one).
+        per_stage = stage_bytes(p)
+        epilogue_bytes = epilogue_smem_bytes(p, default_subtile=epilogue_tile(p))
+        need = p.stages * per_stage + epilogue_bytes
         if p.stages < 2 or need > SMEM_BYTES:
-            fit = max(2, (SMEM_BYTES - epilogue_bytes) // stage_bytes)
+            fit = max(2, (SMEM_BYTES - epilogue_bytes) // per_stage)
             out.append(("stages", f"{p.stages} stages of a {t.m}x{t.n}x{t.k} tile need about {need // 1024} KiB "
                                   f"of shared memory (at most {SMEM_BYTES // 1024} KiB, at least 2 stages): "
                                   f"use stages {fit} or `stages auto`"))
@@ -162,6 +162,9 @@ def on_stream_k_scheduler(p: Program) -> bool:
 
 
 def split_rules(p: Program) -> list[tuple[str, str]]:
+    if p.grid_sms is not None and stream_k_split(p):
+        return [("scheduler", f"`split_k {p.split_k} unordered` runs on the stream-K scheduler, whose fix-up needs "
+                              f"every SM: write `scheduler persistent` without the {p.grid_sms}")]
     if sliced_split_k(p):
         out = []
         if p.scheduler == "stream_k":

@@ -18,11 +18,14 @@ candidate (`gemmgen.measure.turns.in_pairs`), after the harness's check:
 
 With `--epilogues auto` alone it times CUTLASS programs as written: session 18 timed stream-K
 builds against persistent ones this way (`benchmarks/results/streamk_probe/`). `--sms 128,120`
-adds builds whose persistent grid is sized for fewer SMs than the GPU has (how session 18 found
-what `scheduler persistent N` now says).
+also times each variant with its persistent grid on fewer SMs than the GPU has. Session 18 found
+that choice with a text edit of the instance; it is now the program's `scheduler persistent N`, a
+run-time argument of the same build, and the probe writes it so.
 
-The variants are text edits of the emitted instance (the build cache keys them by that text),
-not DSL programs: a probe, to learn whether a DSL choice would pay before adding one.
+The epilogue variants are text edits of the emitted instance (the build cache keys them by that
+text), not DSL programs: a probe, to learn whether a DSL choice would pay before adding one. Of
+them, the DSL has since taken the cooperative 128-row and ping-pong 64-row sub-tiles of 32-128
+columns (`tile ... epilogue=MxN`); the probe still reaches the rest (`128x256`, `direct`).
 
 A program with `c=col` is taken as the transposed product, the way cuBLAS runs a row-major
 problem: D^T = B^T A^T, an N x M x K problem with the operands' majors swapped, run on
@@ -65,24 +68,6 @@ def with_epilogue(text: str, choice: str) -> str:
     return text.replace(AUTO_TILE, f"cute::Shape<cute::_{m.group(1)}, cute::_{m.group(2)}>", 1)
 
 
-SM_COUNT = "args.hw_info.sm_count = g_sm_count;"
-ACTIVE_CLUSTERS = "args.hw_info.max_active_clusters = g_max_active_clusters;"
-
-
-def with_sms(text: str, sms: int, cluster_size: int) -> str:
-    """The instance with its persistent grid sized for `sms` SMs instead of all of them (what a
-    program now says with `scheduler persistent N`, as a run-time choice); ValueError if the text
-    does not size its grid from the SM count."""
-    if SM_COUNT not in text or ACTIVE_CLUSTERS not in text:
-        raise ValueError("the instance does not size its grid from the SM count")
-    if sms < cluster_size or sms % cluster_size:
-        raise ValueError(f"--sms {sms}: give a multiple of the cluster size ({cluster_size})")
-    clusters = sms // cluster_size
-    return (text.replace(SM_COUNT, f"args.hw_info.sm_count = {sms};")
-            .replace(ACTIVE_CLUSTERS, f"args.hw_info.max_active_clusters = "
-                                      f"g_max_active_clusters < {clusters} ? g_max_active_clusters : {clusters};"))
-
-
 FLIP = {"row": "col", "col": "row"}
 
 
@@ -110,8 +95,8 @@ def parse_args(argv=None):
                    help="comma-separated: auto, direct, or MxN sub-tiles (a choice a program's tile refuses "
                         "is its row's failure, not the run's)")
     p.add_argument("--sms", default="",
-                   help="also build each variant with its persistent grid sized for these SM counts, e.g. 128,120 "
-                        "(names gain _smsN)")
+                   help="also time each variant with its persistent grid on these SM counts, e.g. 128,120: the "
+                        "program's `scheduler persistent N`, a run-time choice of the same build (names gain _smsN)")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc builds (default: every core)")
@@ -122,20 +107,22 @@ def parse_args(argv=None):
 
 def variant_sources(programs: list, epilogues: list[str], sms: tuple[int, ...] = ()) -> tuple[list, dict]:
     """([(name, program, Source)], {name: failure}) for every program x epilogue choice (x each
-    of `sms`, after the grid of all SMs)."""
-    from gemmgen import backends
+    of `sms`, after the grid of all SMs: the program with `scheduler persistent N`, which the
+    validator checks, on the same source)."""
+    from gemmgen import backends, dsl
 
     variants, failed = [], {}
     for stem, program in programs:
         source = backends.get("cutlass").lower(program)
-        for choice in epilogues:
-            for count in (None, *sms):
+        for count in (None, *sms):
+            grid = program if count is None else replace(program, grid_sms=count)
+            refused = [d.message for d in dsl.diagnose(grid)] if count else []
+            for choice in epilogues:
                 name = f"{stem}_epi_{choice}" + (f"_sms{count}" if count else "")
                 try:
-                    text = with_epilogue(source.text, choice)
-                    if count:
-                        text = with_sms(text, count, program.cluster[0] * program.cluster[1])
-                    variants.append((name, program, replace(source, text=text)))
+                    if refused:
+                        raise ValueError(refused[0])
+                    variants.append((name, grid, replace(source, text=with_epilogue(source.text, choice))))
                 except ValueError as exc:
                     failed[name] = str(exc)
     return variants, failed
@@ -224,7 +211,7 @@ def measure(problem, artifacts: dict, failed: dict, args, out: Path, build_s: fl
         fn = backends.get("cutlass").load(artifact, program)
         if program.problem.c_major == "col":
             fn = transposed_call(fn)
-        named.append((name, fn, {"stages": artifact.meta.get("stages"), "registers": artifact.meta.get("resources")}))
+        named.append((name, fn, {"stages": artifact.meta.get("stages"), "resources": artifact.meta.get("resources")}))
     rows = {name: {"failures": [why]} for name, why in failed.items()}
     fns = checked_variants(problem, named, args.seed, rows)
     shape = in_pairs(problem, fns, rows, args.repeats, args.seed)

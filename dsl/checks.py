@@ -223,10 +223,6 @@ def check_grid(p: Program, hw: Hardware) -> Iterator[Finding]:
         yield "scheduler", (f"an SM count sizes a persistent grid, and `scheduler {p.scheduler}` has none: "
                             f"write `scheduler {p.scheduler}`")
         return
-    if p.split_k > 1 and p.split_k_reduce == "unordered":
-        yield "scheduler", (f"`split_k {p.split_k} unordered` runs on the stream-K scheduler, whose fix-up needs "
-                            f"every SM: write `scheduler persistent` without the {n}")
-        return
     size = p.cluster[0] * p.cluster[1]
     if not size <= n <= hw.sms or n % size:
         yield "scheduler", (f"scheduler persistent {n}: the grid's SMs are whole clusters of {size} from {size} to "

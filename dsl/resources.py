@@ -63,13 +63,17 @@ def stage_bytes(program: Program) -> int:
     return (t.m * t.k + t.k * t.n) * in_bytes(program)
 
 
-def epilogue_smem_bytes(program: Program) -> int:
+def epilogue_smem_bytes(program: Program, default_subtile: Optional[tuple[int, int]] = None) -> int:
+    """The TMA-store epilogue's staging: two buffers of its sub-tile for D and for each source read.
+
+    The sub-tile is the program's `epilogue=`, else `default_subtile` (a backend's own automatic
+    choice, e.g. CUTLASS's), else a generic 64x32 clipped to the tile."""
     if not is_ws(program):
         return 0
     e = program.problem.epilogue
     out = DTYPE_BYTES.get(e.out_dtype, 2)
-    sub_m, sub_n = program.epilogue_tile or (min(program.tile.m, EPILOGUE_SUBTILE[0]),
-                                             min(program.tile.n, EPILOGUE_SUBTILE[1]))
+    sub_m, sub_n = program.epilogue_tile or default_subtile or (min(program.tile.m, EPILOGUE_SUBTILE[0]),
+                                                                min(program.tile.n, EPILOGUE_SUBTILE[1]))
     buffers = 1 + (float(e.beta) != 0.0) + bool(e.residual)
     return buffers * 2 * sub_m * sub_n * out
 

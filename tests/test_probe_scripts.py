@@ -193,17 +193,18 @@ def test_cutlass_epilogue_probe_edits_only_the_epilogue():
 
 
 def test_cutlass_epilogue_probe_sizes_the_persistent_grid_for_fewer_sms():
+    """`--sms N` is the program's `scheduler persistent N`: the same source, a run-time argument,
+    and the validator's refusal where N is not whole clusters."""
+    from gemmgen.backends.cutlass_emit import runtime_args
+
     script = load_script("cutlass_epilogue_probe")
     program = dsl.parse((RESULTS / "epilogue_probe" / "programs" / "coop128x256_2x1_n8.gemm").read_text())
-    variants, failed = script.variant_sources([("p", program)], ["auto"], (128, 7))
-    assert [n for n, _, _ in variants] == ["p_epi_auto", "p_epi_auto_sms128"]
-    assert "multiple of the cluster size (2)" in failed["p_epi_auto_sms7"]
-    plain, fewer = variants[0][2].text, variants[1][2].text
-    assert script.SM_COUNT in plain and script.SM_COUNT not in fewer
-    assert "args.hw_info.sm_count = 128;" in fewer
-    assert "g_max_active_clusters < 64 ? g_max_active_clusters : 64;" in fewer
-    with pytest.raises(ValueError, match="does not size its grid"):
-        script.with_sms(fewer, 120, 2)
+    variants, failed = script.variant_sources([("p", program)], ["auto", "128x64"], (128, 7))
+    assert [n for n, _, _ in variants] == ["p_epi_auto", "p_epi_128x64", "p_epi_auto_sms128", "p_epi_128x64_sms128"]
+    assert "whole clusters of 2" in failed["p_epi_auto_sms7"] and "whole clusters of 2" in failed["p_epi_128x64_sms7"]
+    (_, whole, plain), (_, _, tiled), (_, fewer, same), (_, _, same_tiled) = variants
+    assert (same.text, same_tiled.text) == (plain.text, tiled.text)
+    assert (runtime_args(whole).grid_sms, runtime_args(fewer).grid_sms) == (0, 128)
 
 
 def test_cutlass_epilogue_probe_times_a_c_col_program_as_the_transposed_product():
