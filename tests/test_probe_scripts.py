@@ -205,6 +205,10 @@ def test_cutlass_epilogue_probe_sizes_the_persistent_grid_for_fewer_sms():
     (_, whole, plain), (_, _, tiled), (_, fewer, same), (_, _, same_tiled) = variants
     assert (same.text, same_tiled.text) == (plain.text, tiled.text)
     assert (runtime_args(whole).grid_sms, runtime_args(fewer).grid_sms) == (0, 128)
+    # A c=col program (run as the transposed product) is validated as its row-major twin here too.
+    transposed = dsl.parse((RESULTS / "epilogue_probe" / "programs" / "T_coop256x128_1x2_n8.gemm").read_text())
+    variants, failed = script.variant_sources([("t", transposed)], ["auto"], (128,))
+    assert [n for n, _, _ in variants] == ["t_epi_auto", "t_epi_auto_sms128"] and not failed
 
 
 def test_cutlass_epilogue_probe_times_a_c_col_program_as_the_transposed_product():
