@@ -196,12 +196,7 @@ def _timed_loop(call, reset, iters: int, sampler=None) -> float:
             call()
         return (time.perf_counter() - t0) * 1e3 / iters
     torch.cuda.synchronize()
-    if sampler is None:
-        return loop_ms(lambda i: call(), iters)
-    sampler.start_energy()
-    ms = loop_ms(lambda i: call(), iters, sampler)     # returns once the GPU has finished the loop
-    sampler.stop_energy(iters)
-    return ms
+    return loop_ms(lambda i: call(), iters, sampler)
 
 
 def launch_ms(call, reset, n: int = 7) -> float:
@@ -362,18 +357,13 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
         timed = time_interleaved(calls, case.iters, args.repeats, samplers)
     load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
     default = timed[variants.index("inductor")] if "inductor" in variants else None
-    default_energy = samplers[variants.index("inductor")].energy_mj if default is not None and samplers[0] else None
     for row, (call, reset), ts, sampler in zip(rows, calls, timed, samplers):
         ms = statistics.median(ts)
         row.update(device_ms=ms, best_ms=min(ts), spread=round((max(ts) - min(ts)) / ms, 4), times_ms=ts,
                    vs_default=versus(ts, default) if default is not None and row["variant"] != "inductor" else None,
                    host_load=load, split=None)
-        if default_energy and sampler.energy_mj and row["variant"] != "inductor":
-            row["energy_vs_default"] = versus(sampler.energy_mj, default_energy)    # default's energy / this one's
         if sampler is not None:
             row["clocks"] = sampler.summary()         # SM clock while this variant's loops ran
-            if sampler.energy_mj:                     # energy a call, per repeat; at the cap, time follows it
-                row["energy_mj"] = [round(e, 1) for e in sampler.energy_mj]
             sampler.close()
         if args.device == "cuda":
             with torch.no_grad():
@@ -524,9 +514,6 @@ def print_table(result) -> None:
         if r.get("launch_ms") is not None:
             rep = f"launch {r['launch_ms']:.2f} ms  " + rep
         clk = r.get("clocks") or {}
-        if clk.get("energy_mj_per_call"):
-            joules = clk["energy_mj_per_call"] / 1e3
-            rep = f"{joules:.3f} J ({joules / r['device_ms'] * 1e3:.0f} W)  " + rep
         if clk.get("samples"):
             rep = f"SM {clk['sm_mhz_median']} MHz ({','.join(clk['reasons']) or 'no cap'})  " + rep
         best = f"{r['best_ms']:8.3f}" if r.get("best_ms") else f"{'-':>8s}"

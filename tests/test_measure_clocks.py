@@ -70,29 +70,3 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
     assert (nvml_index(0), nvml_index(1)) == (3, 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8d1a0a4e")      # a UUID: left as CUDA numbers it
     assert nvml_index(0) == 0
-
-
-def test_energy_a_call_from_the_counter_around_marked_loops(monkeypatch):
-    """Two loops of 10 calls: 5,000 and 7,000 mJ on the counter, so 500 and 700 mJ a call; a
-    board without an energy counter records none, and the summary says nothing of energy."""
-    mod, _ = fake_nvml([1980, 1980, 1980], [0, 0, 0])
-    readings = iter([100_000, 105_000, 105_000, 112_000])
-    mod.nvmlDeviceGetTotalEnergyConsumption = lambda h: next(readings)
-    monkeypatch.setitem(sys.modules, "pynvml", mod)
-    sampler = ClockSampler(0)
-    for _ in range(2):
-        sampler.start_energy()
-        sampler.sample()
-        sampler.stop_energy(10)
-    assert sampler.energy_mj == [500.0, 700.0]
-    assert sampler.summary()["energy_mj_per_call"] == 600.0
-
-    def unsupported(h):
-        raise RuntimeError("Not Supported")
-
-    mod.nvmlDeviceGetTotalEnergyConsumption = unsupported
-    sampler = ClockSampler(0)
-    sampler.start_energy()
-    sampler.sample()
-    sampler.stop_energy(10)
-    assert sampler.energy_mj == [] and "energy_mj_per_call" not in sampler.summary()

@@ -6,8 +6,7 @@ another minutes later (backends/CUDA_NOTES.md), and a sustained load can lower t
 clock (power or thermal). `ClockSampler` reads NVML once per round of the timed loop,
 while the GPU is still working on it, and summarises: SM clock (min, median, max MHz), the
 fraction of samples below the maximum clock, and the clock-event reasons seen (power cap,
-thermal, ...), and around loops the caller marks (`start_energy`, `stop_energy`), the energy a
-call took. Without NVML (`pynvml` from nvidia-ml-py) it records nothing.
+thermal, ...). Without NVML (`pynvml` from nvidia-ml-py) it records nothing.
 """
 from __future__ import annotations
 
@@ -49,17 +48,10 @@ def reason_names(mask: int) -> list[str]:
 
 
 class ClockSampler:
-    """SM clock and clock-event reasons of one GPU, sampled on demand (cheap: no sync); and, around
-    timed loops the caller marks, the energy a call took (NVML's energy counter).
-
-    Energy says what time cannot at the power cap: there the clock falls until the board's power
-    is the cap, so a loop's time is its energy over the cap, and a kernel is faster only if it
-    takes less energy."""
+    """SM clock and clock-event reasons of one GPU, sampled on demand (cheap: no sync)."""
 
     def __init__(self, device_index: int = 0):
         self.samples: list[tuple[int, int]] = []     # (SM MHz, reason mask)
-        self.energy_mj: list[float] = []             # mJ a call, one entry per marked loop
-        self._energy_start: Optional[int] = None
         self.max_mhz: Optional[int] = None
         self.error: Optional[str] = None
         self._nvml = self._handle = None
@@ -88,24 +80,6 @@ class ClockSampler:
         except Exception as exc:  # noqa: BLE001
             self.error, self._nvml = f"NVML: {exc}", None
 
-    def _energy_counter(self) -> Optional[int]:
-        if self._nvml is None:
-            return None
-        try:
-            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))   # mJ since driver load
-        except Exception:  # noqa: BLE001 - not every board reports energy
-            return None
-
-    def start_energy(self) -> None:
-        """Mark the start of a loop (the GPU idle: synchronize first)."""
-        self._energy_start = self._energy_counter()
-
-    def stop_energy(self, calls: int) -> None:
-        """Mark its end (after the GPU finished it): record the energy a call took."""
-        end, start, self._energy_start = self._energy_counter(), self._energy_start, None
-        if start is not None and end is not None and calls > 0:
-            self.energy_mj.append((end - start) / calls)
-
     def close(self) -> None:
         if self._nvml is not None:
             try:
@@ -128,8 +102,6 @@ class ClockSampler:
         if self.max_mhz:
             out["max_sm_mhz"] = self.max_mhz
             out["below_max_fraction"] = round(sum(m < self.max_mhz for m in mhz) / len(mhz), 4)
-        if self.energy_mj:
-            out["energy_mj_per_call"] = round(median(self.energy_mj), 1)
         if self.error:
             out["error"] = self.error             # sampling stopped part way
         return out
