@@ -12,7 +12,8 @@ The model (documented in docs/dsl.md, "Resource model"):
 * shared memory = stages * (tile_m * tile_k + tile_k * tile_n) * sizeof(in)
   + for warp-specialized mainloops: two 8-byte mbarriers per stage and the TMA-store
   epilogue's double-buffered output subtile, 64x32 or the program's (`tile ... epilogue=MxN`),
-  one more per C/residual operand read.
+  one more per C/residual operand read; a backend's rules may give its own automatic subtile
+  (CUTLASS's 128x32 or 64x32, `cutlass_rules.epilogue_tile`).
   A multistage epilogue reuses the mainloop's buffers.
 * accumulator registers per math thread = tile_m * tile_n / (32 * WM * WN) fp32 values,
   plus REG_RESERVE for addresses, indices and fragments.
