@@ -8,6 +8,8 @@ cannot express: fused epilogues it has no enum for, and the extern "C" wrapper.
 Build-time choices (what changes the machine code) live in `InstanceSpec`;
 runtime choices (raster order, swizzle width, splits, decomposition, alpha,
 beta, pointers, shapes) are wrapper arguments, so one build serves many programs.
+One exception: the plain epilogue at alpha 1 gets a build without the scaling
+(`InstanceSpec.unscaled`), which then takes no alpha.
 
 Tile shape: on SM90 `cutlass_library` hands `TileDescription.tile_shape` to the
 collective builders unchanged, and the SM90 builders read it as the tile of ONE
@@ -67,11 +69,17 @@ class InstanceSpec:
     partials: bool = False
     # `tile ... epilogue=MxN`: the TMA-store epilogue's sub-tile; None: CUTLASS's automatic one.
     epilogue_tile: Optional[tuple[int, int]] = None
+    # The plain epilogue at alpha 1 (no C, bias, activation or residual) stores the accumulator
+    # converted, with no multiply per element; otherwise alpha scales it as a run-time argument.
+    # cuBLAS's kernels spend no FMUL there; CUTLASS's spent one an element, 1.55x the warp
+    # instructions of cuBLAS's at K of one k-tile, and alpha-free builds read 0.88x -> 0.92x there
+    # and 1.003x -> 1.008x at 4096^3 (session 21, benchmarks/results/epilogue_probe/s21_unscaled/).
+    unscaled: bool = False
 
     @property
     def as_meta(self) -> dict:
         meta = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-        for key in ("partials", "epilogue_tile"):   # only where set: earlier builds keep their digests
+        for key in ("partials", "epilogue_tile", "unscaled"):   # only where set: earlier builds keep their digests
             if not meta[key]:
                 del meta[key]
         return meta
@@ -104,6 +112,8 @@ def instance_spec(program: Program) -> InstanceSpec:
     # K slices of a batched GEMM on the program's own scheduler.
     partials = sliced_split_k(program)
     uses_stream_k = on_stream_k_scheduler(program)
+    plain = source is None and not e.bias and not e.activation
+    unscaled = plain and e.alpha == 1.0 and not partials     # a K-slice build's GEMM writes fp32 partials
     return InstanceSpec(
         tile=(program.tile.m, program.tile.n, program.tile.k),
         cluster=tuple(program.cluster),
@@ -121,6 +131,7 @@ def instance_spec(program: Program) -> InstanceSpec:
         residual_after_activation=bool(e.residual and e.activation),
         partials=partials,
         epilogue_tile=program.epilogue_tile,
+        unscaled=unscaled,
     )
 
 
@@ -242,6 +253,9 @@ def _fusion(spec: InstanceSpec):
         thread = f"args.epilogue.thread = {{{{{scaled_args}, {{}}}}, {{}}, {{}}}};"
         return _FusionDeclaration(tree), thread
 
+    if spec.unscaled:     # D = acc: one compute node converting the accumulator; alpha is 1, beta 0
+        return _FusionDeclaration(f"{fusion_ns}::Sm90EVT<{fusion_ns}::Sm90Compute<cutlass::epilogue::thread::Identity, "
+                                  f"{out}, float, {rnd}>, {fusion_ns}::Sm90AccFetch>"), "(void)alpha; (void)beta;"
     thread = ["args.epilogue.thread.alpha = alpha;", "args.epilogue.thread.beta = beta;"]
     if spec.bias:
         name = {"m": "LinCombPerRowBias", "n": "LinCombPerColBias"}[spec.bias]

@@ -110,6 +110,9 @@ class CutlassLauncher:
         elif beta != 0.0:
             raise BackendError("this CUTLASS build has no C operand (its program's epilogue has beta 0); "
                                "lower a program with `beta=...` in its epilogue to pass beta")
+        if spec.unscaled and alpha != 1.0:
+            raise BackendError("this CUTLASS build stores the product unscaled (its program's epilogue has alpha 1); "
+                               "lower a program with `alpha=...` in its epilogue to pass alpha")
         if source is not None:
             ldc = _leading(source, spec.source, spec.c_major, (m, n))
         bias_ptr = 0

@@ -14,9 +14,11 @@ candidate (`gemmgen.measure.turns.in_pairs`), after the harness's check:
 
 - `MxN`: the TMA-store epilogue with an M x N sub-tile (fewer, larger rounds; more shared
   memory, which the automatic stage count then takes from the ring);
-- `direct`: `NoSmemWarpSpecialized`, each thread storing its accumulators to global memory;
-- `unscaled`: the plain epilogue without alpha (D = acc converted to fp16), for programs whose
-  alpha is 1 and beta 0 (session 21).
+- `direct`: `NoSmemWarpSpecialized`, each thread storing its accumulators to global memory.
+
+Session 21 also had `unscaled` here (the plain epilogue without alpha; commit 7e9b6b3,
+`benchmarks/results/epilogue_probe/s21_unscaled/`). The backend now builds that itself for every
+program whose epilogue is plain at alpha 1 (`InstanceSpec.unscaled`), so the choice was dropped.
 
 With `--epilogues auto` alone it times CUTLASS programs as written: session 18 timed stream-K
 builds against persistent ones this way (`benchmarks/results/streamk_probe/`). `--sms 128,120`
@@ -54,28 +56,11 @@ SCHEDULES = ("cutlass::epilogue::TmaWarpSpecializedCooperative", "cutlass::epilo
 DIRECT = "cutlass::epilogue::NoSmemWarpSpecialized"
 
 
-# The plain epilogue (D = alpha * acc, no C) as emitted, and the same without alpha: one compute
-# node converting the accumulator, so the epilogue issues no FMUL per element.
-SCALED = re.compile(r"cutlass::epilogue::fusion::LinearCombination<\s*cutlass::half_t,\s*float,\s*void,\s*float\s*>")
-UNSCALED = ("cutlass::epilogue::fusion::Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<"
-            "cutlass::epilogue::thread::Identity, cutlass::half_t, float, cutlass::FloatRoundStyle::round_to_nearest>, "
-            "cutlass::epilogue::fusion::Sm90AccFetch>")
-SCALARS = "  args.epilogue.thread.alpha = alpha;\n  args.epilogue.thread.beta = beta;\n"
-
-
 def with_epilogue(text: str, choice: str) -> str:
-    """The emitted instance with epilogue `choice` ('auto', 'MxN', 'direct' or 'unscaled');
-    ValueError if the text has no epilogue of the kind to replace or the choice is not one of those.
-
-    'unscaled' drops alpha from the plain fp16 epilogue (D = acc): whether the FMUL a call spends
-    per element at alpha 1 is what the profile of the short-K losers counted (docs/backends.md,
-    session 21). Only for programs with alpha 1 and beta 0: the build ignores both."""
+    """The emitted instance with epilogue `choice` ('auto', 'MxN' or 'direct'); ValueError if
+    the text has no automatic-tile TMA epilogue to replace or the choice is not one of those."""
     if choice == "auto":
         return text
-    if choice == "unscaled":
-        if not SCALED.search(text) or SCALARS not in text:
-            raise ValueError("the instance has no plain fp16 epilogue (alpha * acc, no C) to unscale")
-        return SCALED.sub(UNSCALED, text, count=1).replace(SCALARS, "  (void)alpha; (void)beta;\n", 1)
     schedule = next((s for s in SCHEDULES if re.search(re.escape(s) + r"\s*,", text)), None)
     if AUTO_TILE not in text or schedule is None:
         raise ValueError("the instance has no automatic-tile TMA epilogue to vary")
@@ -83,7 +68,7 @@ def with_epilogue(text: str, choice: str) -> str:
         return re.sub(re.escape(schedule) + r"(\s*,)", DIRECT + r"\1", text, count=1)
     m = re.fullmatch(r"([0-9]+)x([0-9]+)", choice)
     if not m:
-        raise ValueError(f"epilogue {choice!r}: write auto, direct, unscaled, or a sub-tile MxN such as 128x64")
+        raise ValueError(f"epilogue {choice!r}: write auto, direct, or a sub-tile MxN such as 128x64")
     return text.replace(AUTO_TILE, f"cute::Shape<cute::_{m.group(1)}, cute::_{m.group(2)}>", 1)
 
 
@@ -111,7 +96,7 @@ def parse_args(argv=None):
     p.add_argument("programs", nargs="*", help="CUTLASS DSL files, each bound to its shape")
     p.add_argument("--out", required=True)
     p.add_argument("--epilogues", default="auto,128x64,direct",
-                   help="comma-separated: auto, direct, unscaled, or MxN sub-tiles (a choice a program's tile refuses "
+                   help="comma-separated: auto, direct, or MxN sub-tiles (a choice a program's tile refuses "
                         "is its row's failure, not the run's)")
     p.add_argument("--sms", default="",
                    help="also time each variant with its persistent grid on these SM counts, e.g. 128,120: the "

@@ -90,7 +90,10 @@ def test_majors_map_to_cutlass_layouts(a_major, b_major, layout_a, layout_b):
 
 
 @pytest.mark.parametrize("epilogue,expect", [
-    (Epilogue(), ["fusion::LinearCombination<", "void,\n"]),
+    # alpha 1, nothing else: the accumulator converted, no multiply (InstanceSpec.unscaled)
+    (Epilogue(), ["Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::Identity, "
+                  "cutlass::half_t, float,", "Sm90AccFetch>", "void, cutlass::layout::RowMajor, 0,"]),
+    (Epilogue(alpha=2.0), ["fusion::LinearCombination<", "void,\n"]),
     (Epilogue(alpha=2.0, beta=0.5), ["fusion::LinearCombination<", "cutlass::half_t,\n      float\n"]),
     (Epilogue(bias="n", activation="gelu"),
      ["LinCombPerColBiasEltAct<cutlass::epilogue::thread::GELU, cutlass::half_t, float, cutlass::half_t, void"]),
@@ -109,8 +112,29 @@ def test_epilogues_map_to_fusion_operations(epilogue, expect):
         assert fragment in body, (fragment, body)
 
 
+def test_only_the_plain_epilogue_at_alpha_1_is_built_unscaled():
+    """The alpha-free build takes no alpha: its wrapper sets no epilogue scalars, its spec says so
+    (and only there, so the digests of other builds stay as they were), and alpha 2 is a
+    different build that scales."""
+    from gemmgen.backends.cutlass_emit import instance_spec
+
+    plain = _program(Problem(None, None, None, "row", "col"))
+    scaled = _program(Problem(None, None, None, "row", "col", epilogue=Epilogue(alpha=2.0)))
+    assert instance_spec(plain).unscaled and instance_spec(plain).as_meta["unscaled"] is True
+    assert not instance_spec(scaled).unscaled and "unscaled" not in instance_spec(scaled).as_meta
+    assert cutlass.build_key(plain) != cutlass.build_key(scaled)
+    text = cutlass.lower(plain).text
+    assert "(void)alpha; (void)beta;" in text and "args.epilogue.thread.alpha" not in text
+    assert "args.epilogue.thread.alpha = alpha;" in cutlass.lower(scaled).text
+    for epilogue in (Epilogue(bias="n"), Epilogue(activation="relu"), Epilogue(residual=True), Epilogue(beta=0.5)):
+        assert not instance_spec(_program(Problem(None, None, None, "row", "col", epilogue=epilogue))).unscaled
+    sliced = _program(Problem(None, None, None, "row", "row"), tile=Tile(64, 128, 64), mainloop="ws_pingpong",
+                      warps=(4, 1), scheduler="tile", split_k=4, split_k_reduce="workspace")
+    assert not instance_spec(sliced).unscaled      # its GEMM writes fp32 partials; the reduce applies alpha
+
+
 def test_runtime_choices_share_one_build():
-    base = _program(scheduler="stream_k")
+    base = _program(Problem(4096, 4096, 4096, "row", "col", epilogue=Epilogue(alpha=0.5)), scheduler="stream_k")
     key = cutlass.build_key(base)
     split = replace(base, split_k=4, split_k_reduce="unordered")
     variants = [replace(base, raster="n"), replace(base, swizzle=8), split, base.bind((1000, 3000, 512)),
@@ -120,7 +144,8 @@ def test_runtime_choices_share_one_build():
     assert runtime_args(replace(base, raster="n")) != runtime_args(base)
     # Build-time choices do change the key.
     for other in (replace(base, cluster=(2, 1)), replace(base, stages=4), replace(base, scheduler="persistent"),
-                  replace(base, problem=replace(base.problem, epilogue=Epilogue(beta=1.0)))):
+                  replace(base, problem=replace(base.problem, epilogue=Epilogue(beta=1.0))),
+                  replace(base, problem=replace(base.problem, epilogue=Epilogue()))):   # alpha 1: unscaled
         assert cutlass.build_key(other) != key
 
 

@@ -387,3 +387,5 @@ def test_bad_operands_are_refused_with_a_clear_error(artifacts):
         fn(a, torch.randn(512, 512, device="cuda", dtype=torch.float16), out)  # b row-major, program says col
     with pytest.raises(GemmgenError, match="beta"):
         fn(a, a.t(), out, beta=1.0)
+    with pytest.raises(GemmgenError, match="unscaled"):     # the plain epilogue at alpha 1 has no alpha
+        fn(a, a.t(), out, alpha=2.0)

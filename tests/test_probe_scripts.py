@@ -190,11 +190,6 @@ def test_cutlass_epilogue_probe_edits_only_the_epilogue():
         script.with_epilogue(text, "wide")
     with pytest.raises(ValueError, match="no automatic-tile"):
         script.with_epilogue(tiled, "128x128")
-    unscaled = script.with_epilogue(text, "unscaled")
-    assert script.UNSCALED in unscaled and not script.SCALED.search(unscaled)
-    assert "args.epilogue.thread.alpha" not in unscaled and "(void)alpha; (void)beta;" in unscaled
-    with pytest.raises(ValueError, match="no plain fp16 epilogue"):
-        script.with_epilogue(unscaled, "unscaled")
 
 
 def test_cutlass_epilogue_probe_sizes_the_persistent_grid_for_fewer_sms():
