@@ -18,7 +18,7 @@
 3. measure the selected programs against torch.matmul with `gemmgen bench`'s own
            runner (gemmgen.measure.bench), offline and server mode, each saving as it goes.
 
-Shapes: the CSV's, plus 4096^3 and 8192^3 unless --no-anchors (all in --out/shapes.csv).
+Shapes: 4096^3 and 8192^3 unless --no-anchors, then the CSV's (all in --out/shapes.csv).
 Writes under --out: library.json (builds, builds/minute), selection.json, offline/ and
 server/ (results.json + plots from gemmgen.measure), summary.json; prints the per-bucket
 table last. --time-budget bounds steps 2 and 3 (half for selection, a quarter per mode).
@@ -144,9 +144,12 @@ def candidates_for(shapes, top: int):
 
 
 def with_anchors(shapes: list, path: Path, skip: bool) -> list:
-    """The CSV's shapes, then the anchors it lacks (nn), written to `path` for the bench to read."""
+    """The anchors the CSV lacks (nn), then the CSV's shapes, written to `path` for the bench to read.
+
+    Anchors first: a selection or bench cut short by --time-budget then never drops the two shapes
+    the targets name (session 21's sample run lost both that way, selecting them last)."""
     if not skip:
-        shapes = shapes + common.anchors_missing(shapes, ["nn"])
+        shapes = common.anchors_missing(shapes, ["nn"]) + shapes
     path.write_text("M,N,K,layout\n" + "".join(f"{s.m},{s.n},{s.k},{s.layout}\n" for s in shapes))
     return shapes
 

@@ -44,7 +44,7 @@ def parser(description: str, add_candidate_count: Callable[[argparse.ArgumentPar
 
 
 def anchors_missing(shapes: list, layouts: Iterable[str]) -> list:
-    """The anchor shapes, in each layout, that `shapes` lacks (to append after them)."""
+    """The anchor shapes, in each layout, that `shapes` lacks (to add to them)."""
     from gemmgen.measure.shapes import Shape
 
     have = {(s.m, s.n, s.k, s.layout) for s in shapes}

@@ -29,7 +29,7 @@ def test_bucket_table_gives_the_cross_session_and_the_same_session_speedups():
     assert cells["8192^3"] == ["0", "-", "-"]
 
 
-@pytest.mark.parametrize("session", ["s15", "s19", "s20", "s20/wide_epilogue"])
+@pytest.mark.parametrize("session", ["s15", "s19", "s20", "s20/wide_epilogue", "s21", "s21/anchors"])
 def test_the_committed_table_is_what_the_rows_give(session):
     script = load_script("cutlass_search")
     folder = BENCHMARKS / "results" / "cutlass_search" / session
@@ -124,3 +124,16 @@ def test_session_20_stored_the_short_k_shapes_through_the_wide_epilogue():
     for mode in ("offline", "server"):
         assert (after[mode]["same_session"]["cutlass_search:selected_kernel"]["geomean"]
                 > before[mode]["same_session"]["cutlass_search:selected_kernel"]["geomean"])
+
+
+def test_the_anchors_come_first_so_a_time_budget_cannot_drop_them(tmp_path):
+    """Session 21's sample run selected 109 of 111 shapes before its budget ran out: the two
+    anchors, which came last. They now come first, and a CSV that has one is not given it twice."""
+    from gemmgen.measure.shapes import Shape
+
+    script = load_script("cutlass_search")
+    csv = [Shape(64, 64, 64, "nn"), Shape(8192, 8192, 8192, "nn")]
+    shapes = script.with_anchors(csv, tmp_path / "shapes.csv", skip=False)
+    assert [(s.m, s.n, s.k) for s in shapes] == [(4096, 4096, 4096), (64, 64, 64), (8192, 8192, 8192)]
+    assert (tmp_path / "shapes.csv").read_text().splitlines()[1] == "4096,4096,4096,nn"
+    assert script.with_anchors(csv, tmp_path / "shapes.csv", skip=True) == csv
