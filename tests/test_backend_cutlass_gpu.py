@@ -118,6 +118,15 @@ def artifacts():
     return _built(_all_programs())
 
 
+def _group_artifacts(name: str, programs: list):
+    """A module fixture `name` that builds only `programs`, apart from the module's other
+    instances, so that `-k` on its group (narrow, wide_n, epilogue_tile, sliced) builds no more."""
+    @pytest.fixture(scope="module", name=name)
+    def built():
+        return _built(programs)
+    return built
+
+
 def _check(program, artifacts, runner):
     from gemmgen.backends import cutlass
     from gemmgen.dsl import validate
@@ -224,10 +233,7 @@ def _valid_narrow_cases():
 NARROW_SHAPE_CASES = _valid_narrow_cases()
 
 
-@pytest.fixture(scope="module")
-def narrow_artifacts():
-    """Built apart from the module's other instances, so `-k narrow` builds only these."""
-    return _built(NARROW_CASES[i].bind(shape) for i, shape in NARROW_SHAPE_CASES)
+narrow_artifacts = _group_artifacts("narrow_artifacts", [NARROW_CASES[i].bind(s) for i, s in NARROW_SHAPE_CASES])
 
 
 @pytest.mark.parametrize("index,shape", NARROW_SHAPE_CASES)
@@ -247,10 +253,7 @@ WIDE_N_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def wide_n_artifacts():
-    """Built apart, so `-k wide_n` builds only the 128x192 instances."""
-    return _built(p.bind(shape) for p, shape in WIDE_N_CASES)
+wide_n_artifacts = _group_artifacts("wide_n_artifacts", [p.bind(s) for p, s in WIDE_N_CASES])
 
 
 @pytest.mark.parametrize("index", range(len(WIDE_N_CASES)))
@@ -278,10 +281,7 @@ def _wide_epilogue_cases():
 WIDE_EPILOGUE_CASES = _wide_epilogue_cases()
 
 
-@pytest.fixture(scope="module")
-def wide_epilogue_artifacts():
-    """Built apart, so `-k epilogue_tile` builds only these instances."""
-    return _built(p.bind(shape) for p, shape in WIDE_EPILOGUE_CASES)
+wide_epilogue_artifacts = _group_artifacts("wide_epilogue_artifacts", [p.bind(s) for p, s in WIDE_EPILOGUE_CASES])
 
 
 @pytest.mark.parametrize("index", range(len(WIDE_EPILOGUE_CASES)))
@@ -315,10 +315,7 @@ SLICED_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sliced_artifacts():
-    """Built apart, so `-k sliced` builds only the split-K workspace instances."""
-    return _built(p.bind(shape) for p, shape, _ in SLICED_CASES)
+sliced_artifacts = _group_artifacts("sliced_artifacts", [p.bind(s) for p, s, _ in SLICED_CASES])
 
 
 @pytest.mark.parametrize("index", range(len(SLICED_CASES)))
