@@ -194,10 +194,11 @@ def test_the_space_times_the_balanced_grid_where_the_last_round_is_partial():
     programs = space(Problem(4096, 4096, 4096, "row", "row"))
     balanced = [p for p in programs if p.grid_sms]
     assert balanced and all(not diagnose(p) and p.scheduler == "persistent" for p in balanced)
-    assert all(replace(p, grid_sms=None) in programs for p in balanced if p != programs[2])   # beside its twin
+    assert all(replace(p, grid_sms=None) in programs for p in balanced if p not in programs[2:4])   # beside its twin
     assert programs[1] == replace(programs[0], grid_sms=128)                  # the best's twin timed second
     assert programs[2] == replace(programs[1], raster="n" if programs[1].raster == "m" else "m")   # and across
-    assert balanced[:2] == programs[1:3]
+    assert programs[0].cluster == (2, 1) and programs[3] == replace(programs[2], cluster=(1, 1))   # and unclustered
+    assert balanced[:3] == programs[1:4]
     assert len(set(programs)) == len(programs)
     assert not any(p.grid_sms for p in space(Problem(1024, 1024, 1024, "row", "row"))[:2])
     from gemmgen.dsl.facts import facts
