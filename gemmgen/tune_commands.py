@@ -81,17 +81,15 @@ def _tune(args) -> int:
     from pathlib import Path
 
     from gemmgen.compile import clear_cache
-    from gemmgen.policy.proposers import ALL_BACKENDS, get_proposer
+    from gemmgen.policy.proposers import proposer_for
     from gemmgen.tune import split_library, tune_backends
     from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
     problems = tune_problems(args.shapes, args.shard, args.epilogue)
-    if args.programs or args.proposer == "programs":     # FileProposer says so if no --programs
-        proposer = get_proposer("programs", path=args.programs, backends=backends or ALL_BACKENDS)
-    else:
-        proposer = get_proposer(args.proposer, backends=backends) if backends else None
+    proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
+                if backends or args.programs or args.proposer == "programs" else None)   # else the library only
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     db_path = Path(args.db) if args.db else default_db_path()
     with Database(db_path) as db, WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout,

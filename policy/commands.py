@@ -47,20 +47,16 @@ def _propose(args) -> int:
 
     from gemmgen.dsl import to_text
     from gemmgen.errors import GemmgenError
-    from gemmgen.policy.proposers import get_proposer
+    from gemmgen.policy.proposers import proposer_for
 
     if args.k <= 0:
         raise GemmgenError("-k must be at least 1")
     problem = _problem(args)
-    options: dict = {}
-    if args.backends:
-        options["backends"] = tuple(b.strip() for b in args.backends.split(",") if b.strip())
-    name = "programs" if args.programs else args.proposer
-    if name == "programs":
-        options["path"] = args.programs
-    if name == "policy":
-        options.update(checkpoint=args.checkpoint, base_model=args.base_model, temperature=args.temperature)
-    proposer = get_proposer(name, **options)
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends else ()
+    options = (dict(checkpoint=args.checkpoint, base_model=args.base_model, temperature=args.temperature)
+               if args.proposer == "policy" and not args.programs else {})
+    proposer = proposer_for(args.proposer, programs=args.programs, backends=backends, **options)
+    name = proposer.name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         programs = proposer.propose(problem, args.k, seed=args.seed)

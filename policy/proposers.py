@@ -277,5 +277,14 @@ def get_proposer(name: str, **options) -> Proposer:
     return factory(**options)
 
 
+def proposer_for(name: str, *, programs: Optional[str] = None, backends: Sequence[str] = (),
+                 **options) -> Proposer:
+    """The proposer a command line names (`gemmgen tune`, `gemmgen propose`): `--programs PATH`
+    means the file proposer, which keeps every backend's files unless `backends` narrows them."""
+    if programs or name == "programs":     # FileProposer says so if no path
+        return get_proposer("programs", path=programs, backends=tuple(backends) or ALL_BACKENDS)
+    return get_proposer(name, **({"backends": tuple(backends)} if backends else {}), **options)
+
+
 __all__ = ["FileProposer", "HeuristicProposer", "Proposer", "ProposerError", "RandomProposer", "estimated_seconds",
-           "get_proposer", "present_backends", "proposer_names", "register_proposer"]
+           "get_proposer", "present_backends", "proposer_for", "proposer_names", "register_proposer"]
