@@ -304,7 +304,8 @@ def space(problem: Problem) -> list[Program]:
         # And without the cluster: the estimate credits multicast, but at 4096^3 the 1x1 build on
         # 128 SMs walking N read 0.1-0.6 % ahead of the 2x1 one in four calls (session 21).
         if twin.cluster != (1, 1):
-            single = replace(across, cluster=(1, 1))
+            wide = WIDE_EPILOGUE.get((across.mainloop, across.tile.m, across.tile.n)) if _store_bound(problem) else None
+            single = replace(across, cluster=(1, 1), epilogue_tile=wide)     # the library's 1x1 build
             single = replace(single, grid_sms=balanced_grid_sms(single))
             if single.grid_sms and not any(rule(single) for rule in RULES):
                 if single in ordered:
