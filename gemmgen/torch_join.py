@@ -117,6 +117,7 @@ def rewrite(graph: fx.Graph, join: Join) -> fx.Node:
                                      (members[0].a, weights, members[0].a_major))
         joined.meta["val"] = torch_ops.gemm_joined_fake(a_val, [w.meta["val"] for w in weights],
                                                         members[0].a_major)
+        torch_ops.pin_input_strides(joined)
         start, parts = 0, []
         for cand in members:
             n = int(cand.b.meta["val"].shape[1])

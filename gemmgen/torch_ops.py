@@ -93,13 +93,27 @@ def _stride_tag():
     return (tag,)
 
 
+def pin_input_strides(node) -> None:
+    """Make inductor honour the stride tag for a node the pass inserted.
+
+    Inductor enforces `needs_exact_strides` against the node's `eager_input_vals` and, where a
+    custom pass left none, not at all. Then a pointwise producer may come out row-major where
+    the traced value was column-major, and the op would get operands of another major than
+    its arguments say (`(x.t() + y) @ w.t()` did, on torch 2.13). With the traced values here,
+    inductor copies such an operand to the strides the pass saw."""
+    from torch.fx.node import map_arg
+
+    node.meta["eager_input_vals"] = (map_arg(node.args, lambda n: n.meta["val"]), {})
+
+
 # Defined through torch.library.Library rather than the @custom_op decorator: same dispatcher
 # op, but about half the per-call host overhead (no autograd wrapper; the op only ever appears
 # in post-grad graphs, after autograd), which is what decode-sized matmuls pay for.
 _LIB = torch.library.Library("gemmgen", "DEF")
 _LIB.define("gemm(Tensor a, Tensor b, Tensor? bias, Tensor? c, str a_major, str b_major, str activation, "
             "float alpha, float beta) -> Tensor", tags=_stride_tag())
-#: key -> the kernel's launcher, once one checked call went through (the warm path).
+#: (key, a's strides, b's strides) -> the kernel's launcher, once a checked call of operands of
+#: those strides went through (the warm path).
 _LAUNCHERS: dict = {}
 
 
@@ -109,21 +123,26 @@ def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta):
     n = b.shape[1]
     key = (m, n, k, a_major, b_major, bias is not None, c is not None, activation, alpha, beta,
            a.device.index)
-    launch = _LAUNCHERS.get(key)
+    # Operands of these very strides went through the checked call before: skip the checks.
+    # (The strides are in the key so that no other layout ever takes this path unchecked.)
+    launch = _LAUNCHERS.get((key, a.stride(), b.stride()))
     if launch is not None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
         launch(a, b, out, bias=bias, residual=None, c=c, alpha=alpha, beta=beta)
         return out
     kernel = _KERNELS.get(key) or resolve(key)
     out = kernel(a, b, bias=bias, c=c)            # the checked call: operands against the problem
-    # Inductor hands this op the same shapes and strides every call (needs_exact_strides), so
-    # later calls skip the checks.
-    _LAUNCHERS[key] = kernel.launcher
+    _LAUNCHERS[(key, a.stride(), b.stride())] = kernel.launcher
     return out
 
 
 def gemm_cpu(a, b, bias, c, a_major, b_major, activation, alpha, beta):
-    """The fp32 torch reference: lets CPU-only CI run rewritten models (devices=("cuda", "cpu"))."""
+    """The fp32 torch reference: lets CPU-only CI run rewritten models (devices=("cuda", "cpu")).
+    It checks the operands' majors as the CUDA kernel does, so CI sees the strides inductor hands over."""
+    from gemmgen.kernel import _check_major
+
+    _check_major("a", a, tuple(a.shape), a_major)
+    _check_major("b", b, tuple(b.shape), b_major)
     return reference(a, b, bias, c, activation, alpha, beta)
 
 
@@ -187,7 +206,7 @@ def gemm_joined_cuda(a, ws, a_major):
 
 def gemm_joined_cpu(a, ws, a_major):
     """The fp32 reference, on the same cached join as CUDA (so CPU CI sees a stale copy)."""
-    return reference(a, joined_weights(ws), None, None, "none", 1.0, 0.0)
+    return gemm_cpu(a, joined_weights(ws), None, None, a_major, "col", "none", 1.0, 0.0)
 
 
 def gemm_joined_fake(a, ws, a_major):

@@ -540,6 +540,7 @@ def _rewrite(graph: fx.Graph, cand: _Candidate) -> None:
             (cand.a, cand.b, bias, cand.c, cand.a_major, cand.b_major, cand.activation,
              cand.alpha, cand.beta))
     new.meta.update({k: v for k, v in node.meta.items() if k in ("val", "stack_trace", "nn_module_stack")})
+    torch_ops.pin_input_strides(new)
     node.replace_all_uses_with(new)
     graph.erase_node(node)
     if cand.act_out is not None:

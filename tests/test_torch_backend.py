@@ -217,6 +217,26 @@ def test_unsupported_cases_are_left_alone_and_counted(fresh):
         assert rel_err(o, r) < 1e-2
 
 
+def pointwise_operands(x, y, w, v):
+    """Matmuls whose operands come from pointwise kernels: their layout is inductor's to choose."""
+    return (x.t() + y) @ w.t(), y @ (w.t() + v)
+
+
+def test_the_op_gets_the_strides_the_pass_saw(fresh):
+    """Eager gives x.t() + y column-major and w.t() + v column-major, and the pass chose the
+    majors from those. Unpinned, inductor made both row-major (torch 2.13): the kernel would
+    have read them with the wrong major. The CPU op checks the majors as the CUDA kernel does."""
+    g = torch.Generator().manual_seed(5)
+    x, y, w, v = (torch.randn(*s, generator=g).half() for s in ((32, 64), (64, 32), (48, 32), (32, 48)))
+    ref = pointwise_operands(x, y, w, v)
+    out = torch.compile(pointwise_operands, backend="gemmgen", options=CPU)(x, y, w, v)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"mm": 2}
+    assert set(stats["problems"]) == {"64x48x32:ccr:f16:f32:f16", "64x48x32:rcr:f16:f32:f16"}
+    for o, r in zip(out, ref):
+        assert rel_err(o, r) < 1e-2
+
+
 def test_cpu_stays_on_the_stock_path_by_default(fresh):
     args = mixed_inputs()
     ref = mixed(*args)
