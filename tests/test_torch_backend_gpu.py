@@ -36,6 +36,22 @@ def rel_err(out, ref) -> float:
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
+def record_triton_winners(db: str, problems, device_ms: float) -> None:
+    """Made-up winners (the first Triton program of each problem's space): these tests check
+    the plumbing, not speed."""
+    from gemmgen import backends
+    from gemmgen.dsl import to_text
+    from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
+
+    with Database(db) as database:
+        for problem in problems:
+            program = backends.get("triton").space(problem)[0]
+            database.record(Trial(problem=problem, device=Device(torch.cuda.get_device_name()),
+                                  program=to_text(program), backend="triton", status="ok", build_ok=True,
+                                  check_passed=True, device_ms=device_ms, spread=0.0,
+                                  baselines={"torch": BaselineTime(1.0, 0.0)}))
+
+
 def test_op_path_matches_eager_in_inference(fresh, tmp_path):
     model = tiny_llama().eval()
     ids = torch.randint(0, 256, (4, 16), device="cuda")
@@ -78,11 +94,8 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path):
     """Every projection gets a Triton program from gemmgen's space, recorded as a winner in a
     scratch database (made-up times: this checks the plumbing, not speed); the compiled model
     then runs gemmgen-generated kernels for all of them and still matches eager."""
-    from gemmgen import backends
     from gemmgen.compile import clear_cache
-    from gemmgen.dsl import to_text
     from gemmgen.torch_ops import _KERNELS, clear_kernels, problem_of
-    from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
 
     model = tiny_llama().eval()
     ids = torch.randint(0, 256, (4, 16), device="cuda")
@@ -92,14 +105,7 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path):
         torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(ids)
     keys = torch_backend.missing_keys()
     assert keys
-    with Database(db) as database:
-        for key in keys:
-            problem = problem_of(key)
-            program = backends.get("triton").space(problem)[0]
-            database.record(Trial(problem=problem, device=Device(torch.cuda.get_device_name()),
-                                  program=to_text(program), backend="triton", status="ok", build_ok=True,
-                                  check_passed=True, device_ms=0.001, spread=0.0,
-                                  baselines={"torch": BaselineTime(1.0, 0.0)}))
+    record_triton_winners(db, [problem_of(key) for key in keys], device_ms=0.001)
     clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
     with torch.no_grad():
         out = torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(ids).logits
@@ -113,11 +119,8 @@ def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, 
     """join_siblings on the GPU: the compile notes the joined problems as missing; with made-up
     winners for them (plumbing, not speed) the model joins q/k/v and gate/up, runs gemmgen
     kernels on the joined weights and matches eager, also after the weights change in place."""
-    from gemmgen import backends
     from gemmgen.compile import clear_cache
-    from gemmgen.dsl import to_text
     from gemmgen.torch_ops import clear_kernels, joined_bytes, problem_of
-    from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
 
     clear_cache(), clear_kernels()      # the op's kernels are cached by key; earlier tests made some
     model = tiny_llama().eval()
@@ -126,14 +129,8 @@ def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, 
     with torch.no_grad():
         torch.compile(model, backend="gemmgen", dynamic=False, options=opts)(ids)
     assert torch_backend.stats()["joins"] == {"unmeasured": 2 * LAYERS}
-    with Database(opts["db"]) as database:
-        for key in torch_backend.missing_keys():
-            problem = problem_of(key)
-            program = backends.get("triton").space(problem)[0]
-            database.record(Trial(problem=problem, device=Device(torch.cuda.get_device_name()),
-                                  program=to_text(program), backend="triton", status="ok", build_ok=True,
-                                  check_passed=True, device_ms=0.1, spread=0.0,   # long enough to join
-                                  baselines={"torch": BaselineTime(1.0, 0.0)}))
+    record_triton_winners(opts["db"], [problem_of(key) for key in torch_backend.missing_keys()],
+                          device_ms=0.1)                       # long enough to join
     clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
     compiled = torch.compile(model, backend="gemmgen", dynamic=False, options=opts)
     with torch.no_grad():
@@ -146,3 +143,36 @@ def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, 
             layer.mlp.up_proj.weight.add_(0.01)
         out, ref = compiled(ids).logits, model(ids).logits
     assert rel_err(out, ref) < 1e-2
+
+
+
+def test_operands_made_by_pointwise_kernels_keep_the_majors_the_pass_chose(fresh, tmp_path):
+    """x.t() + y and w.t() + v are column-major in eager, and the pass compiles them so. Inductor
+    must hand them over so (session 22: unpinned, it made them row-major). A first graph of
+    true column-major views warms the same kernel's launcher, whose later calls skip the checks."""
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.torch_ops import clear_kernels
+
+    m, n, k = 512, 384, 256
+    db = str(tmp_path / "user.sqlite")
+    record_triton_winners(db, [Problem(m, n, k, "col", "col"), Problem(m, n, k, "row", "col")], device_ms=0.001)
+    clear_cache(), clear_kernels()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x, y, w, v = (torch.randn(*s, generator=g, device="cuda").half() for s in ((k, m), (m, k), (n, k), (k, n)))
+
+    def views(x, w):
+        return x.t() @ w.t()
+
+    def pointwise_operands(x, y, w, v):
+        return (x.t() + y) @ w.t(), y @ (w.t() + v)
+
+    opts = {"db": db}
+    assert rel_err(torch.compile(views, backend="gemmgen", dynamic=False, options=opts)(x, w), views(x, w)) < 1e-2
+    out = torch.compile(pointwise_operands, backend="gemmgen", dynamic=False, options=opts)(x, y, w, v)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"mm": 3}
+    assert set(stats["problems"]) == {f"{m}x{n}x{k}:ccr:f16:f32:f16", f"{m}x{n}x{k}:rcr:f16:f32:f16"}
+    for o, r in zip(out, pointwise_operands(x, y, w, v)):
+        assert rel_err(o, r) < 1e-2
+
