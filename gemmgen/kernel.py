@@ -239,14 +239,16 @@ def _operand(name, t, shape, major, dtype, torch, device=None) -> None:
         if t.stride(0) != 1 and t.shape[0] > 1:
             raise KernelCallError(f"{name} must be contiguous")
     else:
-        _check_major(name, t, shape, major)
+        check_major(name, t, shape, major)
     if t.device.type != "cuda":
         raise KernelCallError(f"{name} is on {t.device}; gemmgen kernels run on CUDA tensors (.cuda())")
     if device is not None and t.device != device:
         raise KernelCallError(f"{name} is on {t.device} but a is on {device}; put every operand on one GPU")
 
 
-def _check_major(name, t, shape, major) -> None:
+def check_major(name, t, shape, major) -> None:
+    """Refuse a 2-D operand whose strides are not those of a packed `major` matrix of `shape`
+    (the layout a kernel was compiled for); the torch op's CPU path checks with it too."""
     rows, cols = shape
     row_ok = (t.stride(1) == 1 or cols == 1) and (t.stride(0) == cols or rows == 1)
     col_ok = (t.stride(0) == 1 or rows == 1) and (t.stride(1) == rows or cols == 1)

@@ -139,10 +139,10 @@ def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta):
 def gemm_cpu(a, b, bias, c, a_major, b_major, activation, alpha, beta):
     """The fp32 torch reference: lets CPU-only CI run rewritten models (devices=("cuda", "cpu")).
     It checks the operands' majors as the CUDA kernel does, so CI sees the strides inductor hands over."""
-    from gemmgen.kernel import _check_major
+    from gemmgen.kernel import check_major
 
-    _check_major("a", a, tuple(a.shape), a_major)
-    _check_major("b", b, tuple(b.shape), b_major)
+    check_major("a", a, tuple(a.shape), a_major)
+    check_major("b", b, tuple(b.shape), b_major)
     return reference(a, b, bias, c, activation, alpha, beta)
 
 
