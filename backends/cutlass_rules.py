@@ -108,7 +108,10 @@ def epilogue_rules(p: Program) -> list[tuple[str, str]]:
     want = epilogue_rows(p)
     fits = [n for n in EPILOGUE_TILE_N if p.tile.n % n == 0]
     t = p.tile
-    if rows != want or cols not in fits:
+    if not fits:
+        out.append(("epilogue_tile", f"a {t.m}x{t.n} tile is narrower than any epilogue sub-tile "
+                                     f"({', '.join(map(str, EPILOGUE_TILE_N))} columns): drop `epilogue=` from `tile`"))
+    elif rows != want or cols not in fits:
         out.append(("epilogue_tile", f"a {p.mainloop} {t.m}x{t.n} tile stores sub-tiles of {want} rows "
                                      f"(its {'two consumer warpgroups' if want == 128 else 'consumer warpgroup'}) "
                                      f"and {', '.join(map(str, fits))} columns: write "

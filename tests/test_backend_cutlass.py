@@ -231,6 +231,8 @@ def _findings(program):
     (_program(mainloop="ws_pingpong", warps=(4, 1), tile=Tile(128, 128, 64), epilogue_tile=(128, 64)),
      "epilogue_tile", "of 64 rows"),
     (_program(split_k=2, split_k_reduce="workspace", epilogue_tile=(128, 128)), "epilogue_tile", "split-K"),
+    (_program(Problem(1024, 1024, 128, "row", "row"), mainloop="ws_pingpong", warps=(4, 1), tile=Tile(64, 16, 64),
+              scheduler="tile", epilogue_tile=(64, 32)), "epilogue_tile", "narrower than any epilogue sub-tile"),
     (_program(stages=4, epilogue_tile=(128, 128)), "stages", "use stages 3"),
 ])
 def test_refusals_are_located_and_say_why(program, statement, phrase):
