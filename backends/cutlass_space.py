@@ -124,10 +124,17 @@ def library(problem: Problem) -> list[Program]:
                 programs.append(replace(base, scheduler="tile", split_k=2, split_k_reduce="workspace"))
                 continue
             clusters = CLUSTERS if scheduler == "persistent" and tn >= 128 else ((1, 1),)
-            wide = WIDE_EPILOGUE.get((mainloop, tm, tn)) if scheduler == "persistent" and store_bound else None
-            programs += [replace(base, scheduler=scheduler, cluster=c, epilogue_tile=wide if c == (1, 1) else None)
-                         for c in clusters]
+            programs += [replace(base, scheduler=scheduler, cluster=c,
+                                 epilogue_tile=_library_epilogue(base, scheduler, c, store_bound)) for c in clusters]
     return programs
+
+
+def _library_epilogue(p: Program, scheduler: str, cluster: tuple[int, int], store_bound: bool):
+    """The epilogue sub-tile of the library's build: wide for the persistent 1x1 ones where the
+    store is the work, else CUTLASS's automatic one."""
+    if scheduler == "persistent" and cluster == (1, 1) and store_bound:
+        return WIDE_EPILOGUE.get((p.mainloop, p.tile.m, p.tile.n))
+    return None
 
 
 def _store_bound(problem: Problem) -> bool:
@@ -304,8 +311,8 @@ def space(problem: Problem) -> list[Program]:
         # And without the cluster: the estimate credits multicast, but at 4096^3 the 1x1 build on
         # 128 SMs walking N read 0.1-0.6 % ahead of the 2x1 one in four calls (session 21).
         if twin.cluster != (1, 1):
-            wide = WIDE_EPILOGUE.get((across.mainloop, across.tile.m, across.tile.n)) if _store_bound(problem) else None
-            single = replace(across, cluster=(1, 1), epilogue_tile=wide)     # the library's 1x1 build
+            single = replace(across, cluster=(1, 1),
+                             epilogue_tile=_library_epilogue(across, "persistent", (1, 1), _store_bound(problem)))
             single = replace(single, grid_sms=balanced_grid_sms(single))
             if single.grid_sms and not any(rule(single) for rule in RULES):
                 if single in ordered:
