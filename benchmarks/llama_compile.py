@@ -3,12 +3,14 @@
 GPU only (an H200). Random weights, fp16, eval. Cases: prefill 1 x 2048 and 8 x 512 tokens,
 and one decode step for a batch of 8 over a static KV cache holding 512 tokens. Variants:
 eager, torch.compile default (inductor), torch.compile(backend="gemmgen"), and
-torch.compile(mode="max-autotune") while the time budget lasts.
+torch.compile(mode="max-autotune") while the time budget lasts (its CUDA graphs included:
+that is what the mode does).
 
 Per case and variant: max relative error of the logits against eager (max |out - ref| /
-max |ref|), compile time (the first call, wall clock), device time per call (CUDA events
-around a loop of calls after warm-up, median of repeats; a case's variants take turns
-loop by loop), the speedup over the default with its 95 % intervals from the paired repeats
+max |ref|; eager runs once for it when it is not among the variants), compile time (the
+first call, wall clock), device time per call (CUDA events around a loop of calls, median of
+repeats; a case's variants take turns loop by loop in a balanced order, each timed loop after
+an untimed one of its own variant: `time_interleaved`), the speedup over the default with its 95 % intervals from the paired repeats
 (`vs_default`: the median of the per-repeat ratios and the ratio of the medians, as the
 harness judges kernels, gemmgen.measure.comparison), and, unless --no-profile, where
 the device time goes (GEMM / attention / other kernels, the device's idle share and the
@@ -65,6 +67,9 @@ def parse_args(argv=None):
                    help="backends that tuning proposes (default triton: builds in seconds; a CUTLASS build "
                         "takes about a minute, and with 40 s to tune, a run with all backends recorded nothing); "
                         "add cublaslt to search cuBLASLt's own algorithms first")
+    p.add_argument("--no-warm", action="store_true",
+                   help="time each loop straight after the previous variant's (before session 23: the "
+                        "power cap then carries one variant's draw into the next one's clock)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--trace", action="store_true", help="also write each profiled loop's Chrome trace (gzipped)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -141,27 +146,35 @@ class Case:
                            cache_position=cache_position).logits), reset
 
 
-def time_interleaved(calls: list, iters: int, repeats: int, samplers: list | None = None) -> list[list[float]]:
+def time_interleaved(calls: list, iters: int, repeats: int, samplers: list | None = None,
+                     warm: bool = True) -> list[list[float]]:
     """Per (call, reset): ms per call of each repeat, in repeat order (so repeat r of every
     call was timed in the same turn).
 
     CUDA events around loops of `iters` calls; the events enclose the host's launches too
-    (decode steps are bound by them). The variants take turns, one loop each per repeat, in
-    an order rotated every repeat. The H200 machine's host speed drifted by up to 2x from one
-    block of loops to the next (two compiles of one graph measured 5.1 and 9.4 ms per decode
-    step in one run); turns spread a slow spell over every variant instead of charging it to one.
-    `samplers` (one ClockSampler per call) read the SM clock at the end of each loop's launches."""
+    (decode steps are bound by them). The variants take turns, one loop each per repeat. The
+    H200 machine's host speed drifted by up to 2x from one block of loops to the next (two
+    compiles of one graph measured 5.1 and 9.4 ms per decode step in one run); turns spread a
+    slow spell over every variant instead of charging it to one. The power cap carries what
+    ran before into a loop's clock, so with `warm` each timed loop follows an untimed loop of
+    its own variant (each is timed in its own steady state, as a model serving runs), and the
+    order of the turns is balanced (`turn_orders`). `samplers` (one ClockSampler per call)
+    read the SM clock at the end of each loop's launches."""
+    from gemmgen.measure.turns import turn_orders
+
     for call, reset in calls:
         reset()
         for _ in range(3):
             call()
     times: list[list[float]] = [[] for _ in calls]
+    orders = turn_orders(len(calls))
     gc.collect()
     gc.disable()          # as timeit does: a collection inside a host-bound loop is not the model's cost
     try:
         for r in range(repeats):
-            for j in range(len(calls)):
-                i = (j + r) % len(calls)
+            for i in orders[r % len(orders)]:
+                if warm:
+                    _timed_loop(*calls[i], iters)
                 times[i].append(_timed_loop(*calls[i], iters, samplers[i] if samplers else None))
     finally:
         gc.enable()
@@ -342,6 +355,8 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
 
     torch._dynamo.reset()
     rows, calls = [], []
+    if "eager" not in variants:          # the reference all the same, untimed
+        refs[case.name] = prepare_variant(case, "eager", args, None)[2]
     for variant in variants:
         row, call, out = prepare_variant(case, variant, args, refs.get(case.name))
         if variant == "eager":
@@ -354,7 +369,7 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
     samplers = [ClockSampler(nvml_index(torch.cuda.current_device())) if args.device == "cuda" else None
                 for _ in calls]
     with torch.no_grad():
-        timed = time_interleaved(calls, case.iters, args.repeats, samplers)
+        timed = time_interleaved(calls, case.iters, args.repeats, samplers, warm=not args.no_warm)
     load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
     default = timed[variants.index("inductor")] if "inductor" in variants else None
     for row, (call, reset), ts, sampler in zip(rows, calls, timed, samplers):
@@ -459,25 +474,24 @@ def main(argv=None) -> int:
             print(f"  {case.name:18s} {row['variant']:13s} {row['device_ms']:9.3f} ms  compile {row['compile_s']:7.1f} s",
                   flush=True)
 
-    # The contest first (eager, default, gemmgen on every case, timed in turns), then
-    # max-autotune while the budget lasts (timed on its own).
+    # Every variant of a case is compiled first, then all are timed in turns (so each gets the
+    # paired intervals against the default). max-autotune compiles for minutes: a case takes
+    # it only while the budget lasts, judged by the last case's compile.
+    estimate = 180.0                       # seconds of max-autotune compile until one is measured
     for case in cases:
-        run(case, [v for v in variants if v != "max-autotune"])
-        row = rows[-1]
-        busy = "; ".join(f"{b['cpu_s']:.1f} cpu-s {'(this process)' if b['self'] else b['cmd'][:60]}"
-                         for b in (row.get("host_load") or {}).get("busiest", [])[:3])
-        print(f"  busiest processes while {case.name} was timed: {busy or '-'}", flush=True)
-    if "max-autotune" in variants:
-        estimate = 120.0                   # seconds for one max-autotune case until one is measured
-        for case in cases:
+        group = [v for v in variants if v != "max-autotune"]
+        if "max-autotune" in variants:
             elapsed = time.perf_counter() - start
             if elapsed + estimate > args.budget_s:
                 notes.append(f"{case.name}: max-autotune skipped ({elapsed:.0f} s spent, about {estimate:.0f} s "
                              f"more needed, budget {args.budget_s:.0f} s)")
-                continue
-            t0 = time.perf_counter()
-            run(case, ["max-autotune"])
-            estimate = time.perf_counter() - t0
+            else:
+                group.append("max-autotune")
+        run(case, group)
+        estimate = next((r["compile_s"] for r in reversed(rows) if r["variant"] == "max-autotune"), estimate)
+        busy = "; ".join(f"{b['cpu_s']:.1f} cpu-s {'(this process)' if b['self'] else b['cmd'][:60]}"
+                         for b in (rows[-1].get("host_load") or {}).get("busiest", [])[:3])
+        print(f"  busiest processes while {case.name} was timed: {busy or '-'}", flush=True)
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (smoke test)"
     result = {"gpu": gpu, "torch": torch.__version__,
               "transformers": transformers.__version__, "params": n_params, "args": vars(args),

@@ -1,6 +1,7 @@
 """gemmgen.measure.turns on CPU: its loops and bookkeeping, with the timers stood in for (the
 timings themselves ran on the H200, `benchmarks/results/epilogue_probe/` and `streamk_probe/`)."""
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def test_loop_ms_makes_every_call_between_its_events_and_samples_the_clock_befor
     assert order == ["record", 0, 1, "record", "synchronize"]
 
 
-def test_in_pairs_rotates_the_order_and_keeps_a_failed_variant_as_its_row(monkeypatch):
+def test_in_pairs_takes_the_balanced_orders_and_keeps_a_failed_variant_as_its_row(monkeypatch):
     seen = []
 
     def pair_ms(fn, torch_fn, problem, seed):
@@ -50,10 +51,23 @@ def test_in_pairs_rotates_the_order_and_keeps_a_failed_variant_as_its_row(monkey
     assert rows["torch (control)"]["vs_torch_median_ratio"][1] == pytest.approx(1.0)
     assert "median_ms" not in rows["broken"] and rows["broken"]["failures"] == ["timing: floor violation"]
     assert [f for f, _ in seen].count("broken") == 1           # timed no more once it failed
-    # each repeat starts one further along the names, with its own seed
-    assert seen[0] == ("t", 10) and seen[3] == ("fast", 11)
+    # repeat r takes turn_orders(3)[r] ([0, 1, 2], then [1, 2, 0]: the failed one skipped), its own seed
+    assert seen[:5] == [("t", 10), ("fast", 10), ("broken", 10), ("fast", 11), ("t", 11)]
     recorded = json.loads((BENCHMARKS / "results" / "anchor_pairs" / "pairs" / "results.json").read_text())
     assert recorded["shapes"][0]["variants"]["torch (control)"]["vs_torch_median_ratio"][0] <= 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_turn_orders_give_every_variant_every_predecessor_equally_often(n):
+    orders = turns.turn_orders(n)
+    assert len(orders) == (n if n % 2 == 0 else 2 * n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(follows.values())) <= 1              # each ordered pair equally often
+    # the rotation it replaced fails this from 3 variants on: each variant had one predecessor
+    rotated = {(o[j], o[j + 1]) for r in range(n) for o in [[(j + r) % n for j in range(n)]] for j in range(n - 1)}
+    assert n < 3 or rotated == {(a, (a + 1) % n) for a in range(n)}
 
 
 def test_checked_variants_keeps_torch_and_its_control_and_only_the_variants_that_pass(monkeypatch):
