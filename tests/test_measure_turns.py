@@ -87,3 +87,25 @@ def test_checked_variants_keeps_torch_and_its_control_and_only_the_variants_that
     assert variants == {"torch": "torch_fn", "torch (control)": "torch_fn", "a": "good"}
     assert rows["a"] == {"stages": 4, "passed": True, "failures": []}
     assert rows["b"] == {"passed": False, "failures": ["NaN in output"]}
+
+
+def test_turn_order_bias_groups_each_loop_by_the_loop_before_it():
+    from benchmark_scripts import load_script
+
+    by_predecessor = load_script("turn_order_bias").by_predecessor
+    # rotated order over 3 repeats: a b c | b c a | c a b; each loop's time names its predecessor
+    rows = [{"variant": "a", "times_ms": [1.0, 2.0, 3.0]}, {"variant": "b", "times_ms": [4.0, 5.0, 6.0]},
+            {"variant": "c", "times_ms": [7.0, 8.0, 9.0]}]
+    table = by_predecessor(rows)
+    assert table["a"] == {"(none)": [1.0], "c": [2.0, 3.0]}     # a b c, b c [a], c [a] b
+    assert table["b"] == {"a": [4.0, 6.0], "c": [5.0]}          # a [b] c, [b] after c, c a [b]
+    assert table["c"] == {"b": [7.0, 8.0], "a": [9.0]}
+
+
+def test_turn_order_bias_refuses_a_run_timed_in_the_balanced_orders(tmp_path, capsys):
+    from benchmark_scripts import load_script
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"args": {"no_warm": False}, "rows": []}))
+    assert load_script("turn_order_bias").main([str(results)]) == 2
+    assert "balanced orders" in capsys.readouterr().err
