@@ -32,8 +32,9 @@ from pathlib import Path
 
 CASES = (("prefill_b1_s2048", "prefill", 1, 2048), ("prefill_b8_s512", "prefill", 8, 512),
          ("decode_b8_kv512", "decode", 8, 512))
-VARIANTS = ("eager", "inductor", "control", "gemmgen", "max-autotune")
+VARIANTS = ("eager", "inductor", "control", "gemmgen", "gemmgen-graphs", "max-autotune")
 #: "control" is the default compiled again: timed beside it, it says what "level" reads as.
+#: "gemmgen-graphs" is gemmgen with inductor's CUDA graphs (what max-autotune's mode adds).
 DEFAULT_VARIANTS = ("eager", "inductor", "gemmgen", "max-autotune")
 GEMM_WORDS = ("gemm", "nvjet", "cutlass", "xmma", "wgmma", "triton_tem", "gemmgen", "matmul", "_mm_")
 ATTN_WORDS = ("flash", "fmha", "attention", "sdpa", "efficient")
@@ -55,7 +56,8 @@ def parse_args(argv=None):
                    help="timed loops per variant, in turns (10 or more give the vs_default intervals)")
     p.add_argument("--cases", default=",".join(c[0] for c in CASES))
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"some of {','.join(VARIANTS)} (control: the default compiled again)")
+                   help=f"some of {','.join(VARIANTS)} (control: the default compiled again; "
+                        "gemmgen-graphs: gemmgen with CUDA graphs)")
     p.add_argument("--db", default=None, help="gemmgen tuning database (default: GEMMGEN_DB or ~/.cache)")
     p.add_argument("--baseline", choices=("stock", "op"), default="stock",
                    help="gemmgen option: untuned matmuls stay with inductor (stock) or use gemmgen's fallback")
@@ -108,6 +110,8 @@ def compiled(model, variant: str, args):
         options["devices"] = ("cuda", "cpu")     # the CPU reference op: exercises the rewrite only
     if args.db:
         options["db"] = args.db
+    if variant == "gemmgen-graphs":
+        options["inductor"] = {"triton.cudagraphs": True}
     return torch.compile(model, backend="gemmgen", dynamic=False, options=options)
 
 
@@ -328,7 +332,7 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
 
     counters.clear()
     torch_backend.reset_stats()
-    if variant == "gemmgen":
+    if variant.startswith("gemmgen"):
         from gemmgen.torch_ops import clear_joined
 
         clear_joined()          # so joined_weights_mib counts this case's joins only
@@ -343,7 +347,7 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
     row["max_rel_err"] = None if ref is None else ((out - ref).abs().max() / ref.abs().max()).item()
     if not math.isfinite(row["max_rel_err"] or 0.0):
         row["note"] = "non-finite error"
-    if variant == "gemmgen":
+    if variant.startswith("gemmgen"):
         from gemmgen.torch_ops import joined_bytes
 
         row["gemmgen"] = torch_backend.stats()
@@ -474,7 +478,7 @@ def main(argv=None) -> int:
     def run(case, group):
         for row in run_variants(case, group, args, refs):
             rows.append(row)
-            print(f"  {case.name:18s} {row['variant']:13s} {row['device_ms']:9.3f} ms  compile {row['compile_s']:7.1f} s",
+            print(f"  {case.name:18s} {row['variant']:14s} {row['device_ms']:9.3f} ms  compile {row['compile_s']:7.1f} s",
                   flush=True)
 
     # Every variant of a case is compiled first, then all are timed in turns (so each gets the
@@ -513,7 +517,7 @@ def print_table(result) -> None:
           f"{result['wall_s']} s")
     for note in result["notes"]:
         print("note:", note)
-    print(f"{'case':18s} {'variant':13s} {'ms/call':>9s} {'best':>8s} {'spread':>6s} {'vs default':>10s} "
+    print(f"{'case':18s} {'variant':14s} {'ms/call':>9s} {'best':>8s} {'spread':>6s} {'vs default':>10s} "
           f"{'per-repeat 95 %':>15s} {'max rel err':>11s} "
           f"{'compile s':>9s} {'gemm/attn/other/idle ms per call':>33s}  gemmgen")
     for r in rows:
@@ -536,7 +540,7 @@ def print_table(result) -> None:
         best = f"{r['best_ms']:8.3f}" if r.get("best_ms") else f"{'-':>8s}"
         vs = r.get("vs_default")
         interval = f"{vs['median_ratio'][0]:.3f}-{vs['median_ratio'][2]:.3f}" if vs else "-"
-        print(f"{r['case']:18s} {r['variant']:13s} {r['device_ms']:9.3f} {best} {r['spread']:6.2f} {speed:>10s} "
+        print(f"{r['case']:18s} {r['variant']:14s} {r['device_ms']:9.3f} {best} {r['spread']:6.2f} {speed:>10s} "
               f"{interval:>15s} {err:>11s} "
               f"{r['compile_s']:9.1f} {split:>33s}  {rep}")
 
