@@ -34,7 +34,7 @@ CASES = (("prefill_b1_s2048", "prefill", 1, 2048), ("prefill_b8_s512", "prefill"
          ("decode_b8_kv512", "decode", 8, 512))
 VARIANTS = ("eager", "inductor", "control", "gemmgen", "gemmgen-graphs", "max-autotune")
 #: "control" is the default compiled again: timed beside it, it says what "level" reads as.
-#: "gemmgen-graphs" is gemmgen with inductor's CUDA graphs (what max-autotune's mode adds).
+#: "gemmgen-graphs" is gemmgen with inductor's CUDA graphs (what max-autotune's mode adds), no joins.
 DEFAULT_VARIANTS = ("eager", "inductor", "gemmgen", "max-autotune")
 GEMM_WORDS = ("gemm", "nvjet", "cutlass", "xmma", "wgmma", "triton_tem", "gemmgen", "matmul", "_mm_")
 ATTN_WORDS = ("flash", "fmha", "attention", "sdpa", "efficient")
@@ -110,8 +110,8 @@ def compiled(model, variant: str, args):
         options["devices"] = ("cuda", "cpu")     # the CPU reference op: exercises the rewrite only
     if args.db:
         options["db"] = args.db
-    if variant == "gemmgen-graphs":
-        options["inductor"] = {"triton.cudagraphs": True}
+    if variant == "gemmgen-graphs":      # joins are refused with CUDA graphs (docs/torch_compile.md)
+        options.update(join_siblings=False, inductor={"triton.cudagraphs": True})
     return torch.compile(model, backend="gemmgen", dynamic=False, options=options)
 
 

@@ -100,7 +100,6 @@ def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Opt
 def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optional[str] = None,
                       inductor: Optional[Mapping[str, Any]] = None):
     """Inductor's compile_fx with the gemmgen pass patched in (forward and backward graphs)."""
-    import torch
     import torch._inductor
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
@@ -113,12 +112,11 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optiona
     if mode and mode != "default":
         patches.update(torch._inductor.list_mode_options(mode))
     patches.update(inductor or {})
-    if (options.join_siblings and torch_ops.CUDAGRAPH_UNSAFE is None
-            and patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs)):
-        raise TorchBackendError(
-            f"join_siblings with CUDA graphs needs torch >= 2.9 (this is {torch.__version__}): a graph "
-            "would replay the joined weights of its recording after a weight update; turn off "
-            "join_siblings or CUDA graphs (mode='reduce-overhead', triton.cudagraphs)")
+    if options.join_siblings and patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs):
+        # A graph replays kernels, not the op's Python, so the joined copy would not follow a weight
+        # update; and made in a graph's warm-up, the copy lands in its memory pool, which refuses it.
+        raise TorchBackendError("join_siblings cannot be combined with CUDA graphs (mode='reduce-overhead' or "
+                                "'max-autotune', triton.cudagraphs): turn one of them off")
     # The pre slot of the post-grad passes: inductor's own post-grad patterns run after it, and
     # on some versions they split a GPU addmm into mm + add before a post pass could see it.
     existing = patches.get(PASS_SLOT, getattr(inductor_config, PASS_SLOT))

@@ -93,10 +93,6 @@ def _stride_tag():
     return (tag,)
 
 
-#: On an op, this tag keeps it out of CUDA graphs (torch >= 2.9; None before).
-CUDAGRAPH_UNSAFE = getattr(torch.Tag, "cudagraph_unsafe", None)
-
-
 def pin_input_strides(node) -> None:
     """Make inductor honour the stride tag for a node the pass inserted.
 
@@ -161,12 +157,7 @@ torch.library.register_fake("gemmgen::gemm", gemm_fake, lib=_LIB)
 
 # -- joined siblings ---------------------------------------------------------------------------
 
-# A CUDA graph replays the kernels it recorded, not this op's Python: the joined copy would stay
-# the one of the recording after a weight changed in place (an optimizer step, load_state_dict).
-# Tagged unsafe, the op runs outside the graphs inductor records (between partitions, or with
-# no graph on a version that cannot partition), so its copy is checked on every call.
-_LIB.define("gemm_joined(Tensor a, Tensor[] ws, str a_major) -> Tensor",
-            tags=_stride_tag() + ((CUDAGRAPH_UNSAFE,) if CUDAGRAPH_UNSAFE is not None else ()))
+_LIB.define("gemm_joined(Tensor a, Tensor[] ws, str a_major) -> Tensor", tags=_stride_tag())
 #: id() of each (N_i, K) weight -> (weak references to them, their version counters, the
 #: joined (sum N, K) row-major copy). The op is handed the parameter objects themselves (the
 #: pass passes the graph's inputs), so identity and version say whether a copy is current;

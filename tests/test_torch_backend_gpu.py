@@ -90,10 +90,12 @@ def test_untuned_problems_stay_with_inductor_by_default(fresh, tmp_path):
     assert rel_err(out, ref) < 1e-2
 
 
-def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path):
+@pytest.mark.parametrize("graphs", [False, True], ids=["launches", "cuda_graphs"])
+def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs):
     """Every projection gets a Triton program from gemmgen's space, recorded as a winner in a
     scratch database (made-up times: this checks the plumbing, not speed); the compiled model
-    then runs gemmgen-generated kernels for all of them and still matches eager."""
+    then runs gemmgen-generated kernels for all of them and still matches eager. With CUDA
+    graphs the calls go warm-up, recording, replays, and the replays follow new inputs."""
     from gemmgen.compile import clear_cache
     from gemmgen.torch_ops import _KERNELS, clear_kernels, problem_of
 
@@ -107,21 +109,21 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path):
     assert keys
     record_triton_winners(db, [problem_of(key) for key in keys], device_ms=0.001)
     clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
+    opts = {"db": db, "inductor": {"triton.cudagraphs": True}} if graphs else {"db": db}
+    compiled = torch.compile(model, backend="gemmgen", dynamic=False, options=opts)
     with torch.no_grad():
-        out = torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(ids).logits
+        for step in range(4):
+            x = ids if step < 3 else torch.randint(0, 256, (4, 16), device="cuda")
+            assert rel_err(compiled(x).logits, model(x).logits) < 1e-2
     assert sum(torch_backend.stats()["replaced"].values()) == LAYERS * 7 + 1
     used = set(torch_backend.stats()["problems"])
     assert {k.backend for key, k in _KERNELS.items() if problem_of(key).key in used} == {"triton"}
-    assert rel_err(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["launches", "cuda_graphs"])
-def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, tmp_path, graphs):
+def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, tmp_path):
     """join_siblings on the GPU: the compile notes the joined problems as missing; with made-up
     winners for them (plumbing, not speed) the model joins q/k/v and gate/up, runs gemmgen
-    kernels on the joined weights and matches eager, also after the weights change in place.
-    With CUDA graphs the calls go warm-up, recording, replays: a replay after the update must
-    not run on the joined copy of the recording (the op is tagged cudagraph_unsafe)."""
+    kernels on the joined weights and matches eager, also after the weights change in place."""
     from gemmgen.compile import clear_cache
     from gemmgen.torch_ops import clear_kernels, joined_bytes, problem_of
 
@@ -135,21 +137,17 @@ def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, 
     record_triton_winners(opts["db"], [problem_of(key) for key in torch_backend.missing_keys()],
                           device_ms=0.1)                       # long enough to join
     clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
-    if graphs:
-        opts["inductor"] = {"triton.cudagraphs": True}
     compiled = torch.compile(model, backend="gemmgen", dynamic=False, options=opts)
     with torch.no_grad():
-        ref = model(ids).logits
-        for _ in range(3):
-            assert rel_err(compiled(ids).logits, ref) < 1e-2
+        out, ref = compiled(ids).logits, model(ids).logits
         assert torch_backend.stats()["joins"] == {"joined": 2 * LAYERS}
         assert joined_bytes() > 0
+        assert rel_err(out, ref) < 1e-2
         for layer in model.model.layers:                # as an optimizer step would
             layer.self_attn.k_proj.weight.mul_(-0.5)
             layer.mlp.up_proj.weight.add_(0.01)
-        ref = model(ids).logits
-        for _ in range(2):
-            assert rel_err(compiled(ids).logits, ref) < 1e-2
+        out, ref = compiled(ids).logits, model(ids).logits
+    assert rel_err(out, ref) < 1e-2
 
 
 def test_operands_made_by_pointwise_kernels_keep_the_majors_the_pass_chose(fresh, tmp_path):
