@@ -10,8 +10,8 @@ Per case and variant: max relative error of the logits against eager (max |out -
 max |ref|; eager runs once for it when it is not among the variants), compile time (the
 first call, wall clock), device time per call (CUDA events around a loop of calls, median of
 repeats; a case's variants take turns loop by loop in a balanced order, each timed loop after
-an untimed one of its own variant: `time_interleaved`), the speedup over the default with its 95 % intervals from the paired repeats
-(`vs_default`: the median of the per-repeat ratios and the ratio of the medians, as the
+an untimed one of its own variant: `time_interleaved`), the speedup over the default with its
+95 % intervals from the paired repeats (`vs_default`: the median of the per-repeat ratios and the ratio of the medians, as the
 harness judges kernels, gemmgen.measure.comparison), and, unless --no-profile, where
 the device time goes (GEMM / attention / other kernels, the device's idle share and the
 host's busiest operations, from three profiled calls; --trace keeps their Chrome traces).

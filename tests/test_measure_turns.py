@@ -106,6 +106,7 @@ def test_turn_order_bias_refuses_a_run_timed_in_the_balanced_orders(tmp_path, ca
     from benchmark_scripts import load_script
 
     results = tmp_path / "results.json"
-    results.write_text(json.dumps({"args": {"no_warm": False}, "rows": []}))
-    assert load_script("turn_order_bias").main([str(results)]) == 2
-    assert "balanced orders" in capsys.readouterr().err
+    for no_warm in (False, True):                   # --no-warm drops the warm loops, not the balance
+        results.write_text(json.dumps({"args": {"no_warm": no_warm}, "rows": []}))
+        assert load_script("turn_order_bias").main([str(results)]) == 2
+        assert "balanced orders" in capsys.readouterr().err
