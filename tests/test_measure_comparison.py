@@ -86,3 +86,25 @@ def test_the_model_benchmark_judges_a_speedup_by_repeats_paired_by_turn():
     tied = versus(same, default)
     assert tied["median_ratio"][0] < 1.0 < tied["median_ratio"][2]
     assert versus(faster[:MIN_PAIRS - 1], default) is None
+
+
+def test_the_model_benchmark_times_each_loop_after_a_warm_loop_of_its_own_in_balanced_orders(monkeypatch):
+    """The H200's power cap carries a loop's draw into the next one's clock (session 23), so each
+    timed loop follows an untimed loop of its own variant, and the turns take turn_orders."""
+    import torch
+
+    from benchmark_scripts import load_script
+    from gemmgen.measure.turns import turn_orders
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)      # the wall-clock path
+    script = load_script("llama_compile")
+    log = []
+    calls = [((lambda name=name: log.append(name)), (lambda: None)) for name in "abc"]
+    times = script.time_interleaved(calls, iters=2, repeats=4)
+    assert [len(t) for t in times] == [4, 4, 4]
+    turns = log[9:]                                      # after 3 first calls of each variant
+    expected = [name for r in range(4) for i in turn_orders(3)[r % 6] for name in ["abc"[i]] * 4]
+    assert turns == expected                             # 2 warm calls, then 2 timed, per turn
+    log.clear()
+    script.time_interleaved(calls, iters=2, repeats=1, warm=False)
+    assert log[9:] == ["a", "a", "b", "b", "c", "c"]     # --no-warm: the timed loops alone
