@@ -136,7 +136,7 @@ def measure(m: int, args, fns) -> dict:
     import torch.nn.functional as F
     import triton
 
-    from gemmgen.measure.turns import loop_ms
+    from gemmgen.measure.turns import loop_ms, turn_orders
 
     g = torch.Generator(device="cuda").manual_seed(m)
     n, k = INTERMEDIATE, HIDDEN
@@ -185,8 +185,10 @@ def measure(m: int, args, fns) -> dict:
             fn(i)
     torch.cuda.synchronize()
     times = {name: [] for name in variants}
-    for _ in range(args.repeats):
-        for name, fn in variants.items():        # in turns, so drift hits all alike
+    names, orders = list(variants), turn_orders(len(variants))
+    for r in range(args.repeats):
+        for name in (names[i] for i in orders[r % len(orders)]):   # in turns, so drift hits all alike
+            fn = variants[name]
             times[name].append(loop_ms(fn, args.iters))
     med = {name: statistics.median(v) for name, v in times.items()}
     flop = 2 * m * 2 * n * k
