@@ -1,7 +1,7 @@
 """CUTLASS builds of one problem varied where the DSL does not reach: the epilogue, and the transposed product.
 
 Asked first: does CUTLASS's epilogue cost the 2 % per clock by which 4096^3 trails cuBLAS?
-(Session 17's answer: no; nor do bigger clusters or cuBLAS's own geometry. `docs/backends.md`.)
+(Session 17's answer: no; nor do bigger clusters or cuBLAS's own geometry. `docs/history/cutlass.md`.)
 
 Session 16 (Nsight Compute, `benchmarks/results/profile_s16/anchor4096/`) found the best
 CUTLASS program at 4096^3 needing 290 K SM cycles against cuBLAS's 285 K, with the same DRAM

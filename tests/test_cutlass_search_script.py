@@ -103,7 +103,7 @@ def test_session_19_chose_the_balanced_grid_at_both_anchors_in_the_finalist_roun
 
 
 def test_session_20_stored_the_short_k_shapes_through_the_wide_epilogue():
-    """docs/backends.md, session 20: the wide sub-tile took 7 of the 11 store-bound sample shapes
+    """docs/history/cutlass.md, session 20: the wide sub-tile took 7 of the 11 store-bound sample shapes
     to about torch.matmul or past it (same session), and the headline rose in both modes."""
     from gemmgen import dsl
     from gemmgen.backends.cutlass_space import _store_bound

@@ -234,7 +234,7 @@ def test_cutlass_epilogue_probe_times_a_c_col_program_as_the_transposed_product(
 
 
 def test_cutlass_epilogue_probe_results_hold_what_the_docs_say():
-    """docs/backends.md, session 17: the best build 0.990-0.993x in four calls, direct stores
+    """docs/history/cutlass.md, session 17: the best build 0.990-0.993x in four calls, direct stores
     0.79x, clusters of four 0.82-0.83x; every build passed the check."""
     ratio = {}
     for name in ("epi_coop", "epi_raster", "clusters", "transposed", "epi_pp", "clusters_pp"):
@@ -269,7 +269,7 @@ def test_cutlass_epilogue_probe_refuses_bad_programs_before_building(tmp_path, c
 
 
 def test_streamk_and_grid_probe_results_hold_what_the_docs_say():
-    """docs/backends.md, session 18: stream-K 0.92-0.95x at 4096^3 against 0.99x persistent; the
+    """docs/history/cutlass.md, session 18: stream-K 0.92-0.95x at 4096^3 against 0.99x persistent; the
     persistent grid on 128 SMs 1.000x / 1.002x against 0.993x / 0.989x on all 132; 120 or 112 SMs
     0.83-0.84x; and on the trial's whole grid the LM head's ping-pong read better (1.019x / 1.008x)."""
     def ratios(path):
