@@ -7,7 +7,7 @@ because the power cap lowers the clock by how much work came just before
 (`benchmarks/results/process_bias/`). Here every variant runs in one process: each program
 is checked first (`gemmgen.measure.checking.check`, random inputs), then loops of `--iters`
 back-to-back calls take turns with torch.matmul (and a second torch.matmul, the control),
-in the orders of `gemmgen.measure.turns.turn_orders` (each variant follows every other
+in the orders of `gemmgen.measure.turns.in_turns` (each variant follows every other
 equally often), the SM clock sampled at the end of every loop. Per
 variant: the median time, TFLOP/s, the per-repeat ratio to torch.matmul with its 95 %
 interval, and the clocks. Writes results.json and anchor_turns.png under --out.
@@ -88,7 +88,7 @@ def measure_shape(problem, programs: list, args) -> dict:
     from gemmgen.dsl import to_text
     from gemmgen.measure.clocks import ClockSampler, nvml_index
     from gemmgen.measure.comparison import median_interval, ratio_of_medians_interval
-    from gemmgen.measure.turns import checked_variants, in_pairs, loop_ms, turn_orders
+    from gemmgen.measure.turns import checked_variants, in_pairs, in_turns, loop_ms
 
     named = []
     for name, program in programs:
@@ -105,11 +105,8 @@ def measure_shape(problem, programs: list, args) -> dict:
         loop_ms(on_copies(variants[n], ops), 3, samplers[n])
         samplers[n].samples.clear()
     times = {n: [] for n in names}
-    orders = turn_orders(len(names))
-    for r in range(args.repeats):
-        for j in orders[r % len(orders)]:
-            n = names[j]
-            times[n].append(loop_ms(on_copies(variants[n], ops), args.iters, samplers[n]))
+    for _, n in in_turns(names, args.repeats):
+        times[n].append(loop_ms(on_copies(variants[n], ops), args.iters, samplers[n]))
     flop = 2 * problem.m * problem.n * problem.k
     for n in names:
         med = statistics.median(times[n])

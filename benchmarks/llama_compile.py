@@ -167,22 +167,20 @@ def time_interleaved(calls: list, iters: int, repeats: int, samplers: list | Non
     its own variant (each is timed in its own steady state, as a model serving runs), and the
     order of the turns is balanced (`turn_orders`). `samplers` (one ClockSampler per call)
     read the SM clock at the end of each loop's launches."""
-    from gemmgen.measure.turns import turn_orders
+    from gemmgen.measure.turns import in_turns
 
     for call, reset in calls:
         reset()
         for _ in range(3):
             call()
     times: list[list[float]] = [[] for _ in calls]
-    orders = turn_orders(len(calls))
     gc.collect()
     gc.disable()          # as timeit does: a collection inside a host-bound loop is not the model's cost
     try:
-        for r in range(repeats):
-            for i in orders[r % len(orders)]:
-                if warm:
-                    _timed_loop(*calls[i], iters)
-                times[i].append(_timed_loop(*calls[i], iters, samplers[i] if samplers else None))
+        for _, i in in_turns(range(len(calls)), repeats):
+            if warm:
+                _timed_loop(*calls[i], iters)
+            times[i].append(_timed_loop(*calls[i], iters, samplers[i] if samplers else None))
     finally:
         gc.enable()
     return times

@@ -32,7 +32,7 @@ def parse_args(argv=None):
 
 def measure_group(m: int, widths: tuple, iters: int, repeats: int) -> dict:
     import torch
-    from gemmgen.measure.turns import loop_ms, turn_orders
+    from gemmgen.measure.turns import in_turns, loop_ms
 
     g = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, K, device="cuda", dtype=torch.float16, generator=g)
@@ -52,11 +52,9 @@ def measure_group(m: int, widths: tuple, iters: int, repeats: int) -> dict:
             fn()
     torch.cuda.synchronize()
     times = {name: [] for name in variants}
-    names, orders = list(variants), turn_orders(len(variants))
-    for r in range(repeats):
-        for name in (names[i] for i in orders[r % len(orders)]):   # in turns, so drift hits all alike
-            fn = variants[name]
-            times[name].append(loop_ms(lambda i, fn=fn: fn(), iters))
+    for _, name in in_turns(list(variants), repeats):   # in turns, so drift hits all alike
+        fn = variants[name]
+        times[name].append(loop_ms(lambda i, fn=fn: fn(), iters))
     med = {name: statistics.median(v) for name, v in times.items()}
     ratios = sorted(s / j for s, j in zip(times["separate"], times["joined"]))
     flop = 2 * m * sum(widths) * K

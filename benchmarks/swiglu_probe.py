@@ -136,7 +136,7 @@ def measure(m: int, args, fns) -> dict:
     import torch.nn.functional as F
     import triton
 
-    from gemmgen.measure.turns import loop_ms, turn_orders
+    from gemmgen.measure.turns import in_turns, loop_ms
 
     g = torch.Generator(device="cuda").manual_seed(m)
     n, k = INTERMEDIATE, HIDDEN
@@ -185,11 +185,9 @@ def measure(m: int, args, fns) -> dict:
             fn(i)
     torch.cuda.synchronize()
     times = {name: [] for name in variants}
-    names, orders = list(variants), turn_orders(len(variants))
-    for r in range(args.repeats):
-        for name in (names[i] for i in orders[r % len(orders)]):   # in turns, so drift hits all alike
-            fn = variants[name]
-            times[name].append(loop_ms(fn, args.iters))
+    for _, name in in_turns(list(variants), args.repeats):   # in turns, so drift hits all alike
+        fn = variants[name]
+        times[name].append(loop_ms(fn, args.iters))
     med = {name: statistics.median(v) for name, v in times.items()}
     flop = 2 * m * 2 * n * k
     return {"m": m, "n": n, "k": k, "median_ms": med, "times_ms": times, "errors": errors,

@@ -65,6 +65,8 @@ def test_turn_orders_give_every_variant_every_predecessor_equally_often(n):
     follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
     assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
     assert len(set(follows.values())) <= 1              # each ordered pair equally often
+    walked = list(turns.in_turns(list("abcdef"[:n]), 2 * len(orders)))
+    assert walked == [(r, "abcdef"[i]) for r in range(2 * len(orders)) for i in orders[r % len(orders)]]
     # the rotation it replaced fails this from 3 variants on: each variant had one predecessor
     rotated = {(o[j], o[j + 1]) for r in range(n) for o in [[(j + r) % n for j in range(n)]] for j in range(n - 1)}
     assert n < 3 or rotated == {(a, (a + 1) % n) for a in range(n)}

@@ -11,7 +11,7 @@ before). The benchmark scripts that ask such questions (`benchmarks/anchor_turns
 - `in_pairs`: the bench's own protocol for each variant in turn, an offline session
   (cold L2, CUPTI device time) of the variant and torch.matmul alone;
 - `loop_ms`: one loop of back-to-back calls between two CUDA events;
-- `turn_orders`: the order of the variants in each repeat.
+- `turn_orders`, `in_turns`: the order of the variants in each repeat.
 
 GPU only, apart from the bookkeeping (the tests stand in for the timers).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
 
 def loop_ms(call: Callable[[int], object], iters: int, sampler=None) -> float:
@@ -58,6 +58,14 @@ def turn_orders(n: int) -> list[list[int]]:
             high -= 1
     orders = [[(v + i) % n for v in first] for i in range(n)]
     return orders if n % 2 == 0 else orders + [order[::-1] for order in orders]
+
+
+def in_turns(items: Sequence, repeats: int) -> Iterator[tuple[int, object]]:
+    """(repeat, item) for every item in every repeat, each repeat in the next of `turn_orders`."""
+    orders = turn_orders(len(items))
+    for r in range(repeats):
+        for i in orders[r % len(orders)]:
+            yield r, items[i]
 
 
 def pair_ms(fn, torch_fn, problem, seed: int) -> tuple[float, float]:
@@ -102,17 +110,14 @@ def in_pairs(problem, variants: dict, rows: dict, repeats: int, seed: int) -> di
 
     names = [n for n in variants if n != "torch"]
     times: dict = {n: [] for n in names}
-    orders = turn_orders(len(names))
-    for r in range(repeats):
-        for j in orders[r % len(orders)]:
-            n = names[j]
-            if n not in times:
-                continue
-            try:
-                times[n].append(pair_ms(variants[n], variants["torch"], problem, seed + r))
-            except Exception as exc:  # noqa: BLE001 - one variant's failed timing is its row, not the run's
-                rows.setdefault(n, {"program": None}).setdefault("failures", []).append(f"timing: {exc}")
-                del times[n]
+    for r, n in in_turns(names, repeats):
+        if n not in times:
+            continue
+        try:
+            times[n].append(pair_ms(variants[n], variants["torch"], problem, seed + r))
+        except Exception as exc:  # noqa: BLE001 - one variant's failed timing is its row, not the run's
+            rows.setdefault(n, {"program": None}).setdefault("failures", []).append(f"timing: {exc}")
+            del times[n]
     flop = 2 * problem.m * problem.n * problem.k
     for n, pairs in times.items():
         med = statistics.median(t for t, _ in pairs)
