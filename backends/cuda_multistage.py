@@ -14,12 +14,14 @@ from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
+from gemmgen.backends.workspace import persistent_buffer
 
 MAX_SMEM = 227 * 1024
 MAX_ACC_PER_THREAD = 128      # fp32 accumulators per thread before ptxas spills
 # Below 64, for problems of few tiles: more CTAs, each with a shorter chain of mma.sync per k step.
 TILE_SIZES = (16, 32, 64, 128, 192, 256)
 ENTRY = "gemm_multistage"
+EPILOGUE_BUFFER = 512        # bytes a warp stages its stores through past the ring, when persistent
 REDUCE_ENTRY = "splitk_reduce"
 
 
@@ -28,7 +30,7 @@ def stages_of(program: Program) -> int:
     if program.stages is not None:
         return program.stages
     per_stage = smem_per_stage(program)
-    return max(2, min(4, MAX_SMEM // per_stage))
+    return max(2, min(4, (MAX_SMEM - epilogue_buffers(program)) // per_stage))
 
 
 def smem_per_stage(program: Program) -> int:
@@ -36,8 +38,18 @@ def smem_per_stage(program: Program) -> int:
     return (t.m + t.n) * t.k * 2
 
 
+def persistent(program: Program) -> bool:
+    return program.scheduler == "persistent"
+
+
+def epilogue_buffers(program: Program) -> int:
+    """A persistent CTA's ring holds the next tile's loads while it stores this one, so its
+    stores stage past the ring; one CTA a tile stages them in the ring, then free."""
+    return EPILOGUE_BUFFER * program.num_warps if persistent(program) else 0
+
+
 def smem_bytes(program: Program) -> int:
-    return stages_of(program) * smem_per_stage(program)
+    return stages_of(program) * smem_per_stage(program) + epilogue_buffers(program)
 
 
 def rules(program: Program) -> list[tuple[str, str]]:
@@ -47,8 +59,11 @@ def rules(program: Program) -> list[tuple[str, str]]:
     p = program.problem
     if program.instr is not None and (program.instr.kind, program.instr.m, program.instr.n, program.instr.k) != ("mma", 16, 8, 16):
         out.append(("instr", "mainloop multistage issues mma.sync m16n8k16: write `instr mma 16x8x16` or `instr auto`"))
-    if program.scheduler != "tile":
-        out.append(("scheduler", "mainloop multistage launches one CTA per tile: write `scheduler tile`"))
+    if program.scheduler not in ("tile", "persistent"):
+        out.append(("scheduler", "mainloop multistage runs `scheduler tile` (a CTA a tile) or `scheduler persistent`"))
+    elif program.scheduler == "persistent" and program.split_k > 1:
+        out.append(("scheduler", "mainloop multistage's persistent CTAs hold whole K sums: with split_k above 1 "
+                                 "write `scheduler tile`"))
     if program.cluster != (1, 1):
         out.append(("cluster", "mainloop multistage has no clusters: write `cluster 1x1`"))
     if program.smem_swizzle is not None:
@@ -102,6 +117,7 @@ def defines(program: Program) -> dict[str, int]:
         "STAGES": stages_of(program),
         "SPLIT_K": program.split_k,
         "SPLIT_ATOMIC": int(arrival_order(program)),
+        "PERSISTENT": int(persistent(program)),
     }
     d.update(layout_defines(program))
     d.update(epilogue_defines(program))
@@ -122,12 +138,20 @@ class Geometry:
     tile_n: int
     split_k: int
     atomic: bool
+    persistent: bool
 
 
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=smem_bytes(program),
                     tile_m=program.tile.m, tile_n=program.tile.n, split_k=program.split_k,
-                    atomic=arrival_order(program))
+                    atomic=arrival_order(program), persistent=persistent(program))
+
+
+def grid_size(geo: Geometry, M: int, N: int, wave: int | None) -> int:
+    """CTAs to launch: one a tile, or, persistent, at most `wave` (the CTAs the SMs hold at
+    once), each walking tiles."""
+    tiles = math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
+    return min(tiles, wave) if geo.persistent and wave else tiles
 
 
 def entries(program: Program) -> tuple[str, ...]:
@@ -147,6 +171,11 @@ class MultistageLauncher(L.FamilyLauncher):
         self._reduce_ws = ctypes.c_void_p()
         self.reduce_pack = L.ArgPack(self._reduce_ws, self._reduce_m, self._reduce_n, self.epi_args)
         self._workspaces: dict = {}
+        self.wave = None
+        if self.geo.persistent:
+            import torch
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            self.wave = L.resident_ctas(self.funcs[ENTRY], self.geo.threads, self.geo.smem) * sms
 
     def _workspace(self, M: int, N: int, device):
         """fp32 partials (and arrival counters when atomic), made once per output shape."""
@@ -157,10 +186,10 @@ class MultistageLauncher(L.FamilyLauncher):
             g = self.geo
             if g.atomic:
                 tiles = math.ceil(M / g.tile_m) * math.ceil(N / g.tile_n)
-                ws = (torch.zeros(M * N, dtype=torch.float32, device=device),
-                      torch.zeros(tiles, dtype=torch.int32, device=device))
+                ws = (persistent_buffer(M * N, torch.float32, device, zero=True),
+                      persistent_buffer(tiles, torch.int32, device, zero=True))
             else:
-                ws = (torch.empty(g.split_k * M * N, dtype=torch.float32, device=device), None)
+                ws = (persistent_buffer(g.split_k * M * N, torch.float32, device), None)
             self._workspaces[key] = ws
         return ws
 
@@ -175,8 +204,8 @@ class MultistageLauncher(L.FamilyLauncher):
 
     def _launch(self, M, N, stream) -> None:
         g, ga = self.geo, self.gemm_args
-        tiles = math.ceil(M / g.tile_m) * math.ceil(N / g.tile_n)
-        L.launch(self.funcs[ENTRY], (tiles, 1, g.split_k), g.threads, g.smem, stream, self.pack)
+        L.launch(self.funcs[ENTRY], (grid_size(g, M, N, self.wave), 1, g.split_k), g.threads, g.smem, stream,
+                 self.pack)
         if g.split_k > 1 and not g.atomic:
             self._reduce_ws.value, self._reduce_m.value, self._reduce_n.value = ga.workspace, M, N
             blocks = min(math.ceil(M * N / 256), SM90A.sms * 16)

@@ -7,6 +7,7 @@ of these kernels.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -62,20 +63,30 @@ def _multistage(problem: Problem) -> list[Program]:
     if math.ceil(p.m / 64) * math.ceil(p.n / 64) < SMS:
         tiles += NARROW_TILES
     for (tm, tn) in tiles:
+        # More tiles than SMs: persistent CTAs, whose ring runs across tiles, so the next tile
+        # loads during this one's stores and a ring deeper than one tile's K loop still fills
+        # (CUDA_NOTES.md, session 24).
+        schedulers = ("tile", "persistent") if math.ceil(p.m / tm) * math.ceil(p.n / tn) > SMS else ("tile",)
         for tk in (32, 64, 128):
-            for warps in ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)):
-                for stages in STAGES:
-                    # A ring deeper than the K loop only costs shared memory and start-up; 2 stages
-                    # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
-                    if stages > max(2, math.ceil(p.k / tk) + 1) or (stages == 2 and math.ceil(p.k / tk) > 4):
+            if tk > 32 and p.k <= tk // 2:      # half the k tile would be zeros
+                continue
+            k_tiles = math.ceil(p.k / tk)
+            for warps, stages, scheduler in itertools.product(((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)), STAGES,
+                                                              schedulers):
+                if scheduler == "persistent":
+                    if stages > 4 or (stages == 2 and k_tiles > 4):
                         continue
-                    for split, reduce in splits:
-                        prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
-                                       mainloop="multistage", instr=Instr("mma", 16, 8, 16), stages=stages,
-                                       scheduler="tile", raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
-                                       split_k=split, split_k_reduce=reduce)
-                        if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
-                            out.append(prog)
+                # A ring deeper than the K loop only costs shared memory and start-up; 2 stages
+                # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
+                elif stages > max(2, k_tiles + 1) or (stages == 2 and k_tiles > 4):
+                    continue
+                for split, reduce in splits if scheduler == "tile" else [(1, "workspace")]:
+                    prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
+                                   mainloop="multistage", instr=Instr("mma", 16, 8, 16), stages=stages,
+                                   scheduler=scheduler, raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
+                                   split_k=split, split_k_reduce=reduce)
+                    if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
+                        out.append(prog)
     return out
 
 
@@ -133,6 +144,10 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads.
     pipeline = waves * k_iters * LOAD_LATENCY_S / max(1, stages - 1) if k_iters > 1 else 0.0
     factor = 1.0
+    if not ws and program.scheduler == "persistent":
+        # Session 24's probe, one program both ways at 22 shapes: persistent ran 0.97-1.13x as
+        # fast as one CTA a tile from 256 tiles on, 0.94-0.98x at 128-192 (little to load early).
+        factor *= 0.95 if tiles >= 2 * SMS else 1.05
     if program.cluster[0] > 1:   # multicast halves B traffic once tiles fill the chip
         factor *= 0.97 if tiles >= 2 * SMS else 1.03
     return max(compute, memory, feed, pipeline) * factor + latency
@@ -150,7 +165,7 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
     scored.sort(key=lambda eq: (_percent_bin(eq[0]), _tiebreak(eq[1], problem)))
     groups: dict[tuple, list[tuple[float, Program]]] = {}
     for est, q in scored:
-        groups.setdefault((q.mainloop, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append((est, q))
+        groups.setdefault((q.mainloop, q.scheduler, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append((est, q))
     if not groups:
         return []
     best = min(g[0][0] for g in groups.values())
@@ -171,15 +186,17 @@ def _percent_bin(seconds: float) -> int:
 
 def _tiebreak(q: Program, problem: Problem) -> tuple:
     """Among equal estimates: the ring depth nearest 4 that the K loop can fill (K tiles + 1,
-    at least 2), then 3, then 5; wider K tiles; 8 warps for big tiles, 4 for small; then
+    at least 2, or 3 when persistent), then 3, then 5; wider K tiles; 8 warps for tiles over 128x128, 4 for the others
+    (session 24: 128x128 on 2x2 warps, two CTAs an SM, beat 4x2 at 18 of 22 short-K shapes); then
     square warp tiles, the wider in N first. (Session 12's multistage runs timed the warp
     layouts of one tile and ring side by side: 256x128 on 2x4 warps, 128x32 each, took 1.06x
     the time of 4x2; 64x64 on 1x4 1.15x that of 2x2; 64x128 on 4x1 1.10x and on 1x4 1.01x;
     of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
-    preferred = min(4, max(2, _k_iters(q, problem) + 1))
+    # A persistent ring runs across tiles: it fills 3 stages however short K is.
+    preferred = min(4, max(3 if q.scheduler == "persistent" else 2, _k_iters(q, problem) + 1))
     depth = q.stages or 4
     rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
-    warps = -q.num_warps if q.tile.m * q.tile.n >= 128 * 128 else q.num_warps
+    warps = -q.num_warps if q.tile.m * q.tile.n > 128 * 128 else q.num_warps
     warp_m, warp_n = q.tile.m / q.warps[0], q.tile.n / q.warps[1]
     warp_tile = (abs(math.log2(warp_m / warp_n)), warp_n < warp_m)
     return (rank, -q.tile.k, warps, warp_tile, q.cluster)

@@ -13,6 +13,7 @@ from typing import Optional
 
 from gemmgen.backends.base import BackendError
 from gemmgen.backends.cutlass_emit import InstanceSpec, RuntimeArgs
+from gemmgen.backends.workspace import persistent_buffer
 
 _INIT_ERRORS = {
     1: "cudaSetDevice failed (no such CUDA device?)",
@@ -90,7 +91,7 @@ class CutlassLauncher:
         if size == 0:
             return 0
         if self._workspace is None or self._workspace.numel() < size:
-            self._workspace = self._torch.empty(size, dtype=self._torch.uint8, device=device)
+            self._workspace = persistent_buffer(size, self._torch.uint8, device)
         return self._workspace.data_ptr()
 
     def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha: float = 1.0, beta: float = 0.0):

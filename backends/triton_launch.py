@@ -15,12 +15,14 @@ need and cached like any other.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from gemmgen.backends.base import Artifact, BackendError
 from gemmgen.backends.triton_lower import grid_size
+from gemmgen.backends.workspace import persistent_buffer
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 
 TORCH_DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
@@ -59,6 +61,20 @@ class _LoadedKernel:
         self.cooperative = bool(meta.get("launch_cooperative_grid", False))
         self.pdl = bool(meta.get("launch_pdl", False))
         self.make_desc_arg = nv.make_tensordesc_arg
+
+
+def _none() -> None:
+    return None
+
+
+def _weak(t):
+    """A weak reference to a tensor, or to nothing for None (called, it gives None back)."""
+    return _none if t is None else weakref.ref(t)
+
+
+def _address(x):
+    """A tensor argument as its device address (Triton's launcher takes either)."""
+    return x.data_ptr() if hasattr(x, "data_ptr") else x
 
 
 @dataclass
@@ -208,7 +224,7 @@ class TritonLauncher:
         hit = plan.desc_cache.get(key)
         if hit is None:
             desc = tensor_descriptor(self.meta, _desc_operand(role), t)
-            hit = lk.make_desc_arg(desc, lk.tensordesc_meta[index])
+            hit = [_address(x) for x in lk.make_desc_arg(desc, lk.tensordesc_meta[index])]
             if len(plan.desc_cache) >= DESC_CACHE_LIMIT:
                 plan.desc_cache.clear()
             plan.desc_cache[key] = hit
@@ -217,8 +233,8 @@ class TritonLauncher:
     def _workspace(self, plan: _Plan, stream: int):
         ws = plan.workspaces.get(stream)
         if ws is None:
-            make = self._torch.zeros if plan.zero_workspace else self._torch.empty
-            ws = make(plan.workspace_elems, dtype=self._torch.float32, device=plan.torch_device)
+            ws = persistent_buffer(plan.workspace_elems, self._torch.float32, plan.torch_device,
+                                   zero=plan.zero_workspace)
             plan.workspaces[stream] = ws
         return ws
 
@@ -226,10 +242,12 @@ class TritonLauncher:
         # Fast path: the very tensors (and scalars, and stream) of the previous call. Their
         # shapes, strides and pointers are then those already checked, so the bound launches
         # are replayed as they are. (Resizing a tensor in place between calls defeats this;
-        # nothing in a GEMM's life does that.)
+        # nothing in a GEMM's life does that.) The previous call's tensors are held weakly and
+        # the bound launches carry their addresses, not the tensors: a launcher keeps no
+        # activation alive (inside a CUDA graph's pool inductor refuses one it does not track).
         last = self._last
-        if (last is not None and a is last[0] and b is last[1] and out is last[2] and bias is last[3]
-                and residual is last[4] and c is last[5] and alpha == last[6] and beta == last[7]
+        if (last is not None and last[0]() is a and last[1]() is b and last[2]() is out and last[3]() is bias
+                and last[4]() is residual and last[5]() is c and alpha == last[6] and beta == last[7]
                 and self._raw_stream(last[8]) == last[9]):
             for launch, gx, gy, gz, stream, function, coop, pdl, packed, args in last[10]:
                 launch(gx, gy, gz, stream, function, coop, pdl, None, None, packed, None, None, None, *args)
@@ -268,7 +286,7 @@ class TritonLauncher:
             desc_index = 0
             for pos, role, width in slots:
                 if width == 1:
-                    args[pos] = dyn[role]
+                    args[pos] = _address(dyn[role])
                 else:
                     args[pos:pos + width] = self._descriptor(plan, role, dyn[_desc_operand(role)], lk, desc_index)
                     desc_index += 1
@@ -276,7 +294,8 @@ class TritonLauncher:
                              lk.packed, tuple(args)))
         for launch, gx, gy, gz, stream, function, coop, pdl, packed, args in launches:
             launch(gx, gy, gz, stream, function, coop, pdl, None, None, packed, None, None, None, *args)
-        self._last = (a, b, out, bias, residual, c, alpha, beta, plan.device, stream, tuple(launches))
+        self._last = (*(_weak(t) for t in (a, b, out, bias, residual, c)), alpha, beta, plan.device, stream,
+                      tuple(launches))
         return out
 
     def _check_extra(self, role: str, t, plan: "_Plan") -> None:
@@ -472,7 +491,7 @@ class JitLauncher:
         def get(size: int, zeroed: bool):
             key = (a.get_device(), torch.cuda.current_stream(a.device).cuda_stream, size)
             if key not in self._workspaces:
-                self._workspaces[key] = torch.zeros(size, dtype=torch.float32, device=a.device)
+                self._workspaces[key] = persistent_buffer(size, torch.float32, a.device, zero=True)
             return self._workspaces[key]
         return get
 

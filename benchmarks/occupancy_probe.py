@@ -1,4 +1,6 @@
-"""Does a second resident CTA per SM speed up the multistage family at mid shapes?
+"""Variants of the multistage family's selected programs, timed as the bench times them.
+
+Session 16 (`--set ring64`): does a second resident CTA per SM speed up the mid shapes?
 
 Session 15's Nsight Compute runs found the family's selected programs at 1-16 GFLOP holding one
 4-warp CTA per SM: a 3-stage ring of 128-deep k tiles takes 147 KB of shared memory
@@ -8,6 +10,9 @@ three CTAs (64-deep k tiles), plus an 8-warp variant of the selected tile; `repo
 driver how many CTAs of each an SM holds; the timing is `anchor_turns.py --protocol pairs`
 (the bench's protocol); `summarize` joins the two.
 
+Session 24 (`--set short_k --max-k 512 --min-gflop 0.25`): persistent CTAs on wider tiles for
+the short-K shapes (CUDA_NOTES.md, session 24).
+
     python benchmarks/occupancy_probe.py write --search RESULT.json --out DIR      (the programs)
     python benchmarks/occupancy_probe.py report --out DIR/resident.json DIR/*.gemm       (GPU)
     python benchmarks/anchor_turns.py --protocol pairs --repeats 3 --out DIR/pairs DIR/*.gemm  (GPU; pairs*/ all read)
@@ -16,20 +21,39 @@ driver how many CTAs of each an SM holds; the timing is `anchor_turns.py --proto
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-# (label, tile M, tile N, tile K, warps, stages): rings of 64-deep k tiles, 48-96 KB a CTA
-VARIANTS = (
-    ("t64x128k64s3", 64, 128, 64, (2, 2), 3),
-    ("t64x128k64s4", 64, 128, 64, (2, 2), 4),
-    ("t128x128k64s3", 128, 128, 64, (2, 2), 3),
-    ("t128x128k64s3w8", 128, 128, 64, (4, 2), 3),
-    ("t64x64k64s4", 64, 64, 64, (2, 2), 4),
-    ("t128x64k64s3", 128, 64, 64, (2, 2), 3),
-)
+# (label, tile M, tile N, tile K, warps, stages, scheduler)
+VARIANT_SETS = {
+    # Session 16: rings of 64-deep k tiles, 48-96 KB a CTA, so that 2-3 CTAs fit an SM.
+    "ring64": (
+        ("t64x128k64s3", 64, 128, 64, (2, 2), 3, "tile"),
+        ("t64x128k64s4", 64, 128, 64, (2, 2), 4, "tile"),
+        ("t128x128k64s3", 128, 128, 64, (2, 2), 3, "tile"),
+        ("t128x128k64s3w8", 128, 128, 64, (4, 2), 3, "tile"),
+        ("t64x64k64s4", 64, 64, 64, (2, 2), 4, "tile"),
+        ("t128x64k64s3", 128, 64, 64, (2, 2), 3, "tile"),
+    ),
+    # Short K: persistent CTAs whose next tile loads during this tile's stores, on tiles wide
+    # enough to read A and B from L2 fewer times per output element.
+    "short_k": (
+        ("p64x128k64s3", 64, 128, 64, (2, 2), 3, "persistent"),
+        ("p128x64k64s3", 128, 64, 64, (4, 1), 3, "persistent"),
+        ("p128x128k64s3w8", 128, 128, 64, (4, 2), 3, "persistent"),
+        ("p128x128k64s3", 128, 128, 64, (2, 2), 3, "persistent"),
+        ("p128x128k32s4w8", 128, 128, 32, (4, 2), 4, "persistent"),
+        ("p256x128k64s2", 256, 128, 64, (4, 2), 2, "persistent"),
+        ("p256x128k64s3", 256, 128, 64, (4, 2), 3, "persistent"),
+        ("p128x256k64s3", 128, 256, 64, (2, 4), 3, "persistent"),
+        ("p256x128k32s4", 256, 128, 32, (4, 2), 4, "persistent"),
+        ("t256x128k64s3", 256, 128, 64, (4, 2), 3, "tile"),
+        ("t128x128k64s3w8", 128, 128, 64, (4, 2), 3, "tile"),
+    ),
+}
 
 
 def selected_rows(search: dict, low: float, high: float) -> list[dict]:
@@ -44,9 +68,10 @@ def selected_rows(search: dict, low: float, high: float) -> list[dict]:
     return [best[k] for k in sorted(best)]
 
 
-def variants_of(program) -> list[tuple[str, object]]:
-    """The selected program, its 8-warp twin, and the VARIANTS the multistage rules accept
-    (split-K kept where the variant's K tiles allow it, else dropped)."""
+def variants_of(program, variant_set: str = "ring64") -> list[tuple[str, object]]:
+    """The selected program, its 8-warp twin (and persistent twin where the set has persistent
+    variants), and the set's variants the multistage rules accept (split-K kept where the
+    variant allows it, else dropped)."""
     from gemmgen.backends import cuda_multistage as ms
     from gemmgen.dsl.ir import Tile
 
@@ -55,8 +80,11 @@ def variants_of(program) -> list[tuple[str, object]]:
     if program.num_warps == 4:
         wide = (program.warps[0] * 2, program.warps[1]) if t.m >= t.n else (program.warps[0], program.warps[1] * 2)
         out.append(("selected_w8", replace(program, warps=wide)))
-    for label, tm, tn, tk, warps, stages in VARIANTS:
-        v = replace(program, tile=Tile(tm, tn, tk), warps=warps, stages=stages,
+    variants = VARIANT_SETS[variant_set]
+    if any(v[-1] == "persistent" for v in variants):
+        out.append(("selected_p", replace(program, scheduler="persistent", split_k=1)))
+    for label, tm, tn, tk, warps, stages, scheduler in variants:
+        v = replace(program, tile=Tile(tm, tn, tk), warps=warps, stages=stages, scheduler=scheduler,
                     swizzle=8 if tm * tn >= 128 * 128 else 4)
         if ms.rules(v) and v.split_k > 1:
             v = replace(v, split_k=1)
@@ -70,15 +98,18 @@ def write(args) -> int:
     if not Path(args.search).is_file():
         print(f"--search {args.search}: no such file (a cuda_search.py results JSON)", file=sys.stderr)
         return 2
-    search = json.loads(Path(args.search).read_text())
+    path = Path(args.search)
+    search = json.loads(gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     for row in selected_rows(search, args.min_gflop, args.max_gflop):
+        if row["k"] > args.max_k:
+            continue
         program = dsl.parse(row["program"])
         stem = f"{row['m']}x{row['n']}x{row['k']}_{row['layout']}"
         seen = set()
-        for label, v in variants_of(program):
+        for label, v in variants_of(program, args.set):
             if v in seen:
                 continue
             seen.add(v)
@@ -160,12 +191,12 @@ def plot(table: list[dict], path: Path) -> None:
     rows = sorted(table, key=lambda r: r["selected"])
     y = range(len(rows))
     fig, ax = plt.subplots(figsize=(7, 0.28 * len(rows) + 1.2))
-    ax.scatter([r["selected"] for r in rows], y, label="selected by the session-13 search", color="tab:gray")
+    ax.scatter([r["selected"] for r in rows], y, label="selected by the search", color="tab:gray")
     ax.scatter([r["best_ratio"] for r in rows], y, label="best variant", color="tab:green", marker="x")
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(list(y), [r["shape"] for r in rows], fontsize=7)
     ax.set_xlabel("x torch.matmul (bench protocol, median of 3 pairs)")
-    ax.set_title("multistage family, 1-16 GFLOP sample shapes")
+    ax.set_title(f"multistage family: {path.parent.name}")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -175,10 +206,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write")
-    w.add_argument("--search", required=True, help="a cuda_search.py results JSON")
+    w.add_argument("--search", required=True, help="a cuda_search.py results JSON (or .json.gz)")
     w.add_argument("--out", required=True)
     w.add_argument("--min-gflop", type=float, default=1.0)
     w.add_argument("--max-gflop", type=float, default=16.0)
+    w.add_argument("--max-k", type=int, default=1 << 30, help="only shapes with K up to this")
+    w.add_argument("--set", choices=sorted(VARIANT_SETS), default="ring64", help="which variants to write")
     r = sub.add_parser("report")
     r.add_argument("programs", nargs="+")
     r.add_argument("--out", required=True)

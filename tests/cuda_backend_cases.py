@@ -8,10 +8,10 @@ from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 
 def multistage(problem: Problem, tile=(128, 128, 32), warps=(2, 2), stages=4, split_k=1,
-               reduce="workspace", raster="m", swizzle=8) -> Program:
+               reduce="workspace", raster="m", swizzle=8, scheduler="tile") -> Program:
     return Program(problem=problem, backend="cuda", tile=Tile(*tile), warps=warps, mainloop="multistage",
                    instr=Instr("mma", 16, 8, 16), stages=stages, raster=raster, swizzle=swizzle,
-                   split_k=split_k, split_k_reduce=reduce)
+                   split_k=split_k, split_k_reduce=reduce, scheduler=scheduler)
 
 
 def hopper(problem: Problem, tile=(128, 128, 64), stages=4, cluster=(1, 1), scheduler="persistent",
@@ -61,6 +61,9 @@ MS_CONFIGS = (
     dict(tile=(64, 32, 64), warps=(2, 2), stages=4, split_k=4),
     dict(tile=(32, 32, 64), warps=(2, 2), stages=6),
     dict(tile=(16, 64, 64), warps=(1, 4), stages=4),
+    dict(tile=(128, 128, 64), warps=(2, 2), stages=3, scheduler="persistent"),
+    dict(tile=(256, 128, 64), warps=(4, 2), stages=2, scheduler="persistent"),
+    dict(tile=(32, 64, 32), warps=(2, 2), stages=4, scheduler="persistent", raster="n", swizzle=4),
 )
 
 

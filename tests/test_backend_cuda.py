@@ -6,6 +6,7 @@ the shipped examples plus one program per family, cached on disk by build.py.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 import shutil
 
 import pytest
@@ -253,3 +254,42 @@ def test_random_cases_are_valid_programs():
     assert sum(1 for p in programs if cuda._family_rules(p) == [] and diagnose(p) == []) >= 20
     assert {p.problem.a_major for p in programs} == {"row", "col"}
     assert any(p.split_k > 1 for p in programs) and any(p.problem.m % 8 for p in programs)
+
+
+def test_persistent_multistage_rules_launch_and_shared_memory():
+    """`scheduler persistent` in the multistage family: whole K sums only (no split-K); one wave
+    of CTAs at most; 512 bytes a warp past the ring for the stores, since the ring holds the
+    next tile's loads."""
+    from gemmgen.backends import cuda_multistage as ms
+    problem = Problem(16384, 2048, 64)
+    tile = multistage(problem, tile=(128, 128, 64), warps=(2, 2), stages=3)
+    persistent = replace(tile, scheduler="persistent")
+    assert ms.rules(persistent) == [] and diagnose(persistent) == []
+    assert ms.smem_bytes(persistent) == ms.smem_bytes(tile) + 4 * 512 == 3 * 32768 + 2048
+    assert ms.defines(persistent)["PERSISTENT"] == 1 and ms.defines(tile)["PERSISTENT"] == 0
+    long_k = replace(persistent, problem=Problem(16384, 2048, 4096), split_k=2)
+    assert [f for f, _ in ms.rules(long_k)] == ["scheduler"]
+    assert ms.grid_size(ms.geometry(persistent), 16384, 2048, wave=264) == 264
+    assert ms.grid_size(ms.geometry(persistent), 256, 256, wave=264) == 4          # fewer tiles than the wave
+    assert ms.grid_size(ms.geometry(tile), 16384, 2048, wave=264) == 128 * 16       # one CTA a tile
+
+
+@needs_compiler
+def test_persistent_multistage_compiles_with_hmma_and_no_spills():
+    program = multistage(Problem(4097, 2055, 72, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+                         tile=(128, 128, 64), warps=(2, 2), stages=3, scheduler="persistent")
+    report = cuda.kernel_report(cuda.compile_program(program))
+    sass, res = report["sass"], report["resources"]["gemm_multistage"]
+    assert sass["HMMA"] >= 128 and sass["LDGSTS"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0
+
+
+def test_space_offers_persistent_twins_only_where_tiles_outnumber_the_sms():
+    from gemmgen.backends.cuda_space import space
+
+    def schedulers(shape):
+        return {q.scheduler for q in space(Problem(*shape), limit=400) if q.mainloop == "multistage"}
+    assert schedulers((16384, 2048, 64)) == {"tile", "persistent"}
+    assert schedulers((256, 256, 4096)) == {"tile"}
+    # no k tile twice as deep as K: at K=64 the 128-deep tiles would load half zeros
+    assert all(q.tile.k <= 64 for q in space(Problem(16384, 2048, 64), limit=400) if q.mainloop == "multistage")

@@ -107,6 +107,31 @@ def test_multistage_small_ring_gets_every_cta_its_registers_allow():
     assert cuda_launch.resident_ctas(fn.funcs[ms.ENTRY], geo.threads, geo.smem) == min(3, by_registers)
 
 
+# Persistent CTAs that each walk several tiles, across unaligned edges, both majors.
+PERSISTENT = [
+    multistage(Problem(4097, 2055, 72, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+               tile=(64, 64, 32), warps=(2, 2), stages=4, scheduler="persistent"),
+    multistage(Problem(3000, 5000, 64, epilogue=Epilogue(residual=True)),
+               tile=(128, 128, 64), warps=(2, 2), stages=3, scheduler="persistent"),
+    multistage(Problem(8192, 2048, 128, a_major="col", epilogue=Epilogue(out_dtype="bf16")),
+               tile=(256, 128, 64), warps=(4, 2), stages=2, scheduler="persistent", raster="n", swizzle=4),
+]
+
+
+@pytest.mark.parametrize("index", range(len(PERSISTENT)))
+def test_multistage_persistent_ctas_walk_many_tiles(index, runner):
+    """The launch holds one wave of CTAs (what the SMs hold at once), fewer than the tiles, so
+    each CTA's ring runs on into its next tiles; every output element is still right."""
+    from gemmgen.backends import cuda, cuda_multistage as ms
+    program = PERSISTENT[index]
+    artifact = cuda.compile_program(program)
+    fn = cuda.load(artifact, program)
+    p = program.problem
+    tiles = -(-p.m // program.tile.m) * -(-p.n // program.tile.n)
+    assert fn.wave and ms.grid_size(fn.geo, p.m, p.n, fn.wave) == fn.wave < tiles / 2, (fn.wave, tiles)
+    _check(program, artifact, runner)
+
+
 # Both majors; TMA needs the contiguous dimension of each operand to be a multiple of 8.
 HOPPER_SHAPES = ((4096, 4096, 4096, "row", "col"), (1000, 1000, 1000, "row", "row"),
                  (129, 263, 520, "row", "col"), (776, 1000, 264, "col", "row"), (512, 384, 1024, "col", "col"))

@@ -23,10 +23,10 @@ def test_swiglu_probe_interleaves_gate_and_up_blocks():
         assert torch.equal(joined[2 * j * bn:(2 * j + 1) * bn], wg[j * bn:(j + 1) * bn])
         assert torch.equal(joined[(2 * j + 1) * bn:(2 * j + 2) * bn], wu[j * bn:(j + 1) * bn])
     # what the kernel's epilogue undoes: split each 2*bn block of the product into gate and up
-    x = torch.randn(5, k)
+    x = torch.randint(-3, 4, (5, k)).float()     # small integers: every product exact, in any order
     acc = (x @ joined.t()).view(5, n // bn, 2, bn)
-    assert torch.allclose(acc[:, :, 0].reshape(5, n), x @ wg.t())
-    assert torch.allclose(acc[:, :, 1].reshape(5, n), x @ wu.t())
+    assert torch.equal(acc[:, :, 0].reshape(5, n), x @ wg.t())
+    assert torch.equal(acc[:, :, 1].reshape(5, n), x @ wu.t())
 
 
 def test_swiglu_probe_redraws_its_plot_and_refuses_to_run_without_a_gpu(tmp_path):
@@ -150,6 +150,30 @@ def test_occupancy_probe_summary_is_what_the_committed_timings_give(tmp_path):
     resident = json.loads((folder / "resident.json").read_text())
     assert resident["512x2048x2048_nn_selected"]["resident_ctas"] == 1
     assert resident["512x2048x2048_nn_t64x128k64s4"]["resident_ctas"] == 2
+
+
+def test_short_k_probe_wrote_what_it_timed_and_its_summary_holds(tmp_path):
+    """Session 24's set: persistent twins and wider tiles for the short-K shapes; the committed
+    run timed exactly what `write` makes from session 16's search, and `summarize` gives back
+    the committed summary (best variant ahead of the selected program)."""
+    import shutil
+
+    script = load_script("occupancy_probe")
+    folder = RESULTS / "short_k_probe"
+    assert script.main(["write", "--search", str(RESULTS / "cuda_search" / "s16" / "cuda_search.json.gz"),
+                        "--out", str(tmp_path / "programs"), "--set", "short_k", "--min-gflop", "0.25",
+                        "--max-k", "512"]) == 0
+    written = sorted(p.name for p in (tmp_path / "programs").glob("*.gemm"))
+    assert written == sorted(p.name for p in (folder / "programs").glob("*.gemm")) and len(written) == 299
+    timed = sorted(name for s in json.loads((folder / "pairs" / "results.json").read_text())["shapes"]
+                   for name in s["variants"] if not name.startswith("torch"))
+    assert timed == sorted(name[:-len(".gemm")] for name in written)
+    shutil.copytree(folder / "pairs", tmp_path / "pairs")
+    shutil.copy(folder / "resident.json", tmp_path / "resident.json")
+    assert script.main(["summarize", str(tmp_path)]) == 0
+    fresh = json.loads((tmp_path / "summary.json").read_text())
+    assert fresh == json.loads((folder / "summary.json").read_text())
+    assert fresh["shapes"] == 22 and fresh["geomean_selected"] < fresh["geomean_best"]
 
 
 def test_mma_peak_kernels_compile_to_hmma_chains_without_spills():

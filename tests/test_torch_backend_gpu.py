@@ -36,20 +36,23 @@ def rel_err(out, ref) -> float:
     return ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
-def record_triton_winners(db: str, problems, device_ms: float) -> None:
-    """Made-up winners (the first Triton program of each problem's space): these tests check
-    the plumbing, not speed."""
-    from gemmgen import backends
+def record_winners(db: str, programs, device_ms: float) -> None:
+    """Made-up winners: these tests check the plumbing, not speed."""
     from gemmgen.dsl import to_text
     from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
 
     with Database(db) as database:
-        for problem in problems:
-            program = backends.get("triton").space(problem)[0]
-            database.record(Trial(problem=problem, device=Device(torch.cuda.get_device_name()),
-                                  program=to_text(program), backend="triton", status="ok", build_ok=True,
+        for program in programs:
+            database.record(Trial(problem=program.problem, device=Device(torch.cuda.get_device_name()),
+                                  program=to_text(program), backend=program.backend, status="ok", build_ok=True,
                                   check_passed=True, device_ms=device_ms, spread=0.0,
                                   baselines={"torch": BaselineTime(1.0, 0.0)}))
+
+
+def record_triton_winners(db: str, problems, device_ms: float) -> None:
+    """The first Triton program of each problem's space, as a made-up winner."""
+    from gemmgen import backends
+    record_winners(db, [backends.get("triton").space(problem)[0] for problem in problems], device_ms)
 
 
 def test_op_path_matches_eager_in_inference(fresh, tmp_path):
@@ -99,6 +102,7 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
     from gemmgen.compile import clear_cache
     from gemmgen.torch_ops import _KERNELS, clear_kernels, problem_of
 
+    clear_cache(), clear_kernels()      # the op's kernels are cached by key; the other case made them
     model = tiny_llama().eval()
     ids = torch.randint(0, 256, (4, 16), device="cuda")
     db = str(tmp_path / "user.sqlite")
@@ -117,6 +121,43 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
     assert sum(torch_backend.stats()["replaced"].values()) == LAYERS * 7 + 1
     used = set(torch_backend.stats()["problems"])
     assert {k.backend for key, k in _KERNELS.items() if problem_of(key).key in used} == {"triton"}
+
+
+def _split_k_program(problem, backend: str):
+    from gemmgen import backends
+    if backend == "triton":
+        return next(q for q in backends.get("triton").space(problem) if q.split_k > 1)
+    from cuda_backend_cases import multistage
+    return multistage(problem, tile=(64, 64, 64), warps=(2, 2), stages=4, split_k=4, reduce="unordered")
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_split_k_workspaces_stay_out_of_the_cuda_graph_pool(fresh, tmp_path, backend):
+    """A split-K kernel makes its workspace (the CUDA one zero-filled, with arrival counters) on
+    its first call, which with CUDA graphs is the graph's warm-up; it must not land in the
+    graph's pool, which inductor checks, and the replays must stay right on new inputs."""
+    from gemmgen.compile import clear_cache
+    from gemmgen.torch_ops import _KERNELS, clear_kernels, problem_of
+
+    clear_cache(), clear_kernels()      # the op's kernels are cached by key; the other backend's case made one
+    w = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+    def model(x):
+        return x @ w.T
+
+    db = str(tmp_path / "user.sqlite")
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+    torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(x)
+    keys = torch_backend.missing_keys()
+    assert len(keys) == 1
+    record_winners(db, [_split_k_program(problem_of(keys[0]), backend)], device_ms=0.001)
+    clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
+    compiled = torch.compile(model, backend="gemmgen", dynamic=False,
+                             options={"db": db, "inductor": {"triton.cudagraphs": True}})
+    for step in range(4):
+        x = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
+        assert rel_err(compiled(x), model(x)) < 1e-2, step
+    [kernel] = _KERNELS.values()
+    assert kernel.backend == backend and kernel.ir.split_k > 1
 
 
 def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, tmp_path):

@@ -196,6 +196,48 @@ struct GemmArgs {
   unsigned* __restrict__ counters;    // split-K atomic: arrivals per output tile, left at zero
 };
 
+#if SPLIT_K == 1
+// One tile's epilogue when the CTA holds the whole K sum. `buffer`: 512 bytes of shared memory
+// for this warp, free for staged stores.
+__device__ __forceinline__ void store_tile(const EpilogueArgs& epi, const float (&acc)[MMA_M_TILES][MMA_N_TILES][4],
+                                           int m0, int n0, int M, int N, int warp_m, int warp_n, int lane,
+                                           unsigned buffer) {
+  // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
+  const int row_base = m0 + warp_m * WARP_TILE_M + (lane >> 2);
+#if MMA_N_TILES % 4 == 0
+  const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
+#if !OUT_DTYPE_F32
+  // A tile wholly inside M x N (with 16-byte aligned rows) stores without bounds checks,
+  // staging each 8x32 block through the warp's buffer: epilogue_store_block_staged.
+  if (m0 + BM <= M && n0 + BN <= N && row_aligned16) {
+    for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
+      epilogue_store_block_staged(epi, v, row, col, buffer);
+    });
+    return;
+  }
+#endif
+  // Four 8-column blocks at a time: one 16-byte store per lane (epilogue_store_quad).
+  for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
+    epilogue_store_quad(epi, v, row, col, M, N, row_aligned16);
+  });
+#else
+  const int col_base = n0 + warp_n * WARP_TILE_N + (lane & 3) * 2;
+  const bool pair_aligned = (epi.ld_out % 2) == 0;
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        epilogue_store_pair(epi, acc[i][j][2 * h], acc[i][j][2 * h + 1],
+                            row_base + i * 16 + h * 8, col_base + j * 8, M, N, pair_aligned);
+#endif
+}
+#endif
+
+// One CTA a tile (`scheduler tile`, gridDim.x = tiles), or, with PERSISTENT, a CTA walks tiles
+// blockIdx.x, + gridDim.x, ... and its copies run STAGES - 1 k tiles ahead across tile
+// boundaries: the next tile's first loads are in flight during this tile's epilogue.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -206,10 +248,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   const unsigned smem_b = smem_a + STAGES * A_STAGE;
 
   const int M = args.M, N = args.N, K = args.K;
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  int tile_m, tile_n;
-  raster_tile(blockIdx.x, tiles_m, tiles_n, tile_m, tile_n);
-  const int m0 = tile_m * BM, n0 = tile_n * BN;
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
 
   // This CTA's K range: whole BK tiles split evenly over the SPLIT_K slices.
   const int k_tiles_all = (K + BK - 1) / BK;
@@ -222,151 +261,165 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
 
-  float acc[MMA_M_TILES][MMA_N_TILES][4];
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
-
-  typename OpA::Copier copy_a(args.a, args.ld_a, m0, M, kt_begin * BK, tid);
-  typename OpB::Copier copy_b(args.b, args.ld_b, n0, N, kt_begin * BK, tid);
+  // The loads' cursor: tile `load_tile`, its k tile `load_kt`; `load_g` counts k tiles loaded.
+  int load_tile = blockIdx.x, load_kt = 0, load_g = 0;
+  int tile_m, tile_n;
+  raster_tile(load_tile, tiles_m, tiles_n, tile_m, tile_n);
+  typename OpA::Copier copy_a(args.a, args.ld_a, tile_m * BM, M, kt_begin * BK, tid);
+  typename OpB::Copier copy_b(args.b, args.ld_b, tile_n * BN, N, kt_begin * BK, tid);
   const int q = lane >> 3;
   const typename OpA::Fragments frag_a(warp_m * WARP_TILE_M, lane, q & 1, q >> 1);
   const typename OpB::Fragments frag_b(warp_n * WARP_TILE_N, lane, q >> 1, q & 1);
 
-  auto load_stage = [&](int kt) {  // k tile kt (relative to this slice) into its ring slot
-    if (kt < k_tiles) {
-      const int slot = kt % STAGES;
+  auto load_next = [&]() {  // the cursor's k tile into its ring slot, then the cursor moves on
+    if (load_tile < tiles && k_tiles > 0) {
+      const int slot = load_g % STAGES;
       copy_a.load(smem_a + slot * A_STAGE, k_end);
       copy_b.load(smem_b + slot * B_STAGE, k_end);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+    ++load_g;
+#if PERSISTENT
+    if (++load_kt >= k_tiles) {
+      load_kt = 0;
+      load_tile += gridDim.x;
+      if (load_tile < tiles) {
+        raster_tile(load_tile, tiles_m, tiles_n, tile_m, tile_n);
+        copy_a = typename OpA::Copier(args.a, args.ld_a, tile_m * BM, M, kt_begin * BK, tid);
+        copy_b = typename OpB::Copier(args.b, args.ld_b, tile_n * BN, N, kt_begin * BK, tid);
+      }
+    }
+#else
+    if (load_g >= k_tiles) load_tile = tiles;      // one tile a CTA: nothing after it
+#endif
   };
 
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) load_stage(s);
+  for (int s = 0; s < STAGES - 1; ++s) load_next();
 
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    // Tile kt has landed once at most STAGES-2 younger groups are in flight.
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
-    __syncthreads();  // also: every warp is done reading the slot refilled next
-    load_stage(kt + STAGES - 1);
+  int g = 0;  // k tiles computed
+#if PERSISTENT
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+#else
+  {
+    const int tile = blockIdx.x;
+#endif
+    int tm, tn;
+    raster_tile(tile, tiles_m, tiles_n, tm, tn);
+    const int m0 = tm * BM, n0 = tn * BN;
 
-    const unsigned sa = smem_a + (kt % STAGES) * A_STAGE;
-    const unsigned sb = smem_b + (kt % STAGES) * B_STAGE;
+    float acc[MMA_M_TILES][MMA_N_TILES][4];
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      unsigned af[MMA_M_TILES][4];
-      unsigned bf[MMA_N_TILES / 2][4];
+    for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
-      for (int i = 0; i < MMA_M_TILES; ++i)
-        ldmatrix_fragment<A_K_CONTIG>(af[i], frag_a.at(sa, i, kk));
+      for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
-      for (int j = 0; j < MMA_N_TILES / 2; ++j)
-        ldmatrix_fragment<B_K_CONTIG>(bf[j], frag_b.at(sb, j, kk));
+        for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+
+    for (int kt = 0; kt < k_tiles; ++kt, ++g) {
+      // k tile g has landed once at most STAGES-2 younger groups are in flight.
+      asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
+      __syncthreads();  // also: every warp is done reading the slot refilled next
+      load_next();
+
+      const unsigned sa = smem_a + (g % STAGES) * A_STAGE;
+      const unsigned sb = smem_b + (g % STAGES) * B_STAGE;
 #pragma unroll
-      for (int i = 0; i < MMA_M_TILES; ++i)
+      for (int kk = 0; kk < BK; kk += 16) {
+        unsigned af[MMA_M_TILES][4];
+        unsigned bf[MMA_N_TILES / 2][4];
 #pragma unroll
-        for (int j = 0; j < MMA_N_TILES; ++j)
-          mma_16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+        for (int i = 0; i < MMA_M_TILES; ++i)
+          ldmatrix_fragment<A_K_CONTIG>(af[i], frag_a.at(sa, i, kk));
+#pragma unroll
+        for (int j = 0; j < MMA_N_TILES / 2; ++j)
+          ldmatrix_fragment<B_K_CONTIG>(bf[j], frag_b.at(sb, j, kk));
+#pragma unroll
+        for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+          for (int j = 0; j < MMA_N_TILES; ++j)
+            mma_16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+      }
     }
+
+#if SPLIT_K == 1 && PERSISTENT
+    // The ring already holds the next tile's first loads: the stores stage through 512 bytes
+    // a warp past it, and no warp waits for the others.
+    store_tile(epi, acc, m0, n0, M, N, warp_m, warp_n, lane, smem_b + STAGES * B_STAGE + (unsigned)warp * 512u);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-
-  // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
-  const int row_base = m0 + warp_m * WARP_TILE_M + (lane >> 2);
-  const int col_base = n0 + warp_n * WARP_TILE_N + (lane & 3) * 2;
-
-#if SPLIT_K == 1 && MMA_N_TILES % 4 == 0
-  const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
-#if !OUT_DTYPE_F32
-  // A tile wholly inside M x N (with 16-byte aligned rows) stores without bounds checks,
-  // staging each 8x32 block through 512 bytes of shared memory per warp (the ring is free
-  // once every warp has read it): epilogue_store_block_staged.
-  if (m0 + BM <= M && n0 + BN <= N && row_aligned16) {
-    __syncthreads();                                  // every warp is done reading the ring
-    const unsigned buffer = smem_a + (unsigned)warp * 512u;
-    for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
-      epilogue_store_block_staged(epi, v, row, col, buffer);
-    });
-    return;
-  }
-#endif
-  // Four 8-column blocks at a time: one 16-byte store per lane (epilogue_store_quad).
-  for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
-    epilogue_store_quad(epi, v, row, col, M, N, row_aligned16);
-  });
 #elif SPLIT_K == 1
-  const bool pair_aligned = (epi.ld_out % 2) == 0;
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        epilogue_store_pair(epi, acc[i][j][2 * h], acc[i][j][2 * h + 1],
-                            row_base + i * 16 + h * 8, col_base + j * 8, M, N, pair_aligned);
-#elif !SPLIT_ATOMIC
-  // Workspace split-K: this slice's fp32 partial tile; splitk_reduce finishes.
-  float* part = args.workspace + (long long)blockIdx.z * M * N;
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
-        if (row < M && col < N) {
-          part[(long long)row * N + col] = acc[i][j][2 * h];
-          if (col + 1 < N) part[(long long)row * N + col + 1] = acc[i][j][2 * h + 1];
-        }
-      }
+    // No copy is in flight after the last k tile: once every warp is done reading the ring,
+    // the stores stage through its first 512 bytes a warp.
+    __syncthreads();
+    store_tile(epi, acc, m0, n0, M, N, warp_m, warp_n, lane, smem_a + (unsigned)warp * 512u);
+  }
 #else
-  // Atomic split-K: add into the workspace; the last CTA of this tile to arrive
-  // reads the sums, applies the epilogue and leaves workspace and counter at zero.
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
+    const int row_base = m0 + warp_m * WARP_TILE_M + (lane >> 2);
+    const int col_base = n0 + warp_n * WARP_TILE_N + (lane & 3) * 2;
+#if !SPLIT_ATOMIC
+    // Workspace split-K: this slice's fp32 partial tile; splitk_reduce finishes.
+    float* part = args.workspace + (long long)blockIdx.z * M * N;
 #pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
+    for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
+      for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
-        if (row < M && col < N) {
-          atomicAdd(args.workspace + (long long)row * N + col, acc[i][j][2 * h]);
-          if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, acc[i][j][2 * h + 1]);
-        }
-      }
-  __threadfence();
-  __syncthreads();
-  __shared__ unsigned is_last;
-  const int tile_id = tile_m * tiles_n + tile_n;
-  if (tid == 0) is_last = atomicAdd(args.counters + tile_id, 1u) == SPLIT_K - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
-        if (row < M && col < N) {
-          float* w = args.workspace + (long long)row * N + col;
-          float s0, s1 = 0.f;
-          asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s0) : "l"(w));
-          w[0] = 0.f;
-          if (col + 1 < N) {
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s1) : "l"(w + 1));
-            w[1] = 0.f;
+        for (int h = 0; h < 2; ++h) {
+          int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+          if (row < M && col < N) {
+            part[(long long)row * N + col] = acc[i][j][2 * h];
+            if (col + 1 < N) part[(long long)row * N + col + 1] = acc[i][j][2 * h + 1];
           }
-          epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
         }
-      }
-  if (tid == 0) args.counters[tile_id] = 0u;
-#endif
+#else
+    // Atomic split-K: add into the workspace; the last CTA of this tile to arrive
+    // reads the sums, applies the epilogue and leaves workspace and counter at zero.
+#pragma unroll
+    for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+      for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+          if (row < M && col < N) {
+            atomicAdd(args.workspace + (long long)row * N + col, acc[i][j][2 * h]);
+            if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, acc[i][j][2 * h + 1]);
+          }
+        }
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned is_last;
+    const int tile_id = tm * tiles_n + tn;
+    if (tid == 0) is_last = atomicAdd(args.counters + tile_id, 1u) == SPLIT_K - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+      for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+          if (row < M && col < N) {
+            float* w = args.workspace + (long long)row * N + col;
+            float s0, s1 = 0.f;
+            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s0) : "l"(w));
+            w[0] = 0.f;
+            if (col + 1 < N) {
+              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s1) : "l"(w + 1));
+              w[1] = 0.f;
+            }
+            epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
+          }
+        }
+    if (tid == 0) args.counters[tile_id] = 0u;
+#endif  // SPLIT_ATOMIC
+  }
+#endif  // SPLIT_K == 1
 }
 
 #if SPLIT_K > 1 && !SPLIT_ATOMIC
