@@ -147,10 +147,14 @@ def geometry(program: Program) -> Geometry:
                     atomic=arrival_order(program), persistent=persistent(program))
 
 
+def tile_count(geo: Geometry, M: int, N: int) -> int:
+    return math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
+
+
 def grid_size(geo: Geometry, M: int, N: int, wave: int | None) -> int:
     """CTAs to launch: one a tile, or, persistent, at most `wave` (the CTAs the SMs hold at
     once), each walking tiles."""
-    tiles = math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
+    tiles = tile_count(geo, M, N)
     return min(tiles, wave) if geo.persistent and wave else tiles
 
 
@@ -185,9 +189,8 @@ class MultistageLauncher(L.FamilyLauncher):
         if ws is None:
             g = self.geo
             if g.atomic:
-                tiles = math.ceil(M / g.tile_m) * math.ceil(N / g.tile_n)
                 ws = (persistent_buffer(M * N, torch.float32, device, zero=True),
-                      persistent_buffer(tiles, torch.int32, device, zero=True))
+                      persistent_buffer(tile_count(g, M, N), torch.int32, device, zero=True))
             else:
                 ws = (persistent_buffer(g.split_k * M * N, torch.float32, device), None)
             self._workspaces[key] = ws

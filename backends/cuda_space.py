@@ -73,12 +73,11 @@ def _multistage(problem: Problem) -> list[Program]:
             k_tiles = math.ceil(p.k / tk)
             for warps, stages, scheduler in itertools.product(((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)), STAGES,
                                                               schedulers):
-                if scheduler == "persistent":
-                    if stages > 4 or (stages == 2 and k_tiles > 4):
-                        continue
-                # A ring deeper than the K loop only costs shared memory and start-up; 2 stages
-                # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
-                elif stages > max(2, k_tiles + 1) or (stages == 2 and k_tiles > 4):
+                # A ring deeper than the K loop only costs shared memory and start-up (a
+                # persistent ring runs on into the next tile: up to 4); 2 stages (what Triton's
+                # fastest program at 64^3 used) only where K is a few tiles long.
+                deepest = 4 if scheduler == "persistent" else max(2, k_tiles + 1)
+                if stages > deepest or (stages == 2 and k_tiles > 4):
                     continue
                 for split, reduce in splits if scheduler == "tile" else [(1, "workspace")]:
                     prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
