@@ -40,7 +40,7 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
 
 SUPPORT = Support(
     mainloops=frozenset(_FAMILIES),
-    schedulers=frozenset({"tile", "persistent"}),
+    schedulers=frozenset({"tile", "persistent", "stream_k"}),
     instr_kinds=frozenset({None, "mma", "wgmma"}),
     split_k_reduces=frozenset({"workspace", "atomic", "unordered"}),
     activations=frozenset({"relu", "gelu", "silu"}),

@@ -84,6 +84,9 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("smem_swizzle", "the TMA/wgmma family uses the 128-byte swizzle: write `smem_swizzle 128` or `auto`"))
     if program.split_k != 1:
         out.append(("split_k", "the TMA/wgmma family has no split-K yet: write `split_k 1` or use mainloop multistage"))
+    if program.scheduler == "stream_k":
+        out.append(("scheduler", "the TMA/wgmma family has no stream-K yet: write `scheduler persistent` or use "
+                                 "mainloop multistage"))
     if program.cluster not in ((1, 1), (2, 1)):
         out.append(("cluster", "the TMA/wgmma family runs cluster 1x1 or 2x1 (two CTAs along M share B by multicast)"))
     if t.k != BK:

@@ -13,14 +13,17 @@ from dataclasses import dataclass
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.backends import cuda_launch as L
+from gemmgen.backends.base import BackendError
 from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
 from gemmgen.backends.workspace import persistent_buffer
 
 MAX_SMEM = 227 * 1024
 MAX_ACC_PER_THREAD = 128      # fp32 accumulators per thread before ptxas spills
+MAX_ACC_STREAM_K = 64         # with stream-K's partial tiles in flight too (a 64x64 warp tile spilled 28 bytes)
 # Below 64, for problems of few tiles: more CTAs, each with a shorter chain of mma.sync per k step.
 TILE_SIZES = (16, 32, 64, 128, 192, 256)
 ENTRY = "gemm_multistage"
+STREAM_K_MIN_ITERS = 4       # k tiles a stream-K CTA computes at least
 EPILOGUE_BUFFER = 512        # bytes a warp stages its stores through past the ring, when persistent
 REDUCE_ENTRY = "splitk_reduce"
 
@@ -42,10 +45,15 @@ def persistent(program: Program) -> bool:
     return program.scheduler == "persistent"
 
 
+def stream_k(program: Program) -> bool:
+    return program.scheduler == "stream_k"
+
+
 def epilogue_buffers(program: Program) -> int:
-    """A persistent CTA's ring holds the next tile's loads while it stores this one, so its
-    stores stage past the ring; one CTA a tile stages them in the ring, then free."""
-    return EPILOGUE_BUFFER * program.num_warps if persistent(program) else 0
+    """A CTA that walks tiles (persistent, stream-K) holds the next tile's loads in its ring
+    while it stores this one, so its stores stage past the ring; one CTA a tile stages them in
+    the ring, then free."""
+    return EPILOGUE_BUFFER * program.num_warps if persistent(program) or stream_k(program) else 0
 
 
 def smem_bytes(program: Program) -> int:
@@ -59,11 +67,12 @@ def rules(program: Program) -> list[tuple[str, str]]:
     p = program.problem
     if program.instr is not None and (program.instr.kind, program.instr.m, program.instr.n, program.instr.k) != ("mma", 16, 8, 16):
         out.append(("instr", "mainloop multistage issues mma.sync m16n8k16: write `instr mma 16x8x16` or `instr auto`"))
-    if program.scheduler not in ("tile", "persistent"):
-        out.append(("scheduler", "mainloop multistage runs `scheduler tile` (a CTA a tile) or `scheduler persistent`"))
-    elif program.scheduler == "persistent" and program.split_k > 1:
-        out.append(("scheduler", "mainloop multistage's persistent CTAs hold whole K sums: with split_k above 1 "
-                                 "write `scheduler tile`"))
+    if program.scheduler not in ("tile", "persistent", "stream_k"):
+        out.append(("scheduler", "mainloop multistage runs `scheduler tile` (a CTA a tile), `scheduler persistent` "
+                                 "or `scheduler stream_k`"))
+    elif program.scheduler != "tile" and program.split_k > 1:
+        out.append(("scheduler", f"mainloop multistage's `scheduler {program.scheduler}` splits K its own way: with "
+                                 "split_k above 1 write `scheduler tile`"))
     if program.cluster != (1, 1):
         out.append(("cluster", "mainloop multistage has no clusters: write `cluster 1x1`"))
     if program.smem_swizzle is not None:
@@ -74,9 +83,10 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("warps", f"mainloop multistage runs 4 or 8 warps; {wm}x{wn} is {wm * wn}"))
     if wm < 1 or wn < 1 or t.m % (16 * wm) or t.n % (16 * wn):
         out.append(("warps", f"each warp's tile must be a multiple of 16x16: tile {t.m}x{t.n} over warps {wm}x{wn} is not"))
-    elif (t.m // wm) * (t.n // wn) // 32 > MAX_ACC_PER_THREAD:
+    elif (t.m // wm) * (t.n // wn) // 32 > (limit := MAX_ACC_STREAM_K if stream_k(program) else MAX_ACC_PER_THREAD):
         out.append(("warps", f"a {t.m // wm}x{t.n // wn} warp tile needs {(t.m // wm) * (t.n // wn) // 32} fp32 accumulators "
-                             f"per thread (at most {MAX_ACC_PER_THREAD}); use more warps or a smaller tile"))
+                             f"per thread (at most {limit}{' with scheduler stream_k' if stream_k(program) else ''}); "
+                             "use more warps or a smaller tile"))
     if t.m not in TILE_SIZES or t.n not in TILE_SIZES:
         out.append(("tile", f"mainloop multistage takes tile M and N in {', '.join(map(str, TILE_SIZES))}; "
                             f"not {t.m}x{t.n}"))
@@ -118,6 +128,7 @@ def defines(program: Program) -> dict[str, int]:
         "SPLIT_K": program.split_k,
         "SPLIT_ATOMIC": int(arrival_order(program)),
         "PERSISTENT": int(persistent(program)),
+        "STREAM_K": int(stream_k(program)),
     }
     d.update(layout_defines(program))
     d.update(epilogue_defines(program))
@@ -139,23 +150,35 @@ class Geometry:
     split_k: int
     atomic: bool
     persistent: bool
+    stream_k: bool
+    tile_k: int
 
 
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=smem_bytes(program),
                     tile_m=program.tile.m, tile_n=program.tile.n, split_k=program.split_k,
-                    atomic=arrival_order(program), persistent=persistent(program))
+                    atomic=arrival_order(program), persistent=persistent(program), stream_k=stream_k(program),
+                    tile_k=program.tile.k)
 
 
 def tile_count(geo: Geometry, M: int, N: int) -> int:
     return math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
 
 
-def grid_size(geo: Geometry, M: int, N: int, wave: int | None) -> int:
-    """CTAs to launch: one a tile, or, persistent, at most `wave` (the CTAs the SMs hold at
-    once), each walking tiles."""
+def grid_size(geo: Geometry, M: int, N: int, K: int, wave: int | None) -> int:
+    """CTAs to launch: one a tile; persistent, at most `wave` (the CTAs the SMs hold at once),
+    each walking tiles; stream-K, `wave`, each walking an even share of the (tile, k tile)
+    iterations (stream_k_grid)."""
     tiles = tile_count(geo, M, N)
+    if geo.stream_k and wave:
+        return stream_k_grid(tiles, math.ceil(K / geo.tile_k), wave)
     return min(tiles, wave) if geo.persistent and wave else tiles
+
+
+def stream_k_grid(tiles: int, k_tiles: int, wave: int) -> int:
+    """Stream-K's CTAs: one wave, but at least STREAM_K_MIN_ITERS k tiles each (a tile's first
+    CTA reads the others' partials one after another)."""
+    return max(1, min(wave, tiles * k_tiles // STREAM_K_MIN_ITERS))
 
 
 def entries(program: Program) -> tuple[str, ...]:
@@ -176,19 +199,23 @@ class MultistageLauncher(L.FamilyLauncher):
         self.reduce_pack = L.ArgPack(self._reduce_ws, self._reduce_m, self._reduce_n, self.epi_args)
         self._workspaces: dict = {}
         self.wave = None
-        if self.geo.persistent:
+        if self.geo.persistent or self.geo.stream_k:
             import torch
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
             self.wave = L.resident_ctas(self.funcs[ENTRY], self.geo.threads, self.geo.smem) * sms
 
     def _workspace(self, M: int, N: int, device):
-        """fp32 partials (and arrival counters when atomic), made once per output shape."""
+        """fp32 partials (and arrival counters when atomic), made once per output shape; for
+        stream-K a partial tile and a flag per CTA of the wave, made once."""
         import torch
-        key = (M, N, device)
+        key = (None, None, device) if self.geo.stream_k else (M, N, device)
         ws = self._workspaces.get(key)
         if ws is None:
             g = self.geo
-            if g.atomic:
+            if g.stream_k:
+                ws = (persistent_buffer(self.wave * g.tile_m * g.tile_n, torch.float32, device),
+                      persistent_buffer(self.wave, torch.int32, device, zero=True))
+            elif g.atomic:
                 ws = (persistent_buffer(M * N, torch.float32, device, zero=True),
                       persistent_buffer(tile_count(g, M, N), torch.int32, device, zero=True))
             else:
@@ -200,14 +227,17 @@ class MultistageLauncher(L.FamilyLauncher):
         ga = self.gemm_args
         ga.a, ga.ld_a, ga.b, ga.ld_b = a.data_ptr(), ld_a, b.data_ptr(), ld_b
         ga.M, ga.N, ga.K = M, N, K
-        if self.geo.split_k > 1:
+        if self.geo.stream_k and tile_count(self.geo, M, N) * math.ceil(K / self.geo.tile_k) >= 2 ** 31:
+            raise BackendError(f"{M}x{N}x{K} has 2^31 (tile, k tile) iterations or more, past what the stream-K "
+                               "kernel counts in 32 bits: use `scheduler persistent`")
+        if self.geo.split_k > 1 or self.geo.stream_k:
             ws, counters = self._workspace(M, N, a.device)
             ga.workspace = ws.data_ptr()
             ga.counters = counters.data_ptr() if counters is not None else None
 
     def _launch(self, M, N, stream) -> None:
         g, ga = self.geo, self.gemm_args
-        L.launch(self.funcs[ENTRY], (grid_size(g, M, N, self.wave), 1, g.split_k), g.threads, g.smem, stream,
+        L.launch(self.funcs[ENTRY], (grid_size(g, M, N, ga.K, self.wave), 1, g.split_k), g.threads, g.smem, stream,
                  self.pack)
         if g.split_k > 1 and not g.atomic:
             self._reduce_ws.value, self._reduce_m.value, self._reduce_n.value = ga.workspace, M, N

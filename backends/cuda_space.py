@@ -65,8 +65,13 @@ def _multistage(problem: Problem) -> list[Program]:
     for (tm, tn) in tiles:
         # More tiles than SMs: persistent CTAs, whose ring runs across tiles, so the next tile
         # loads during this one's stores and a ring deeper than one tile's K loop still fills
-        # (CUDA_NOTES.md, session 24).
-        schedulers = ("tile", "persistent") if math.ceil(p.m / tm) * math.ceil(p.n / tn) > SMS else ("tile",)
+        # (CUDA_NOTES.md, session 24). Under four waves of tiles and K of 1024 or more:
+        # stream-K, whose CTAs share the iterations evenly, so no wave runs part empty (at K <=
+        # 512 its probe lost to the persistent twin at all 12 shapes, CUDA_NOTES.md session 25).
+        n_tiles = math.ceil(p.m / tm) * math.ceil(p.n / tn)
+        schedulers = ("tile", "persistent") if n_tiles > SMS else ("tile",)
+        if n_tiles < 4 * SMS and p.k >= 1024:
+            schedulers += ("stream_k",)
         for tk in (32, 64, 128):
             if tk > 32 and p.k <= tk // 2:      # half the k tile would be zeros
                 continue
@@ -74,9 +79,9 @@ def _multistage(problem: Problem) -> list[Program]:
             for warps, stages, scheduler in itertools.product(((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)), STAGES,
                                                               schedulers):
                 # A ring deeper than the K loop only costs shared memory and start-up (a
-                # persistent ring runs on into the next tile: up to 4); 2 stages (what Triton's
-                # fastest program at 64^3 used) only where K is a few tiles long.
-                deepest = 4 if scheduler == "persistent" else max(2, k_tiles + 1)
+                # persistent or stream-K ring runs on into the next tile: up to 4); 2 stages
+                # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
+                deepest = 4 if scheduler != "tile" else max(2, k_tiles + 1)
                 if stages > deepest or (stages == 2 and k_tiles > 4):
                     continue
                 for split, reduce in splits if scheduler == "tile" else [(1, "workspace")]:
@@ -111,6 +116,21 @@ def _hopper(problem: Problem) -> list[Program]:
     return out
 
 
+def _resident(program: Program) -> int:
+    """Multistage CTAs an SM holds at once, from shared memory and a register guess (1.5 a
+    fp32 accumulator plus 56: 64x128 on 2x2 warps measured 120-182, 128x128 236-255; the
+    driver decides at launch). CTAs resident together overlap their loads' latency."""
+    from gemmgen.backends import cuda_multistage as ms
+    if program.mainloop != "multistage":
+        return 1
+    t = program.tile
+    acc = t.m * t.n / (32 * program.num_warps)
+    regs_per_warp = math.ceil(min(255, 1.5 * acc + 56) * 32 / 256) * 256
+    by_regs = SM90A.regs_per_sm // (regs_per_warp * program.num_warps)
+    by_smem = SM90A.smem_per_sm // (ms.smem_bytes(program) + 1024)
+    return max(1, min(by_regs, by_smem))
+
+
 def _k_iters(program: Program, problem: Problem) -> int:
     """K tiles one CTA walks (its split-K slice)."""
     return math.ceil(math.ceil(problem.k / program.tile.k) / program.split_k)
@@ -125,23 +145,35 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     k_iters = _k_iters(program, p)
     eff = _WS_TILE_EFF.get((program.mainloop, t.m, t.n), 0.6) if ws else _MS_TILE_EFF.get((t.m, t.n), 0.6)
     rate_per_sm = (WGMMA_RATE if ws else MMA_SYNC_RATE) * eff / SMS
+    stream_k = program.scheduler == "stream_k"
+    if stream_k:
+        from gemmgen.backends.cuda_multistage import stream_k_grid
+        ctas = stream_k_grid(tiles, k_iters, SMS * _resident(program))
     if ws:   # persistent: tiles spread over the SMs, the last partial wave costs what it holds
         waves = tiles / SMS
         waves = math.floor(waves) + (1.0 if waves % 1 else 0.0)
+    elif stream_k:     # every CTA gets the same share of the iterations
+        waves = tiles / min(ctas, SMS)
     else:
         waves = math.ceil(ctas / SMS)
     compute = waves * 2 * t.m * t.n * k_iters * t.k / rate_per_sm
     split = program.split_k > 1
     # Split-K: every slice writes its partial tile, a second kernel reads them all back.
-    moved = p.bytes + split * program.split_k * p.m * p.n * 4 * 2
-    memory = moved / DRAM_RATE
+    # Stream-K: each CTA writes at most one partial tile, which the tile's first CTA reads back
+    # in the same launch, one CTA's after another.
+    partials = program.split_k * p.m * p.n if split else ctas * t.m * t.n if stream_k else 0
+    memory = (p.bytes + partials * 4 * 2) / DRAM_RATE
     stages = min(program.stages or 3, k_iters + 1)       # the ring fills at most the K loop
     latency = LAUNCH_S + (stages + 2) * 0.1e-6 + split * 2.5e-6
+    if stream_k:
+        latency += 1.0e-6 + 0.3e-6 * max(0, math.ceil(ctas / tiles) - 1)
     # Each K step streams (tile M + tile N) x tile K operands through L2 into the SM;
     # small tiles are bound by that feed rather than by the tensor cores.
     feed = k_iters * waves * (t.m + t.n) * t.k * 2 / (L2_RATE / SMS)
-    # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads.
-    pipeline = waves * k_iters * LOAD_LATENCY_S / max(1, stages - 1) if k_iters > 1 else 0.0
+    # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads,
+    # unless other CTAs on the SM load meanwhile.
+    resident_waves = waves if ws else tiles / ctas if stream_k else math.ceil(ctas / (SMS * _resident(program)))
+    pipeline = resident_waves * k_iters * LOAD_LATENCY_S / max(1, stages - 1) if k_iters > 1 else 0.0
     factor = 1.0
     if not ws and program.scheduler == "persistent":
         # Session 24's probe, one program both ways at 22 shapes: persistent ran 0.97-1.13x as
@@ -191,8 +223,8 @@ def _tiebreak(q: Program, problem: Problem) -> tuple:
     layouts of one tile and ring side by side: 256x128 on 2x4 warps, 128x32 each, took 1.06x
     the time of 4x2; 64x64 on 1x4 1.15x that of 2x2; 64x128 on 4x1 1.10x and on 1x4 1.01x;
     of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
-    # A persistent ring runs across tiles: it fills 3 stages however short K is.
-    preferred = min(4, max(3 if q.scheduler == "persistent" else 2, _k_iters(q, problem) + 1))
+    # A persistent or stream-K ring runs across tiles: it fills 3 stages however short K is.
+    preferred = min(4, max(3 if q.scheduler != "tile" else 2, _k_iters(q, problem) + 1))
     depth = q.stages or 4
     rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
     warps = -q.num_warps if q.tile.m * q.tile.n > 128 * 128 else q.num_warps

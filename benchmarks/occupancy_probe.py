@@ -13,6 +13,11 @@ driver how many CTAs of each an SM holds; the timing is `anchor_turns.py --proto
 Session 24 (`--set short_k --max-k 512 --min-gflop 0.25`): persistent CTAs on wider tiles for
 the short-K shapes (CUDA_NOTES.md, session 24).
 
+Session 25 (`--set split --min-k 1024`, on a trial template whose workspace split-K finished in
+the GEMM kernel: `results/split_probe/template.diff`): wide tiles split along K for the long-K
+shapes whose outputs hold too few wide tiles to fill the SMs. Then (`--set stream_k`) stream-K
+CTAs on the tiles of 64 accumulators a thread.
+
     python benchmarks/occupancy_probe.py write --search RESULT.json --out DIR      (the programs)
     python benchmarks/occupancy_probe.py report --out DIR/resident.json DIR/*.gemm       (GPU)
     python benchmarks/anchor_turns.py --protocol pairs --repeats 3 --out DIR/pairs DIR/*.gemm  (GPU; pairs*/ all read)
@@ -26,32 +31,65 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple, Optional
 
-# (label, tile M, tile N, tile K, warps, stages, scheduler)
+
+class Variant(NamedTuple):
+    label: str
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    warps: tuple[int, int]
+    stages: int
+    scheduler: str
+    split_k: Optional[int] = None      # None: the selected program's split where the variant allows it
+
+
+def _split_variants() -> tuple[Variant, ...]:
+    """Wide tiles (64x64 or 128x32 a warp) split 2-8 ways along K."""
+    tiles = (("128x128", 128, 128, (2, 2)), ("128x128w8", 128, 128, (4, 2)), ("256x128", 256, 128, (4, 2)),
+             ("128x256", 128, 256, (2, 4)), ("64x128", 64, 128, (2, 2)))
+    return tuple(Variant(f"s{name}k64s3x{split}", tm, tn, 64, warps, 3, "tile", split)
+                 for name, tm, tn, warps in tiles for split in (2, 3, 4, 6, 8))
+
+
 VARIANT_SETS = {
     # Session 16: rings of 64-deep k tiles, 48-96 KB a CTA, so that 2-3 CTAs fit an SM.
     "ring64": (
-        ("t64x128k64s3", 64, 128, 64, (2, 2), 3, "tile"),
-        ("t64x128k64s4", 64, 128, 64, (2, 2), 4, "tile"),
-        ("t128x128k64s3", 128, 128, 64, (2, 2), 3, "tile"),
-        ("t128x128k64s3w8", 128, 128, 64, (4, 2), 3, "tile"),
-        ("t64x64k64s4", 64, 64, 64, (2, 2), 4, "tile"),
-        ("t128x64k64s3", 128, 64, 64, (2, 2), 3, "tile"),
+        Variant("t64x128k64s3", 64, 128, 64, (2, 2), 3, "tile"),
+        Variant("t64x128k64s4", 64, 128, 64, (2, 2), 4, "tile"),
+        Variant("t128x128k64s3", 128, 128, 64, (2, 2), 3, "tile"),
+        Variant("t128x128k64s3w8", 128, 128, 64, (4, 2), 3, "tile"),
+        Variant("t64x64k64s4", 64, 64, 64, (2, 2), 4, "tile"),
+        Variant("t128x64k64s3", 128, 64, 64, (2, 2), 3, "tile"),
     ),
     # Short K: persistent CTAs whose next tile loads during this tile's stores, on tiles wide
     # enough to read A and B from L2 fewer times per output element.
     "short_k": (
-        ("p64x128k64s3", 64, 128, 64, (2, 2), 3, "persistent"),
-        ("p128x64k64s3", 128, 64, 64, (4, 1), 3, "persistent"),
-        ("p128x128k64s3w8", 128, 128, 64, (4, 2), 3, "persistent"),
-        ("p128x128k64s3", 128, 128, 64, (2, 2), 3, "persistent"),
-        ("p128x128k32s4w8", 128, 128, 32, (4, 2), 4, "persistent"),
-        ("p256x128k64s2", 256, 128, 64, (4, 2), 2, "persistent"),
-        ("p256x128k64s3", 256, 128, 64, (4, 2), 3, "persistent"),
-        ("p128x256k64s3", 128, 256, 64, (2, 4), 3, "persistent"),
-        ("p256x128k32s4", 256, 128, 32, (4, 2), 4, "persistent"),
-        ("t256x128k64s3", 256, 128, 64, (4, 2), 3, "tile"),
-        ("t128x128k64s3w8", 128, 128, 64, (4, 2), 3, "tile"),
+        Variant("p64x128k64s3", 64, 128, 64, (2, 2), 3, "persistent"),
+        Variant("p128x64k64s3", 128, 64, 64, (4, 1), 3, "persistent"),
+        Variant("p128x128k64s3w8", 128, 128, 64, (4, 2), 3, "persistent"),
+        Variant("p128x128k64s3", 128, 128, 64, (2, 2), 3, "persistent"),
+        Variant("p128x128k32s4w8", 128, 128, 32, (4, 2), 4, "persistent"),
+        Variant("p256x128k64s2", 256, 128, 64, (4, 2), 2, "persistent"),
+        Variant("p256x128k64s3", 256, 128, 64, (4, 2), 3, "persistent"),
+        Variant("p128x256k64s3", 128, 256, 64, (2, 4), 3, "persistent"),
+        Variant("p256x128k32s4", 256, 128, 32, (4, 2), 4, "persistent"),
+        Variant("t256x128k64s3", 256, 128, 64, (4, 2), 3, "tile"),
+        Variant("t128x128k64s3w8", 128, 128, 64, (4, 2), 3, "tile"),
+    ),
+    # Long K, few wide tiles: split along K (timed on session 25's trial template, whose last
+    # slice of a tile summed the partials: results/split_probe/template.diff).
+    "split": _split_variants(),
+    # Stream-K: one wave of CTAs shares the iterations evenly (warp tiles of 64 accumulators a
+    # thread at most).
+    "stream_k": (
+        Variant("k64x128k64s3", 64, 128, 64, (2, 2), 3, "stream_k", 1),
+        Variant("k64x128k128s3", 64, 128, 128, (2, 2), 3, "stream_k", 1),
+        Variant("k64x128k32s4", 64, 128, 32, (2, 2), 4, "stream_k", 1),
+        Variant("k128x64k64s3", 128, 64, 64, (4, 1), 3, "stream_k", 1),
+        Variant("k64x64k64s4", 64, 64, 64, (2, 2), 4, "stream_k", 1),
+        Variant("k128x128k64s3w8", 128, 128, 64, (4, 2), 3, "stream_k", 1),
     ),
 }
 
@@ -68,6 +106,14 @@ def selected_rows(search: dict, low: float, high: float) -> list[dict]:
     return [best[k] for k in sorted(best)]
 
 
+def _worth_splitting(problem, var: Variant) -> bool:
+    """Split only tiles too few to fill the SMs, into at most 4 CTAs an SM, each slice at least
+    4 k tiles deep."""
+    from gemmgen.dsl.hardware import SM90A
+    tiles = -(-problem.m // var.tile_m) * -(-problem.n // var.tile_n)
+    return tiles < SM90A.sms and tiles * var.split_k <= 4 * SM90A.sms and problem.k // var.tile_k >= 4 * var.split_k
+
+
 def variants_of(program, variant_set: str = "ring64") -> list[tuple[str, object]]:
     """The selected program, its 8-warp twin (and persistent twin where the set has persistent
     variants), and the set's variants the multistage rules accept (split-K kept where the
@@ -81,14 +127,18 @@ def variants_of(program, variant_set: str = "ring64") -> list[tuple[str, object]
         wide = (program.warps[0] * 2, program.warps[1]) if t.m >= t.n else (program.warps[0], program.warps[1] * 2)
         out.append(("selected_w8", replace(program, warps=wide)))
     variants = VARIANT_SETS[variant_set]
-    if any(v[-1] == "persistent" for v in variants):
+    if any(v.scheduler == "persistent" for v in variants):
         out.append(("selected_p", replace(program, scheduler="persistent", split_k=1)))
-    for label, tm, tn, tk, warps, stages, scheduler in variants:
-        v = replace(program, tile=Tile(tm, tn, tk), warps=warps, stages=stages, scheduler=scheduler,
-                    swizzle=8 if tm * tn >= 128 * 128 else 4)
-        if ms.rules(v) and v.split_k > 1:
+    for var in variants:
+        v = replace(program, tile=Tile(var.tile_m, var.tile_n, var.tile_k), warps=var.warps, stages=var.stages,
+                    scheduler=var.scheduler, swizzle=8 if var.tile_m * var.tile_n >= 128 * 128 else 4)
+        if var.split_k is not None:
+            if var.split_k > 1 and not _worth_splitting(program.problem, var):
+                continue
+            v = replace(v, split_k=var.split_k, split_k_reduce="workspace")
+        elif ms.rules(v) and v.split_k > 1:
             v = replace(v, split_k=1)
-        out.append((label, v))
+        out.append((var.label, v))
     return [(label, v) for label, v in out if not ms.rules(v)]
 
 
@@ -104,7 +154,7 @@ def write(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     for row in selected_rows(search, args.min_gflop, args.max_gflop):
-        if row["k"] > args.max_k:
+        if not args.min_k <= row["k"] <= args.max_k:
             continue
         program = dsl.parse(row["program"])
         stem = f"{row['m']}x{row['n']}x{row['k']}_{row['layout']}"
@@ -211,6 +261,7 @@ def main(argv=None) -> int:
     w.add_argument("--min-gflop", type=float, default=1.0)
     w.add_argument("--max-gflop", type=float, default=16.0)
     w.add_argument("--max-k", type=int, default=1 << 30, help="only shapes with K up to this")
+    w.add_argument("--min-k", type=int, default=0, help="only shapes with K from this")
     w.add_argument("--set", choices=sorted(VARIANT_SETS), default="ring64", help="which variants to write")
     r = sub.add_parser("report")
     r.add_argument("programs", nargs="+")

@@ -64,6 +64,8 @@ MS_CONFIGS = (
     dict(tile=(128, 128, 64), warps=(2, 2), stages=3, scheduler="persistent"),
     dict(tile=(256, 128, 64), warps=(4, 2), stages=2, scheduler="persistent"),
     dict(tile=(32, 64, 32), warps=(2, 2), stages=4, scheduler="persistent", raster="n", swizzle=4),
+    dict(tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k"),
+    dict(tile=(64, 64, 32), warps=(4, 1), stages=4, scheduler="stream_k", raster="n", swizzle=4),
 )
 
 

@@ -14,7 +14,7 @@ import pytest
 from gemmgen.backends import cuda
 from gemmgen.backends.cuda_compile import nvrtc_usable
 from gemmgen.dsl import diagnose, examples, parse
-from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.dsl.ir import Epilogue, Problem, Tile
 
 from cuda_backend_cases import hopper, multistage, random_multistage
 
@@ -269,9 +269,51 @@ def test_persistent_multistage_rules_launch_and_shared_memory():
     assert ms.defines(persistent)["PERSISTENT"] == 1 and ms.defines(tile)["PERSISTENT"] == 0
     long_k = replace(persistent, problem=Problem(16384, 2048, 4096), split_k=2)
     assert [f for f, _ in ms.rules(long_k)] == ["scheduler"]
-    assert ms.grid_size(ms.geometry(persistent), 16384, 2048, wave=264) == 264
-    assert ms.grid_size(ms.geometry(persistent), 256, 256, wave=264) == 4          # fewer tiles than the wave
-    assert ms.grid_size(ms.geometry(tile), 16384, 2048, wave=264) == 128 * 16       # one CTA a tile
+    assert ms.grid_size(ms.geometry(persistent), 16384, 2048, 64, wave=264) == 264
+    assert ms.grid_size(ms.geometry(persistent), 256, 256, 64, wave=264) == 4          # fewer tiles than the wave
+    assert ms.grid_size(ms.geometry(tile), 16384, 2048, 64, wave=264) == 128 * 16       # one CTA a tile
+
+
+def test_stream_k_multistage_rules_grid_and_shared_memory():
+    """`scheduler stream_k` in the multistage family: no split-K on top, warp tiles of at most 64
+    accumulators a thread (a 64x64 warp tile spilled), stores staged past the ring as when
+    persistent; one wave of CTAs, each at least STREAM_K_MIN_ITERS k tiles."""
+    from gemmgen.backends import cuda_multistage as ms
+    problem = Problem(512, 2048, 2048)
+    sk = multistage(problem, tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k")
+    assert ms.rules(sk) == [] and diagnose(sk) == []
+    assert ms.defines(sk)["STREAM_K"] == 1 and ms.defines(sk)["PERSISTENT"] == 0
+    assert ms.smem_bytes(sk) == 3 * (64 + 128) * 64 * 2 + 4 * 512
+    assert [f for f, _ in ms.rules(replace(sk, split_k=2))] == ["scheduler"]
+    assert [f for f, _ in ms.rules(replace(sk, tile=Tile(128, 128, 64)))] == ["warps"]
+    geo = ms.geometry(sk)
+    assert ms.grid_size(geo, 512, 2048, 2048, wave=396) == 396            # 128 tiles x 32 k tiles
+    assert ms.grid_size(geo, 64, 128, 256, wave=396) == 1                  # 4 k tiles: one CTA
+    assert ms.grid_size(geo, 64, 128, 2048, wave=396) == 32 // ms.STREAM_K_MIN_ITERS
+
+
+def test_space_offers_stream_k_where_tiles_fill_under_four_waves():
+    from gemmgen.backends import cuda_space
+    def schedulers(shape):
+        return {q.scheduler for q in cuda_space._multistage(Problem(*shape))}
+    assert "stream_k" in schedulers((512, 2048, 2048))
+    assert "stream_k" not in schedulers((8192, 8192, 8192))       # 64x64 tiles: 16,384 of them
+    assert "stream_k" not in schedulers((4096, 4096, 256))        # K of 4 k tiles
+    # The model spreads stream-K's iterations over the SMs: at 4 tiles of 128x128, one CTA a
+    # tile leaves 128 SMs idle.
+    tile = multistage(Problem(256, 256, 8192), tile=(128, 128, 64), warps=(4, 2), stages=3)
+    assert cuda_space.estimate_seconds(replace(tile, scheduler="stream_k"), tile.problem) < \
+        cuda_space.estimate_seconds(tile, tile.problem) / 4
+
+
+@needs_compiler
+def test_stream_k_multistage_compiles_with_hmma_and_no_spills():
+    program = multistage(Problem(4097, 2055, 1000, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+                         tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k")
+    report = cuda.kernel_report(cuda.compile_program(program))
+    sass, res = report["sass"], report["resources"]["gemm_multistage"]
+    assert sass["HMMA"] >= 64 and sass["LDGSTS"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0
 
 
 @needs_compiler
@@ -290,6 +332,6 @@ def test_space_offers_persistent_twins_only_where_tiles_outnumber_the_sms():
     def schedulers(shape):
         return {q.scheduler for q in space(Problem(*shape), limit=400) if q.mainloop == "multistage"}
     assert schedulers((16384, 2048, 64)) == {"tile", "persistent"}
-    assert schedulers((256, 256, 4096)) == {"tile"}
+    assert "persistent" not in schedulers((256, 256, 4096))
     # no k tile twice as deep as K: at K=64 the 128-deep tiles would load half zeros
     assert all(q.tile.k <= 64 for q in space(Problem(16384, 2048, 64), limit=400) if q.mainloop == "multistage")

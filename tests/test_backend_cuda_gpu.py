@@ -128,8 +128,56 @@ def test_multistage_persistent_ctas_walk_many_tiles(index, runner):
     fn = cuda.load(artifact, program)
     p = program.problem
     tiles = -(-p.m // program.tile.m) * -(-p.n // program.tile.n)
-    assert fn.wave and ms.grid_size(fn.geo, p.m, p.n, fn.wave) == fn.wave < tiles / 2, (fn.wave, tiles)
+    assert fn.wave and ms.grid_size(fn.geo, p.m, p.n, p.k, fn.wave) == fn.wave < tiles / 2, (fn.wave, tiles)
     _check(program, artifact, runner)
+
+
+# Stream-K: one wave of CTAs shares the (tile, k tile) iterations, so most tiles are begun by
+# one CTA and finished by the next ones. A CTA over several tiles and unaligned edges; tiles
+# shared by two or three CTAs; tiles over eight or nine CTAs (the first adds the others' partials).
+STREAM_K = [
+    multistage(Problem(4097, 2055, 2048, b_major="col", epilogue=Epilogue(residual=True)),
+               tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k"),
+    multistage(Problem(1000, 1000, 4096, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+               tile=(64, 64, 64), warps=(2, 2), stages=4, scheduler="stream_k"),
+    multistage(Problem(72, 136, 2112, a_major="col", epilogue=Epilogue(out_dtype="bf16")),
+               tile=(32, 32, 64), warps=(2, 2), stages=4, scheduler="stream_k", swizzle=4),
+]
+
+
+@pytest.mark.parametrize("index", range(len(STREAM_K)))
+def test_multistage_stream_k_ctas_finish_each_others_tiles(index, runner):
+    """Passes the harness's checks, gives the same bits call after call (a tile's partials are
+    added in K order), and leaves every CTA's flag at zero."""
+    import math
+
+    import torch
+    from gemmgen.backends import cuda, cuda_multistage as ms
+    program = STREAM_K[index]
+    artifact = cuda.compile_program(program)
+    _check(program, artifact, runner)
+    fn = cuda.load(artifact, program)
+    p = program.problem
+    iterations = ms.tile_count(fn.geo, p.m, p.n) * math.ceil(p.k / program.tile.k)
+    grid = ms.grid_size(fn.geo, p.m, p.n, p.k, fn.wave)
+    assert iterations % grid, (iterations, grid)          # shares end inside tiles
+    a = torch.randn(p.k, p.m, device="cuda", dtype=torch.float16).T if p.a_major == "col" else \
+        torch.randn(p.m, p.k, device="cuda", dtype=torch.float16)
+    b = torch.randn(p.n, p.k, device="cuda", dtype=torch.float16).T if p.b_major == "col" else \
+        torch.randn(p.k, p.n, device="cuda", dtype=torch.float16)
+    dtype = torch.bfloat16 if p.epilogue.out_dtype == "bf16" else torch.float16
+    extra = {"bias": torch.randn(p.n, device="cuda", dtype=dtype)} if p.epilogue.bias else {}
+    if p.epilogue.residual:
+        extra["residual"] = torch.randn(p.m, p.n, device="cuda", dtype=dtype)
+    outs = []
+    for _ in range(3):
+        out = torch.full((p.m, p.n), float("nan"), device="cuda", dtype=dtype)
+        fn(a, b, out, **extra)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    _, flags = fn._workspace(p.m, p.n, a.device)
+    assert int(flags.count_nonzero()) == 0
 
 
 # Both majors; TMA needs the contiguous dimension of each operand to be a multiple of 8.

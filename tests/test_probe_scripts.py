@@ -176,6 +176,46 @@ def test_short_k_probe_wrote_what_it_timed_and_its_summary_holds(tmp_path):
     assert fresh["shapes"] == 22 and fresh["geomean_selected"] < fresh["geomean_best"]
 
 
+@pytest.mark.parametrize("folder, args, count", [
+    ("split_probe", ["--set", "split", "--min-k", "1024"], 402),
+    ("stream_k_probe", ["--set", "stream_k"], 224),
+])
+def test_session_25_probes_wrote_what_they_timed_and_their_summaries_hold(tmp_path, folder, args, count):
+    """Session 25's sets (wide tiles split along K; stream-K): the committed runs timed exactly
+    what `write` makes from session 24's search, and `summarize` gives back their summaries."""
+    import shutil
+
+    script = load_script("occupancy_probe")
+    folder = RESULTS / folder
+    assert script.main(["write", "--search", str(RESULTS / "cuda_search" / "s24" / "cuda_search.json.gz"),
+                        "--out", str(tmp_path / "programs"), *args]) == 0
+    written = sorted(p.name for p in (tmp_path / "programs").glob("*.gemm"))
+    assert written == sorted(p.name for p in (folder / "programs").glob("*.gemm")) and len(written) == count
+    shutil.copytree(folder / "pairs", tmp_path / "pairs")
+    if (folder / "resident.json").exists():
+        shutil.copy(folder / "resident.json", tmp_path / "resident.json")
+    assert script.main(["summarize", str(tmp_path)]) == 0
+    fresh = json.loads((tmp_path / "summary.json").read_text())
+    committed = json.loads((folder / "summary.json").read_text())
+    assert fresh["rows"] == committed["rows"] and fresh["wins_by_variant"] == committed["wins_by_variant"]
+    for key in ("geomean_selected", "geomean_best"):     # the H200's Python summed in another order
+        assert fresh[key] == pytest.approx(committed[key], rel=1e-12)
+    assert fresh["geomean_selected"] <= fresh["geomean_best"]
+
+
+def test_ranking_check_scores_the_model_on_committed_timings(capsys):
+    script = load_script("ranking_check")
+    assert script.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert script.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert script._ranks([5, 1, 5, 3]) == [2.5, 0.0, 2.5, 1.0]
+    from gemmgen.backends import cuda_space
+    shapes, rho, fastest = script.score(cuda_space, script.measured(RESULTS / "split_probe"))
+    assert shapes == 17 and -1.0 <= rho <= 1.0 and fastest >= 0
+    assert script.main([str(RESULTS / "split_probe")]) == 0
+    assert "17 shapes" in capsys.readouterr().out
+    assert script.main([str(RESULTS / "no_such_probe")]) == 2
+
+
 def test_mma_peak_kernels_compile_to_hmma_chains_without_spills():
     from gemmgen.backends import cuda_compile
 

@@ -4,6 +4,8 @@
 // accumulators, the epilogue chain in registers. Split-K either writes fp32
 // partials that a second kernel reduces in slice order (deterministic), or adds
 // them atomically into a workspace whose last-arriving CTA applies the epilogue.
+// Stream-K (STREAM_K) deals the (tile, k tile) iterations out evenly over one
+// wave of CTAs; the CTA that began a tile adds the others' partials in K order.
 // ---------------------------------------------------------------------------
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WARP_TILE_M (BM / WARPS_M)
@@ -194,6 +196,7 @@ struct GemmArgs {
   int M, N, K;
   float* __restrict__ workspace;      // split-K: fp32 partials (SPLIT_K x M x N, or M x N when atomic)
   unsigned* __restrict__ counters;    // split-K atomic: arrivals per output tile, left at zero
+                                      // stream-K: a flag per CTA (its partial is written), left at zero
 };
 
 #if SPLIT_K == 1
@@ -235,9 +238,24 @@ __device__ __forceinline__ void store_tile(const EpilogueArgs& epi, const float 
 }
 #endif
 
+#if STREAM_K
+// A partial tile in the accumulators' own layout, a slot per CTA: float4 (i, j) of thread t at
+// slot[(i * MMA_N_TILES + j) * THREADS + t], so each warp moves 512 contiguous bytes at a time.
+__device__ __forceinline__ float4* partial_slot(float* workspace, int cta, int tid) {
+  return reinterpret_cast<float4*>(workspace) + (long long)cta * MMA_M_TILES * MMA_N_TILES * THREADS + tid;
+}
+
+// First iteration of CTA `cta`'s share of `total` (under 2^31; the launcher checks): every CTA
+// gets total / gridDim.x, give or take one.
+__device__ __forceinline__ int stream_k_begin(int cta, int total) {
+  return (int)((long long)cta * total / gridDim.x);
+}
+#endif
+
 // One CTA a tile (`scheduler tile`, gridDim.x = tiles), or, with PERSISTENT, a CTA walks tiles
 // blockIdx.x, + gridDim.x, ... and its copies run STAGES - 1 k tiles ahead across tile
-// boundaries: the next tile's first loads are in flight during this tile's epilogue.
+// boundaries: the next tile's first loads are in flight during this tile's epilogue. With
+// STREAM_K a CTA walks its share of the iterations, across tiles the same way.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -261,25 +279,45 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
 
+#if STREAM_K
+  // This CTA's iterations [it_begin, it_end) of tiles x k_tiles (split_k is 1: k_tiles is all of K).
+  const int total = tiles * k_tiles;
+  const int it_begin = stream_k_begin(blockIdx.x, total), it_end = stream_k_begin(blockIdx.x + 1, total);
+  int load_it = it_begin, load_tile = it_begin / k_tiles, load_kt = it_begin % k_tiles, load_g = 0;
+#else
   // The loads' cursor: tile `load_tile`, its k tile `load_kt`; `load_g` counts k tiles loaded.
   int load_tile = blockIdx.x, load_kt = 0, load_g = 0;
+#endif
   int tile_m, tile_n;
   raster_tile(load_tile, tiles_m, tiles_n, tile_m, tile_n);
-  typename OpA::Copier copy_a(args.a, args.ld_a, tile_m * BM, M, kt_begin * BK, tid);
-  typename OpB::Copier copy_b(args.b, args.ld_b, tile_n * BN, N, kt_begin * BK, tid);
+  typename OpA::Copier copy_a(args.a, args.ld_a, tile_m * BM, M, (kt_begin + load_kt) * BK, tid);
+  typename OpB::Copier copy_b(args.b, args.ld_b, tile_n * BN, N, (kt_begin + load_kt) * BK, tid);
   const int q = lane >> 3;
   const typename OpA::Fragments frag_a(warp_m * WARP_TILE_M, lane, q & 1, q >> 1);
   const typename OpB::Fragments frag_b(warp_n * WARP_TILE_N, lane, q >> 1, q & 1);
 
   auto load_next = [&]() {  // the cursor's k tile into its ring slot, then the cursor moves on
-    if (load_tile < tiles && k_tiles > 0) {
+#if STREAM_K
+    const bool more = load_it < it_end;
+#else
+    const bool more = load_tile < tiles && k_tiles > 0;
+#endif
+    if (more) {
       const int slot = load_g % STAGES;
       copy_a.load(smem_a + slot * A_STAGE, k_end);
       copy_b.load(smem_b + slot * B_STAGE, k_end);
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     ++load_g;
-#if PERSISTENT
+#if STREAM_K
+    if (more && ++load_it < it_end && ++load_kt >= k_tiles) {   // on into the next tile
+      load_kt = 0;
+      ++load_tile;
+      raster_tile(load_tile, tiles_m, tiles_n, tile_m, tile_n);
+      copy_a = typename OpA::Copier(args.a, args.ld_a, tile_m * BM, M, 0, tid);
+      copy_b = typename OpB::Copier(args.b, args.ld_b, tile_n * BN, N, 0, tid);
+    }
+#elif PERSISTENT
     if (++load_kt >= k_tiles) {
       load_kt = 0;
       load_tile += gridDim.x;
@@ -298,11 +336,18 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   for (int s = 0; s < STAGES - 1; ++s) load_next();
 
   int g = 0;  // k tiles computed
-#if PERSISTENT
+  // Each pass computes k tiles [seg_from, seg_to) of one tile.
+#if STREAM_K
+  for (int it = it_begin; it < it_end;) {
+    const int tile = it / k_tiles, seg_from = it % k_tiles;
+    const int seg_to = imin(k_tiles, seg_from + (it_end - it));
+    it += seg_to - seg_from;
+#elif PERSISTENT
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int seg_from = 0, seg_to = k_tiles;
 #else
   {
-    const int tile = blockIdx.x;
+    const int tile = blockIdx.x, seg_from = 0, seg_to = k_tiles;
 #endif
     int tm, tn;
     raster_tile(tile, tiles_m, tiles_n, tm, tn);
@@ -316,7 +361,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
         for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
-    for (int kt = 0; kt < k_tiles; ++kt, ++g) {
+    for (int kt = seg_from; kt < seg_to; ++kt, ++g) {
       // k tile g has landed once at most STAGES-2 younger groups are in flight.
       asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
       __syncthreads();  // also: every warp is done reading the slot refilled next
@@ -342,7 +387,48 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       }
     }
 
-#if SPLIT_K == 1 && PERSISTENT
+#if STREAM_K
+    if (seg_from > 0) {
+      // The rest of a tile that an earlier CTA began (always this CTA's first pass): hand it the
+      // partial, then flag it.
+      float4* part = partial_slot(args.workspace, blockIdx.x, tid);
+#pragma unroll
+      for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+        for (int j = 0; j < MMA_N_TILES; ++j)
+          __stcg(part + (i * MMA_N_TILES + j) * THREADS,
+                 make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) asm volatile("st.global.release.gpu.u32 [%0], %1;" :: "l"(args.counters + blockIdx.x), "r"(1u) : "memory");
+      continue;
+    }
+    if (seg_to < k_tiles) {
+      // This CTA began the tile and the next CTAs hold its rest (each as its first pass, done
+      // early): add their partials in K order, so the sum is the same every run. They are
+      // resident already (the grid is one wave), so the wait ends.
+      const int tile_end = (tile + 1) * k_tiles;
+      for (int c = blockIdx.x + 1; c < gridDim.x && stream_k_begin(c, total) < tile_end; ++c) {
+        if (tid == 0) {
+          unsigned ready;
+          do {
+            asm volatile("ld.global.acquire.gpu.u32 %0, [%1];" : "=r"(ready) : "l"(args.counters + c) : "memory");
+          } while (!ready);
+          args.counters[c] = 0u;   // consumed: ready for the next launch
+        }
+        __syncthreads();
+        const float4* part = partial_slot(args.workspace, c, tid);
+#pragma unroll
+        for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+          for (int j = 0; j < MMA_N_TILES; ++j) {
+            const float4 v = __ldcg(part + (i * MMA_N_TILES + j) * THREADS);
+            acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
+          }
+      }
+    }
+#endif
+#if SPLIT_K == 1 && (PERSISTENT || STREAM_K)
     // The ring already holds the next tile's first loads: the stores stage through 512 bytes
     // a warp past it, and no warp waits for the others.
     store_tile(epi, acc, m0, n0, M, N, warp_m, warp_n, lane, smem_b + STAGES * B_STAGE + (unsigned)warp * 512u);
