@@ -165,20 +165,25 @@ def tile_count(geo: Geometry, M: int, N: int) -> int:
     return math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
 
 
+def iteration_count(geo: Geometry, M: int, N: int, K: int) -> int:
+    """(tile, k tile) pairs of the whole product: what stream-K shares out."""
+    return tile_count(geo, M, N) * math.ceil(K / geo.tile_k)
+
+
 def grid_size(geo: Geometry, M: int, N: int, K: int, wave: int | None) -> int:
     """CTAs to launch: one a tile; persistent, at most `wave` (the CTAs the SMs hold at once),
     each walking tiles; stream-K, `wave`, each walking an even share of the (tile, k tile)
     iterations (stream_k_grid)."""
-    tiles = tile_count(geo, M, N)
     if geo.stream_k and wave:
-        return stream_k_grid(tiles, math.ceil(K / geo.tile_k), wave)
+        return stream_k_grid(iteration_count(geo, M, N, K), wave)
+    tiles = tile_count(geo, M, N)
     return min(tiles, wave) if geo.persistent and wave else tiles
 
 
-def stream_k_grid(tiles: int, k_tiles: int, wave: int) -> int:
+def stream_k_grid(iterations: int, wave: int) -> int:
     """Stream-K's CTAs: one wave, but at least STREAM_K_MIN_ITERS k tiles each (a tile's first
     CTA reads the others' partials one after another)."""
-    return max(1, min(wave, tiles * k_tiles // STREAM_K_MIN_ITERS))
+    return max(1, min(wave, iterations // STREAM_K_MIN_ITERS))
 
 
 def entries(program: Program) -> tuple[str, ...]:
@@ -227,7 +232,7 @@ class MultistageLauncher(L.FamilyLauncher):
         ga = self.gemm_args
         ga.a, ga.ld_a, ga.b, ga.ld_b = a.data_ptr(), ld_a, b.data_ptr(), ld_b
         ga.M, ga.N, ga.K = M, N, K
-        if self.geo.stream_k and tile_count(self.geo, M, N) * math.ceil(K / self.geo.tile_k) >= 2 ** 31:
+        if self.geo.stream_k and iteration_count(self.geo, M, N, K) >= 2 ** 31:
             raise BackendError(f"{M}x{N}x{K} has 2^31 (tile, k tile) iterations or more, past what the stream-K "
                                "kernel counts in 32 bits: use `scheduler persistent`")
         if self.geo.split_k > 1 or self.geo.stream_k:

@@ -148,7 +148,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     stream_k = program.scheduler == "stream_k"
     if stream_k:
         from gemmgen.backends.cuda_multistage import stream_k_grid
-        ctas = stream_k_grid(tiles, k_iters, SMS * _resident(program))
+        ctas = stream_k_grid(tiles * k_iters, SMS * _resident(program))
     if ws:   # persistent: tiles spread over the SMs, the last partial wave costs what it holds
         waves = tiles / SMS
         waves = math.floor(waves) + (1.0 if waves % 1 else 0.0)

@@ -307,22 +307,15 @@ def test_space_offers_stream_k_where_tiles_fill_under_four_waves():
 
 
 @needs_compiler
-def test_stream_k_multistage_compiles_with_hmma_and_no_spills():
-    program = multistage(Problem(4097, 2055, 1000, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
-                         tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k")
+@pytest.mark.parametrize("scheduler, k, tile, hmma", [("persistent", 72, (128, 128, 64), 128),
+                                                      ("stream_k", 1000, (64, 128, 64), 64)])
+def test_walking_multistage_compiles_with_hmma_and_no_spills(scheduler, k, tile, hmma):
+    """The CTAs that walk tiles (persistent, stream-K) keep the K loop's HMMAs and spill nothing."""
+    program = multistage(Problem(4097, 2055, k, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+                         tile=tile, warps=(2, 2), stages=3, scheduler=scheduler)
     report = cuda.kernel_report(cuda.compile_program(program))
     sass, res = report["sass"], report["resources"]["gemm_multistage"]
-    assert sass["HMMA"] >= 64 and sass["LDGSTS"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0
-    assert res["spill_stores"] == 0 and res["spill_loads"] == 0
-
-
-@needs_compiler
-def test_persistent_multistage_compiles_with_hmma_and_no_spills():
-    program = multistage(Problem(4097, 2055, 72, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
-                         tile=(128, 128, 64), warps=(2, 2), stages=3, scheduler="persistent")
-    report = cuda.kernel_report(cuda.compile_program(program))
-    sass, res = report["sass"], report["resources"]["gemm_multistage"]
-    assert sass["HMMA"] >= 128 and sass["LDGSTS"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0
+    assert sass["HMMA"] >= hmma and sass["LDGSTS"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0
 
 
