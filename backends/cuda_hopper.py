@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
 from gemmgen.backends import cuda_launch as L
-from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
+from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines, with_wgmma
 
 MAX_SMEM = SM90A.max_smem_per_block
 SMS = SM90A.sms
@@ -131,30 +131,6 @@ def rules(program: Program) -> list[tuple[str, str]]:
     return out
 
 
-def wgmma_function(n: int, trans_a: int, trans_b: int) -> str:
-    """The wgmma m64nNk16 call for this program's N and majors, its N/2 accumulators spelled out.
-
-    trans_a / trans_b = 1 reads that operand MN-major (M- or N-contiguous) from shared memory.
-    """
-    acc = n // 2
-    regs = ", ".join(f"%{i}" for i in range(acc))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
-    return (
-        "// D[64 x N] (+)= A[64 x 16] * B[16 x N], both from 128B-swizzled shared memory.\n"
-        f"__device__ __forceinline__ void wgmma_tile(float (&d)[{acc}], unsigned long long desc_a,\n"
-        "                                           unsigned long long desc_b, int accumulate) {\n"
-        "  asm volatile(\n"
-        "      \"{\\n .reg .pred p;\\n\"\n"
-        f"      \" setp.ne.b32 p, %{acc + 2}, 0;\\n\"\n"
-        f"      \" wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 \"\n"
-        f"      \"{{{regs}}}, \"\n"
-        f"      \"%{acc}, %{acc + 1}, p, 1, 1, {trans_a}, {trans_b};\\n}}\\n\"\n"
-        f"      : {outs}\n"
-        "      : \"l\"(desc_a), \"l\"(desc_b), \"r\"(accumulate));\n"
-        "}\n"
-    )
-
-
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     wgs_m, wgs_n = warpgroups(program)
@@ -169,10 +145,7 @@ def defines(program: Program) -> dict[str, int]:
 
 
 def lower_text(program: Program) -> str:
-    text = assemble(program, defines(program), "hopper_ws.cu")
-    p = program.problem
-    return text.replace("WGMMA_FUNCTION", wgmma_function(instr_n(program), int(p.a_major == "col"),
-                                                         int(p.b_major == "row")))
+    return with_wgmma(assemble(program, defines(program), "wgmma.cuh", "hopper_ws.cu"), program, instr_n(program))
 
 
 def entries(program: Program) -> tuple[str, ...]:

@@ -1,4 +1,10 @@
-"""The multistage family: cp.async + ldmatrix + mma.sync m16n8k16 (sm_80 style, run on sm_90a).
+"""The multistage family: cp.async + ldmatrix + mma.sync m16n8k16 (sm_80 style, run on sm_90a),
+or, with `instr wgmma 64xNx16`, the same cp.async ring laid out for wgmma and read by it.
+
+wgmma has about 1.6 times mma.sync's rate and reads its operands from shared memory once a
+warpgroup, where ldmatrix reads them once a warp: the two limits CUDA_NOTES.md measured on
+this family at 1-16 GFLOP. Unlike the TMA family it needs no 16-byte aligned tensor map and
+no producer warpgroup.
 
 `rules` says what this family refuses (the validator reads it through
 SUPPORT.extra_rules), `defines` fixes the program's decisions for the C
@@ -14,7 +20,7 @@ from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.backends import cuda_launch as L
 from gemmgen.backends.base import BackendError
-from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines
+from gemmgen.backends.cuda_source import assemble, epilogue_defines, layout_defines, with_wgmma
 from gemmgen.backends.workspace import persistent_buffer
 
 MAX_SMEM = 227 * 1024
@@ -26,14 +32,18 @@ ENTRY = "gemm_multistage"
 STREAM_K_MIN_ITERS = 4       # k tiles a stream-K CTA computes at least
 EPILOGUE_BUFFER = 512        # bytes a warp stages its stores through past the ring, when persistent
 REDUCE_ENTRY = "splitk_reduce"
+WGMMA_BK = 64                # one 128-byte swizzle atom of fp16 along K
+WGMMA_ALIGN = 1024           # the ring is moved up to wgmma's 1024-byte swizzle atoms
 
 
 def stages_of(program: Program) -> int:
-    """The program's stage count, or the deepest ring (<= 4) that fits when `auto`."""
+    """The program's stage count, or the deepest ring that fits when `auto`: up to 3 k tiles
+    loading ahead, which is the stages less one with mma.sync, less two with wgmma."""
     if program.stages is not None:
         return program.stages
-    per_stage = smem_per_stage(program)
-    return max(2, min(4, (MAX_SMEM - epilogue_buffers(program)) // per_stage))
+    per_stage, spare = smem_per_stage(program), 2 if wgmma(program) else 1
+    fits = (MAX_SMEM - epilogue_buffers(program) - (WGMMA_ALIGN if wgmma(program) else 0)) // per_stage
+    return max(1 + spare, min(3 + spare, fits))
 
 
 def smem_per_stage(program: Program) -> int:
@@ -49,6 +59,15 @@ def stream_k(program: Program) -> bool:
     return program.scheduler == "stream_k"
 
 
+def wgmma(program: Program) -> bool:
+    return program.instr is not None and program.instr.kind == "wgmma"
+
+
+def wgmma_n(program: Program) -> int:
+    """The N of the program's wgmma: a warpgroup's whole share of the tile's columns."""
+    return program.tile.n // program.warps[1]
+
+
 def epilogue_buffers(program: Program) -> int:
     """A CTA that walks tiles (persistent, stream-K) holds the next tile's loads in its ring
     while it stores this one, so its stores stage past the ring; one CTA a tile stages them in
@@ -57,7 +76,8 @@ def epilogue_buffers(program: Program) -> int:
 
 
 def smem_bytes(program: Program) -> int:
-    return stages_of(program) * smem_per_stage(program) + epilogue_buffers(program)
+    align = WGMMA_ALIGN if wgmma(program) else 0
+    return stages_of(program) * smem_per_stage(program) + epilogue_buffers(program) + align
 
 
 def rules(program: Program) -> list[tuple[str, str]]:
@@ -65,8 +85,11 @@ def rules(program: Program) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     t, (wm, wn) = program.tile, program.warps
     p = program.problem
-    if program.instr is not None and (program.instr.kind, program.instr.m, program.instr.n, program.instr.k) != ("mma", 16, 8, 16):
-        out.append(("instr", "mainloop multistage issues mma.sync m16n8k16: write `instr mma 16x8x16` or `instr auto`"))
+    if wgmma(program):
+        out.extend(_wgmma_rules(program))
+    elif program.instr is not None and (program.instr.kind, program.instr.m, program.instr.n, program.instr.k) != ("mma", 16, 8, 16):
+        out.append(("instr", "mainloop multistage issues mma.sync m16n8k16 (`instr mma 16x8x16` or `instr auto`) "
+                             "or wgmma (`instr wgmma 64xNx16`)"))
     if program.scheduler not in ("tile", "persistent", "stream_k"):
         out.append(("scheduler", "mainloop multistage runs `scheduler tile` (a CTA a tile), `scheduler persistent` "
                                  "or `scheduler stream_k`"))
@@ -112,6 +135,33 @@ def rules(program: Program) -> list[tuple[str, str]]:
     return out
 
 
+def _wgmma_rules(program: Program) -> list[tuple[str, str]]:
+    """What `instr wgmma` adds: warpgroups, one instruction across a warpgroup's columns, the
+    128-byte swizzle's 64-deep k tile, a ring one slot deeper."""
+    out: list[tuple[str, str]] = []
+    t, (wm, wn), i = program.tile, program.warps, program.instr
+    n = wgmma_n(program)
+    if wm % 4:
+        out.append(("warps", f"wgmma runs on warpgroups of 4 warps stacked along M: warps {wm}x{wn} is not "
+                             "(write e.g. `warps 4x1`, `4x2` or `8x1`)"))
+    elif t.m % (64 * (wm // 4)):
+        out.append(("tile", f"tile M {t.m} over {wm // 4} warpgroup(s) along M must give each a multiple of 64 rows"))
+    if (i.m, i.k) != (64, 16) or i.n != n:
+        out.append(("instr", f"mainloop multistage issues one wgmma across a warpgroup's {n} columns "
+                             f"(tile N {t.n} over {wn} warpgroup(s)): write `instr wgmma 64x{n}x16`"))
+    if n % 8 or n > 256:
+        out.append(("tile", f"a warpgroup's {n} columns must be a multiple of 8, at most 256 (wgmma's N)"))
+    if t.k != WGMMA_BK:
+        out.append(("tile", f"tile K must be {WGMMA_BK} (one 128-byte swizzle atom of fp16) with instr wgmma"))
+    if program.problem.b_major == "row" and n % 64:
+        out.append(("tile", f"B is row-major (N contiguous), laid out in 64-wide boxes for wgmma: a warpgroup's "
+                            f"{n} columns must be a multiple of 64"))
+    if program.stages is not None and program.stages < 3:
+        out.append(("stages", "instr wgmma needs at least 3 stages (a slot is refilled once the wgmma before last "
+                              "is done)"))
+    return out
+
+
 def arrival_order(program: Program) -> bool:
     """`atomic` and `unordered` build the same kernel: partials are added into an fp32
     workspace as CTAs arrive and the last CTA of a tile applies the epilogue, so an fp16
@@ -129,6 +179,7 @@ def defines(program: Program) -> dict[str, int]:
         "SPLIT_ATOMIC": int(arrival_order(program)),
         "PERSISTENT": int(persistent(program)),
         "STREAM_K": int(stream_k(program)),
+        "WGMMA": int(wgmma(program)),
     }
     d.update(layout_defines(program))
     d.update(epilogue_defines(program))
@@ -136,7 +187,10 @@ def defines(program: Program) -> dict[str, int]:
 
 
 def lower_text(program: Program) -> str:
-    return assemble(program, defines(program), "multistage.cu")
+    if wgmma(program):
+        return with_wgmma(assemble(program, defines(program), "wgmma.cuh", "multistage_ring.cuh", "multistage.cu"),
+                          program, wgmma_n(program))
+    return assemble(program, defines(program), "multistage_ring.cuh", "multistage.cu")
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,19 @@ MAX_SMEM = SM90A.max_smem_per_block
 # instructions (CUDA_NOTES.md); it only ranks.
 LOAD_LATENCY_S = 1.3e-6
 STAGES = (2, 3, 4, 5, 6, 8)
+# wgmma's rings: one 4-warp CTA an SM keeps its loads' latency covered only with many k tiles
+# in flight (session 26's search: 8 stages beat 6 by 3-15 % at 64x128 tiles, K 512-4096).
+WGMMA_STAGES = (3, 4, 5, 6, 8, 10, 12)
 # Multistage tiles under 64: on problems of a few tiles they spread the work over more SMs and
 # shorten each CTA's chain of mma.sync per k step (CUTLASS's 64x16 tile won the smallest
 # sample shapes in session 13). Offered only where the 64x64 tiles leave SMs idle.
 NARROW_TILES = ((64, 32), (32, 64), (32, 32), (64, 16), (16, 64))
 SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# The multistage ring read by wgmma (session 26's probe: best of 16 such variants 0.835x
+# torch.matmul at the 29 sample shapes of 1-16 GFLOP, against 0.726x for the selected mma.sync
+# programs; CUDA_NOTES.md): 64-deep k tiles, warpgroups stacked along M.
+WGMMA_WARPS = {64: ((4, 1),), 128: ((4, 1), (8, 1)), 256: ((8, 1),)}
+MMA_WARPS = ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4))
 
 # (tile M, tile N) -> fraction of the instruction rate a CTA of that tile sustains
 # (narrow tiles scaled from 64x64 by their operand reuse, tile M*N / (M + N): a guess that ranks)
@@ -72,25 +80,29 @@ def _multistage(problem: Problem) -> list[Program]:
         schedulers = ("tile", "persistent") if n_tiles > SMS else ("tile",)
         if n_tiles < 4 * SMS and p.k >= 1024:
             schedulers += ("stream_k",)
-        for tk in (32, 64, 128):
-            if tk > 32 and p.k <= tk // 2:      # half the k tile would be zeros
-                continue
-            k_tiles = math.ceil(p.k / tk)
-            for warps, stages, scheduler in itertools.product(((2, 2), (2, 4), (4, 2), (4, 1), (1, 4)), STAGES,
-                                                              schedulers):
+        maths = [(Instr("mma", 16, 8, 16), tk, warps) for tk in (32, 64, 128) for warps in MMA_WARPS]
+        if tm <= 64 * math.ceil(p.m / 64) and tn <= 64 * math.ceil(p.n / 64):   # wgmma of zero rows: none
+            maths += [(Instr("wgmma", 64, tn // warps[1], 16), 64, warps) for warps in WGMMA_WARPS.get(tm, ())]
+        for (instr, tk, warps), scheduler in itertools.product(maths, schedulers):
+            rings = WGMMA_STAGES if instr.kind == "wgmma" else STAGES
+            for stages, (split, reduce) in itertools.product(rings, splits if scheduler == "tile" else
+                                                             [(1, "workspace")]):
+                if tk > 32 and p.k <= tk // 2:      # half the k tile would be zeros
+                    continue
                 # A ring deeper than the K loop only costs shared memory and start-up (a
                 # persistent or stream-K ring runs on into the next tile: up to 4); 2 stages
                 # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
-                deepest = 4 if scheduler != "tile" else max(2, k_tiles + 1)
+                # wgmma's ring holds one slot more than its loads in flight.
+                k_tiles = math.ceil(p.k / tk)
+                deepest = (4 if scheduler != "tile" else max(2, k_tiles + 1)) + (instr.kind == "wgmma")
                 if stages > deepest or (stages == 2 and k_tiles > 4):
                     continue
-                for split, reduce in splits if scheduler == "tile" else [(1, "workspace")]:
-                    prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
-                                   mainloop="multistage", instr=Instr("mma", 16, 8, 16), stages=stages,
-                                   scheduler=scheduler, raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
-                                   split_k=split, split_k_reduce=reduce)
-                    if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
-                        out.append(prog)
+                prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
+                               mainloop="multistage", instr=instr, stages=stages,
+                               scheduler=scheduler, raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
+                               split_k=split, split_k_reduce=reduce)
+                if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
+                    out.append(prog)
     return out
 
 
@@ -131,6 +143,16 @@ def _resident(program: Program) -> int:
     return max(1, min(by_regs, by_smem))
 
 
+def _wgmma(program: Program) -> bool:
+    return program.instr is not None and program.instr.kind == "wgmma"
+
+
+def _loads_ahead(program: Program, stages: int) -> int:
+    """k tiles a ring of `stages` keeps loading: one slot is being read, and with wgmma
+    another still may be (CUDA_NOTES.md, session 26)."""
+    return max(1, stages - (2 if program.mainloop == "multistage" and _wgmma(program) else 1))
+
+
 def _k_iters(program: Program, problem: Problem) -> int:
     """K tiles one CTA walks (its split-K slice)."""
     return math.ceil(math.ceil(problem.k / program.tile.k) / program.split_k)
@@ -144,7 +166,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     ctas = tiles * program.split_k
     k_iters = _k_iters(program, p)
     eff = _WS_TILE_EFF.get((program.mainloop, t.m, t.n), 0.6) if ws else _MS_TILE_EFF.get((t.m, t.n), 0.6)
-    rate_per_sm = (WGMMA_RATE if ws else MMA_SYNC_RATE) * eff / SMS
+    rate_per_sm = (WGMMA_RATE if ws or _wgmma(program) else MMA_SYNC_RATE) * eff / SMS
     stream_k = program.scheduler == "stream_k"
     if stream_k:
         from gemmgen.backends.cuda_multistage import stream_k_grid
@@ -164,7 +186,11 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     partials = program.split_k * p.m * p.n if split else ctas * t.m * t.n if stream_k else 0
     memory = (p.bytes + partials * 4 * 2) / DRAM_RATE
     stages = min(program.stages or 3, k_iters + 1)       # the ring fills at most the K loop
-    latency = LAUNCH_S + (stages + 2) * 0.1e-6 + split * 2.5e-6
+    in_flight = _loads_ahead(program, stages)
+    # Start-up: the ring's first loads. wgmma's deeper rings are not charged past 4 stages (its
+    # first wait is on the oldest k tile only; session 26's searches found 8 beat 6).
+    ring_start = min(stages, 4) if _wgmma(program) else stages
+    latency = LAUNCH_S + (ring_start + 2) * 0.1e-6 + split * 2.5e-6
     if stream_k:
         latency += 1.0e-6 + 0.3e-6 * max(0, math.ceil(ctas / tiles) - 1)
     # Each K step streams (tile M + tile N) x tile K operands through L2 into the SM;
@@ -173,7 +199,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads,
     # unless other CTAs on the SM load meanwhile.
     resident_waves = waves if ws else tiles / ctas if stream_k else math.ceil(ctas / (SMS * _resident(program)))
-    pipeline = resident_waves * k_iters * LOAD_LATENCY_S / max(1, stages - 1) if k_iters > 1 else 0.0
+    pipeline = resident_waves * k_iters * LOAD_LATENCY_S / in_flight if k_iters > 1 else 0.0
     factor = 1.0
     if not ws and program.scheduler == "persistent":
         # Session 24's probe, one program both ways at 22 shapes: persistent ran 0.97-1.13x as
@@ -196,7 +222,8 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
     scored.sort(key=lambda eq: (_percent_bin(eq[0]), _tiebreak(eq[1], problem)))
     groups: dict[tuple, list[tuple[float, Program]]] = {}
     for est, q in scored:
-        groups.setdefault((q.mainloop, q.scheduler, q.tile.m, q.tile.n, q.split_k, q.cluster), []).append((est, q))
+        key = (q.mainloop, q.instr.kind if q.instr else None, q.scheduler, q.tile.m, q.tile.n, q.split_k, q.cluster)
+        groups.setdefault(key, []).append((est, q))
     if not groups:
         return []
     best = min(g[0][0] for g in groups.values())
@@ -217,16 +244,23 @@ def _percent_bin(seconds: float) -> int:
 
 def _tiebreak(q: Program, problem: Problem) -> tuple:
     """Among equal estimates: the ring depth nearest 4 that the K loop can fill (K tiles + 1,
-    at least 2, or 3 when persistent), then 3, then 5; wider K tiles; 8 warps for tiles over 128x128, 4 for the others
+    at least 2, or 3 when persistent), then 3, then 5 (wgmma: below); wider K tiles; 8 warps for tiles over 128x128, 4 for the others
     (session 24: 128x128 on 2x2 warps, two CTAs an SM, beat 4x2 at 18 of 22 short-K shapes); then
     square warp tiles, the wider in N first. (Session 12's multistage runs timed the warp
     layouts of one tile and ring side by side: 256x128 on 2x4 warps, 128x32 each, took 1.06x
     the time of 4x2; 64x64 on 1x4 1.15x that of 2x2; 64x128 on 4x1 1.10x and on 1x4 1.01x;
     of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
     # A persistent or stream-K ring runs across tiles: it fills 3 stages however short K is.
-    preferred = min(4, max(3 if q.scheduler != "tile" else 2, _k_iters(q, problem) + 1))
     depth = q.stages or 4
-    rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
+    if q.mainloop == "multistage" and _wgmma(q):
+        # wgmma: the deepest ring the K loop fills, up to 8, then the deeper ones, then the
+        # shallower (session 26's search: rings of 6 and 8 won 19 of the 40 shapes wgmma won,
+        # 9 of those ranked 24th-29th when depth 4 came first).
+        fill = min(8, _k_iters(q, problem) + 2) if q.scheduler == "tile" else 5
+        rank = 0 if depth == fill else 1 if depth > fill else min(4, 1 + fill - depth)
+    else:
+        preferred = min(4, max(3 if q.scheduler != "tile" else 2, _k_iters(q, problem) + 1))
+        rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
     warps = -q.num_warps if q.tile.m * q.tile.n > 128 * 128 else q.num_warps
     warp_m, warp_n = q.tile.m / q.warps[0], q.tile.n / q.warps[1]
     warp_tile = (abs(math.log2(warp_m / warp_n)), warp_n < warp_m)

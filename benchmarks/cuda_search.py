@@ -41,10 +41,12 @@ def anchors_after(shapes: list, args) -> list:
 
 
 def programs_for(problem, per_family: int, families=FAMILIES) -> list:
-    from gemmgen.backends import cuda
+    """The space's first `per_family` valid programs of each family (the space gives each family
+    half its slots, so it is asked for twice that many)."""
+    from gemmgen.backends import cuda_space
     from gemmgen.dsl import diagnose
     chosen, count = [], dict.fromkeys(families, 0)
-    for p in cuda.space(problem):
+    for p in cuda_space.space(problem, limit=max(40, 2 * per_family)):
         if count.get(p.mainloop, per_family) < per_family and not diagnose(p):
             chosen.append(p)
             count[p.mainloop] += 1

@@ -18,6 +18,9 @@ the GEMM kernel: `results/split_probe/template.diff`): wide tiles split along K 
 shapes whose outputs hold too few wide tiles to fill the SMs. Then (`--set stream_k`) stream-K
 CTAs on the tiles of 64 accumulators a thread.
 
+Session 26 (`--set wgmma`): the family's cp.async ring read by wgmma instead of ldmatrix +
+mma.sync, on one or two warpgroups, each scheduler.
+
     python benchmarks/occupancy_probe.py write --search RESULT.json --out DIR      (the programs)
     python benchmarks/occupancy_probe.py report --out DIR/resident.json DIR/*.gemm       (GPU)
     python benchmarks/anchor_turns.py --protocol pairs --repeats 3 --out DIR/pairs DIR/*.gemm  (GPU; pairs*/ all read)
@@ -43,6 +46,7 @@ class Variant(NamedTuple):
     stages: int
     scheduler: str
     split_k: Optional[int] = None      # None: the selected program's split where the variant allows it
+    wgmma: bool = False                # `instr wgmma 64xNx16` across a warpgroup's columns
 
 
 def _split_variants() -> tuple[Variant, ...]:
@@ -91,6 +95,19 @@ VARIANT_SETS = {
         Variant("k64x64k64s4", 64, 64, 64, (2, 2), 4, "stream_k", 1),
         Variant("k128x128k64s3w8", 128, 128, 64, (4, 2), 3, "stream_k", 1),
     ),
+    # wgmma from the cp.async ring: 64-deep k tiles (the 128-byte swizzle), 4-5 stages (the
+    # ring holds two k tiles besides the ones loading), one or two warpgroups.
+    "wgmma": tuple(
+        Variant(f"{s[0] if s != 'stream_k' else 'k'}{tm}x{tn}w{w[0]}x{w[1]}s{st}", tm, tn, 64, w, st, s,
+                1 if s == "stream_k" else None, True)
+        for s, tm, tn, w, st in (
+            ("tile", 64, 64, (4, 1), 4), ("tile", 64, 128, (4, 1), 4), ("tile", 64, 128, (4, 1), 5),
+            ("tile", 128, 64, (4, 1), 4), ("tile", 64, 256, (4, 1), 4), ("tile", 128, 128, (4, 1), 4),
+            ("tile", 128, 128, (8, 1), 4), ("tile", 128, 256, (8, 1), 4), ("tile", 128, 128, (4, 2), 4),
+            ("persistent", 128, 128, (4, 1), 4), ("persistent", 128, 256, (8, 1), 4),
+            ("persistent", 64, 128, (4, 1), 5), ("persistent", 128, 128, (8, 1), 4),
+            ("stream_k", 64, 128, (4, 1), 4), ("stream_k", 128, 64, (4, 1), 4),
+            ("stream_k", 128, 128, (8, 1), 4))),
 }
 
 
@@ -119,7 +136,7 @@ def variants_of(program, variant_set: str = "ring64") -> list[tuple[str, object]
     variants), and the set's variants the multistage rules accept (split-K kept where the
     variant allows it, else dropped)."""
     from gemmgen.backends import cuda_multistage as ms
-    from gemmgen.dsl.ir import Tile
+    from gemmgen.dsl.ir import Instr, Tile
 
     out = [("selected", program)]
     t = program.tile
@@ -131,7 +148,8 @@ def variants_of(program, variant_set: str = "ring64") -> list[tuple[str, object]
         out.append(("selected_p", replace(program, scheduler="persistent", split_k=1)))
     for var in variants:
         v = replace(program, tile=Tile(var.tile_m, var.tile_n, var.tile_k), warps=var.warps, stages=var.stages,
-                    scheduler=var.scheduler, swizzle=8 if var.tile_m * var.tile_n >= 128 * 128 else 4)
+                    scheduler=var.scheduler, swizzle=8 if var.tile_m * var.tile_n >= 128 * 128 else 4,
+                    instr=Instr("wgmma", 64, var.tile_n // var.warps[1], 16) if var.wgmma else program.instr)
         if var.split_k is not None:
             if var.split_k > 1 and not _worth_splitting(program.problem, var):
                 continue

@@ -8,9 +8,11 @@ from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 
 def multistage(problem: Problem, tile=(128, 128, 32), warps=(2, 2), stages=4, split_k=1,
-               reduce="workspace", raster="m", swizzle=8, scheduler="tile") -> Program:
+               reduce="workspace", raster="m", swizzle=8, scheduler="tile", wgmma=False) -> Program:
+    """A multistage program; `wgmma`: its ring read by wgmma across each warpgroup's columns."""
+    instr = Instr("wgmma", 64, tile[1] // warps[1], 16) if wgmma else Instr("mma", 16, 8, 16)
     return Program(problem=problem, backend="cuda", tile=Tile(*tile), warps=warps, mainloop="multistage",
-                   instr=Instr("mma", 16, 8, 16), stages=stages, raster=raster, swizzle=swizzle,
+                   instr=instr, stages=stages, raster=raster, swizzle=swizzle,
                    split_k=split_k, split_k_reduce=reduce, scheduler=scheduler)
 
 
@@ -69,13 +71,31 @@ MS_CONFIGS = (
 )
 
 
-def random_multistage(count: int, seed: int = 6) -> list[Program]:
-    """Seeded random multistage programs x shapes x epilogues, always including split-K and both majors."""
+# `instr wgmma`: one or two warpgroups, tiles of 64-deep k, every schedule and split-K.
+WGMMA_CONFIGS = (
+    dict(tile=(64, 128, 64), warps=(4, 1), stages=4),
+    dict(tile=(128, 128, 64), warps=(4, 1), stages=4),
+    dict(tile=(128, 256, 64), warps=(8, 1), stages=4),
+    dict(tile=(128, 128, 64), warps=(4, 2), stages=3, raster="n", swizzle=4),
+    dict(tile=(64, 64, 64), warps=(4, 1), stages=5),
+    dict(tile=(128, 64, 64), warps=(8, 1), stages=4, swizzle=1),
+    dict(tile=(64, 128, 64), warps=(4, 1), stages=4, split_k=3),
+    dict(tile=(128, 128, 64), warps=(8, 1), stages=4, split_k=2),
+    dict(tile=(128, 128, 64), warps=(4, 1), stages=4, scheduler="persistent"),
+    dict(tile=(64, 256, 64), warps=(4, 1), stages=3, scheduler="persistent", raster="n", swizzle=4),
+    dict(tile=(64, 128, 64), warps=(4, 1), stages=4, scheduler="stream_k"),
+    dict(tile=(128, 64, 64), warps=(4, 1), stages=5, scheduler="stream_k"),
+)
+
+
+def random_multistage(count: int, seed: int = 6, configs=MS_CONFIGS, wgmma: bool = False) -> list[Program]:
+    """Seeded random multistage programs x shapes x epilogues, always including split-K and both majors
+    (`configs` and `wgmma`: WGMMA_CONFIGS read by wgmma)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         m, n, k, am, bm = SHAPES[i % len(SHAPES)]
-        cfg = dict(MS_CONFIGS[rng.randrange(len(MS_CONFIGS))])
+        cfg = dict(configs[rng.randrange(len(configs))], wgmma=wgmma)
         epi = EPILOGUES[rng.randrange(len(EPILOGUES))]
         if cfg.get("split_k", 1) > 1 and rng.random() < 0.5:
             if rng.random() < 0.5:

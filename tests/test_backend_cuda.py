@@ -14,7 +14,7 @@ import pytest
 from gemmgen.backends import cuda
 from gemmgen.backends.cuda_compile import nvrtc_usable
 from gemmgen.dsl import diagnose, examples, parse
-from gemmgen.dsl.ir import Epilogue, Problem, Tile
+from gemmgen.dsl.ir import Epilogue, Instr, Problem, Tile
 
 from cuda_backend_cases import hopper, multistage, random_multistage
 
@@ -56,6 +56,43 @@ def test_multistage_sass_has_hmma_and_no_local_memory():
     assert res["stack_bytes"] == 0 and res["spill_stores"] == 0
 
 
+@needs_compiler
+@pytest.mark.parametrize("scheduler", ["tile", "persistent", "stream_k"])
+def test_multistage_wgmma_sass_has_hgmma_from_the_cp_async_ring(scheduler):
+    """`instr wgmma`: the ring's copies (LDGSTS) feed HGMMA, with no ldmatrix, no HMMA and no
+    local memory, for both majors of B (K-contiguous rows, N-contiguous 64-wide boxes)."""
+    for b_major in ("col", "row"):
+        program = multistage(Problem(4096, 4096, 4096, b_major=b_major, epilogue=Epilogue(bias="n")),
+                             tile=(128, 128, 64), warps=(8, 1), stages=4, scheduler=scheduler, wgmma=True)
+        assert diagnose(program) == [] and cuda._family_rules(program) == []
+        report = cuda.kernel_report(cuda.compile_program(program))
+        sass, res = report["sass"], report["resources"]["gemm_multistage"]
+        # one m64n128k16 a 16-deep k step, 4 steps a 64-deep k tile
+        assert sass["HGMMA"] >= 4 and sass["LDGSTS"] > 0, sass
+        assert sass["HMMA"] == 0 and sass["LDSM"] == 0, sass
+        assert sass["LDL"] == 0 and sass["STL"] == 0 and res["spill_stores"] == 0, (sass, res)
+
+
+def test_multistage_wgmma_rules():
+    """What `instr wgmma` asks of a multistage program, each refusal naming the field to change."""
+    from gemmgen.backends import cuda_multistage as ms
+    base = multistage(Problem(2048, 2048, 2048), tile=(128, 128, 64), warps=(4, 1), stages=4, wgmma=True)
+    assert ms.rules(base) == [] and ms.defines(base)["WGMMA"] == 1
+    assert ms.smem_bytes(base) == 4 * 32768 + 1024                      # the ring moved up to 1024 bytes
+    assert ms.stages_of(replace(base, stages=None)) == 5                 # three k tiles loading ahead
+    bad = {
+        "warps": replace(base, warps=(2, 2)),                            # not warpgroups
+        "instr": replace(base, instr=Instr("wgmma", 64, 64, 16)),        # not the warpgroup's 128 columns
+        "tile": replace(base, tile=Tile(128, 128, 32)),                  # not one 128-byte swizzle atom deep
+        "stages": replace(base, stages=2),
+    }
+    for field, program in bad.items():
+        assert field in [f for f, _ in ms.rules(program)], (field, ms.rules(program))
+    row_b = multistage(Problem(2048, 2048, 2048, b_major="row"), tile=(128, 64, 64), warps=(4, 2), stages=4,
+                       wgmma=True)
+    assert [f for f, _ in ms.rules(row_b)] == ["tile"]                   # 32 N-contiguous columns: no whole box
+
+
 def _k_loop(sass_text: str) -> list[str]:
     """The opcodes of the multistage K loop: from the wait on the ring (DEPBAR) to the
     branch that jumps back to it."""
@@ -91,10 +128,14 @@ def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
 
 def test_space_tries_square_warp_tiles_first_among_ties():
     """Warp layouts of one tile and ring tie in the cost model; session 12 timed them side by
-    side, and square warp tiles (the wider in N among equals) were fastest."""
+    side, and square warp tiles (the wider in N among equals) were fastest. (wgmma's warpgroups
+    stack along M: no layouts to choose between.)"""
     def order(shape, tile):
-        return [q.warps for q in cuda.space(Problem(*shape)) if q.mainloop == "multistage"
-                and (q.tile.m, q.tile.n) == tile and q.split_k == 1][:3]
+        from gemmgen.backends import cuda_space
+        problem = Problem(*shape)
+        ranked = cuda_space._round_robin(cuda_space._multistage(problem), problem)
+        return [q.warps for q in ranked if q.instr.kind == "mma" and (q.tile.m, q.tile.n) == tile
+                and q.split_k == 1][:3]
     assert order((4096, 4096, 4096), (256, 128))[0] == (4, 2)
     assert order((64, 64, 512), (64, 64)) == [(2, 2), (4, 1), (1, 4)]
 

@@ -10,7 +10,7 @@ import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem
 
-from cuda_backend_cases import hopper, multistage, random_multistage
+from cuda_backend_cases import WGMMA_CONFIGS, hopper, multistage, random_multistage
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def _check(program, artifact, runner):
     return result
 
 
-MULTISTAGE = _valid(random_multistage(32))
+MULTISTAGE = _valid(random_multistage(32) + random_multistage(24, seed=7, configs=WGMMA_CONFIGS, wgmma=True))
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,8 @@ PERSISTENT = [
                tile=(128, 128, 64), warps=(2, 2), stages=3, scheduler="persistent"),
     multistage(Problem(8192, 2048, 128, a_major="col", epilogue=Epilogue(out_dtype="bf16")),
                tile=(256, 128, 64), warps=(4, 2), stages=2, scheduler="persistent", raster="n", swizzle=4),
+    multistage(Problem(8200, 2047, 200, a_major="col", b_major="col", epilogue=Epilogue(bias="n")),
+               tile=(128, 256, 64), warps=(8, 1), stages=4, scheduler="persistent", wgmma=True),
 ]
 
 
@@ -142,6 +144,8 @@ STREAM_K = [
                tile=(64, 64, 64), warps=(2, 2), stages=4, scheduler="stream_k"),
     multistage(Problem(72, 136, 2112, a_major="col", epilogue=Epilogue(out_dtype="bf16")),
                tile=(32, 32, 64), warps=(2, 2), stages=4, scheduler="stream_k", swizzle=4),
+    multistage(Problem(1000, 2056, 4104, b_major="row", epilogue=Epilogue(bias="n", residual=True)),
+               tile=(128, 128, 64), warps=(8, 1), stages=4, scheduler="stream_k", wgmma=True),
 ]
 
 

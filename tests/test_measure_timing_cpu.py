@@ -108,3 +108,44 @@ def test_no_recorded_gpu_work_is_an_error_not_a_zero():
         _summarise(_entry([0.0, 0.0]), "offline", TimingOptions())
     with pytest.raises(MeasureError, match="no GPU work"):
         _summarise(_entry([]), "offline", TimingOptions())
+
+
+def test_a_lost_profiler_record_costs_a_second_run_not_the_batch(monkeypatch):
+    """attribute_activities fails when the profiler lost one flush marker; the batch is profiled
+    again, and only after PROFILE_ATTEMPTS failures does every kernel of it carry the error."""
+    import contextlib
+    import types
+
+    import torch.profiler
+
+    from gemmgen.measure import timing
+
+    class Profile(contextlib.AbstractContextManager):
+        profiler = types.SimpleNamespace(kineto_results=types.SimpleNamespace(events=lambda: []))
+
+        def __exit__(self, *exc):
+            return None
+
+    runs, outcomes = [], []
+    monkeypatch.setattr(torch.profiler, "profile", lambda **kw: Profile())
+    monkeypatch.setattr(timing, "_schedule", lambda *a: runs.append(1))
+
+    def attribute(events):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(timing, "attribute_activities", attribute)
+    lost = MeasureError("cannot place 7801 GPU activities launched outside torch ops: 4199 flush markers for 4200 calls")
+
+    entry = _entry([])
+    outcomes[:] = [lost, {0: [[("gemm", 40_000)], [("gemm", 42_000)]]}]
+    timing._profile_device([entry], "offline", TimingOptions(), None, lambda: None)
+    assert len(runs) == 2 and entry.error is None and entry.device_us == [40.0, 42.0]
+
+    runs.clear()
+    entry = _entry([])
+    outcomes[:] = [lost] * timing.PROFILE_ATTEMPTS
+    timing._profile_device([entry], "offline", TimingOptions(), None, lambda: None)
+    assert len(runs) == timing.PROFILE_ATTEMPTS and entry.error is lost and entry.device_us == []

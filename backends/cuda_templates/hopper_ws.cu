@@ -84,32 +84,12 @@ __device__ __forceinline__ void tma_load_multicast(unsigned dst, const TmaDescri
       :: "r"(dst), "l"(map), "r"(inner), "r"(outer), "r"(bar), "h"(cta_mask) : "memory");
 }
 
-// ---- wgmma ------------------------------------------------------------------------
-// Shared-memory matrix descriptor (128-byte swizzle): start address >> 4 in bits
-// 0-13, leading byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45,
-// base offset 0 (every swizzle atom is 1024-byte aligned), layout 1 = 128B swizzle
-// in bits 62-63.
-__device__ __forceinline__ unsigned long long smem_descriptor(unsigned addr, unsigned lbo, unsigned sbo) {
-  unsigned long long desc = (unsigned long long)((addr & 0x3FFFF) >> 4);
-  desc |= (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16;
-  desc |= (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32;
-  desc |= 1ull << 62;
-  return desc;
-}
-
-// How one operand tile (TILE_MN x BK) sits in shared memory, and its TMA boxes.
-//  K-contiguous: one box of BK x TILE_MN; row mn is 128 bytes (BK fp16) at mn*128,
-//    8-row core groups 1024 B apart (SBO); LBO unused. Step kk*16 along K = +32 B
-//    inside the swizzle atom.
-//  MN-contiguous: TILE_MN/64 boxes of 64 (MN) x BK (K), each 64*BK*2 bytes; inside a
-//    box k row r is 128 bytes at r*128; 8-row groups along K are 1024 B apart (SBO),
-//    64-wide MN blocks are one box apart (LBO). Step kk*16 along K = +16 rows.
+// One operand tile's TMA boxes (its layout and wgmma descriptors: wgmma.cuh).
+//  K-contiguous: one box of BK x TILE_MN. MN-contiguous: TILE_MN/64 boxes of 64 (MN) x BK (K).
 template <int TILE_MN, bool K_CONTIG>
 struct OperandTile {
-  static constexpr unsigned BOX_BYTES = 64u * BK * 2u;
   __device__ static __forceinline__ unsigned long long descriptor(unsigned stage, int mn_offset, int kk) {
-    if (K_CONTIG) return smem_descriptor(stage + mn_offset * (BK * 2) + kk * 32, 16, 1024);
-    return smem_descriptor(stage + (mn_offset / 64) * BOX_BYTES + kk * 16 * 128, BOX_BYTES, 1024);
+    return wgmma_descriptor<K_CONTIG>(stage, mn_offset, kk);
   }
   // Load rows [mn0 + first_row, + rows) of the tile at k0 into the same rows of `stage`.
   __device__ static __forceinline__ void load(unsigned stage, const TmaDescriptor* map, unsigned bar,
@@ -120,7 +100,7 @@ struct OperandTile {
       else tma_load(dst, map, bar, k0, mn0 + first_row);
     } else {
       for (int blk = first_row / 64; blk < (first_row + rows) / 64; ++blk) {
-        unsigned dst = stage + blk * BOX_BYTES;
+        unsigned dst = stage + blk * WGMMA_BOX_BYTES;
         if (mcast) tma_load_multicast(dst, map, bar, mn0 + blk * 64, k0, mcast);
         else tma_load(dst, map, bar, mn0 + blk * 64, k0);
       }
@@ -129,13 +109,6 @@ struct OperandTile {
 };
 using TileA = OperandTile<BM, A_K_CONTIG>;
 using TileB = OperandTile<BN, B_K_CONTIG>;
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
-
-WGMMA_FUNCTION
 
 // Row half h of 8-column blocks 4g .. 4g+3 of one wgmma accumulator block: what one lane
 // quad stores together (epilogue_store_quad, epilogue_store_block_staged).

@@ -6,128 +6,29 @@
 // them atomically into a workspace whose last-arriving CTA applies the epilogue.
 // Stream-K (STREAM_K) deals the (tile, k tile) iterations out evenly over one
 // wave of CTAs; the CTA that began a tile adds the others' partials in K order.
+// With WGMMA (`instr wgmma`) the same ring is laid out as wgmma reads it (wgmma.cuh)
+// and warpgroups issue wgmma from it instead of ldmatrix + mma.sync.
+// The ring's tiles and the copies that fill them: multistage_ring.cuh.
 // ---------------------------------------------------------------------------
-#define THREADS (WARPS_M * WARPS_N * 32)
+#if WGMMA
+// Warpgroups of 4 warps stacked along M, WGS_M of them along M times WARPS_N along N; each
+// issues one m64nWARP_TILE_N wgmma per 64-row block. Warp w of a warpgroup holds rows 16w ..
+// 16w + 15 of each block in mma.sync's accumulator layout: MMA_M_TILES blocks ACC_ROW_STEP
+// rows apart, each of MMA_N_TILES n8 tiles.
+#define WGS_M (WARPS_M / 4)
+#define WARP_TILE_M (BM / WGS_M)      // a warpgroup's rows
+#define WARP_TILE_N (BN / WARPS_N)
+#define MMA_M_TILES (WARP_TILE_M / 64)
+#define ACC_ROW_STEP 64
+#define LOADS_AHEAD (STAGES - 2)      // a slot is refilled once the wgmma before last is done
+#else
 #define WARP_TILE_M (BM / WARPS_M)
 #define WARP_TILE_N (BN / WARPS_N)
 #define MMA_M_TILES (WARP_TILE_M / 16)
+#define ACC_ROW_STEP 16
+#define LOADS_AHEAD (STAGES - 1)
+#endif
 #define MMA_N_TILES (WARP_TILE_N / 8)
-
-// A shared tile of ROWS rows x COLS fp16; its 16-byte chunks are XOR-swizzled
-// so that the 8 row addresses of one ldmatrix phase hit 8 distinct bank groups.
-template <int ROWS, int COLS>
-struct SwizzledTile {
-  static constexpr int CHUNKS = COLS / 8;                       // 16-byte chunks per row
-  static constexpr int ROWS_PER_LINE = CHUNKS >= 8 ? 1 : 8 / CHUNKS;  // rows per 128-byte line
-  static constexpr int PHASES = CHUNKS >= 8 ? 8 : CHUNKS;
-  static constexpr int ELEMS = ROWS * COLS;
-  static constexpr int BYTES = ELEMS * 2;
-  // A row's XOR phase repeats every 8 rows, so it depends on row % 8 alone.
-  static_assert(ROWS_PER_LINE * PHASES == 8, "the swizzle repeats every 8 rows");
-  __device__ static __forceinline__ int phase(int row) { return (row / ROWS_PER_LINE) & (PHASES - 1); }
-  // Byte offset of (row, col); col is a multiple of 8 for chunk accesses.
-  __device__ static __forceinline__ unsigned offset_bytes(int row, int col) {
-    return (unsigned)(row * COLS + (((col >> 3) ^ phase(row)) << 3) + (col & 7)) * 2u;
-  }
-};
-
-// One operand (A or B) seen as MN x K. K_CONTIG: stored with K contiguous
-// (element (mn, k) at mn*ld + k), kept in shared memory as [MN][K] rows;
-// otherwise MN contiguous (at k*ld + mn), kept as [K][MN] rows.
-//
-// Addresses are worked out once per thread, before the K loop (CUDA_NOTES.md, v4: computed
-// afresh for every copy and every ldmatrix they took ~300 of the K loop's ~390
-// instructions per k-tile, against 64 HMMA).
-template <int TILE_MN, bool K_CONTIG>
-struct Operand {
-  using Tile = SwizzledTile<K_CONTIG ? TILE_MN : BK, K_CONTIG ? BK : TILE_MN>;
-  static constexpr int CHUNKS = Tile::ELEMS / 8;
-  static constexpr int ROW_CHUNKS = Tile::CHUNKS;
-  static constexpr int PER_THREAD = (CHUNKS + THREADS - 1) / THREADS;
-  // A thread's chunks sit ROW_STEP rows apart in one column of the tile.
-  static constexpr int ROW_STEP = THREADS / ROW_CHUNKS;
-  static_assert(THREADS % ROW_CHUNKS == 0, "every thread copies one column of chunks");
-
-  // The global-to-shared copies of one thread: pointer and bounds of its first chunk, at
-  // the k tile it loads next.
-  struct Copier {
-    const f16_bits* src;     // chunk 0 at the next k tile to load
-    long long row_stride;    // elements between chunk j and chunk j + 1
-    long long tile_step;     // elements between one k tile and the next
-    unsigned dst;            // byte offset of chunk 0 within a stage
-    int row0, col;           // chunk 0 in the tile
-    unsigned mn_inside;      // bit j: chunk j lies inside M (or N)
-    int k_next;              // K index of the next k tile's first column (or row)
-
-    __device__ __forceinline__ Copier(const f16_bits* g, long long ld, int mn0, int MN, int k0, int tid) {
-      row0 = tid / ROW_CHUNKS;
-      col = (tid % ROW_CHUNKS) * 8;
-      k_next = k0;
-      dst = Tile::offset_bytes(row0, col);
-      mn_inside = 0u;
-#pragma unroll
-      for (int j = 0; j < PER_THREAD; ++j) {
-        const int mn = K_CONTIG ? mn0 + row0 + j * ROW_STEP : mn0 + col;
-        if (mn < MN) mn_inside |= 1u << j;
-      }
-      src = g + (K_CONTIG ? (long long)(mn0 + row0) * ld + k0 + col : (long long)(k0 + row0) * ld + mn0 + col);
-      row_stride = (long long)ROW_STEP * ld;   // rows are M (or N) when K_CONTIG, else K
-      tile_step = K_CONTIG ? (long long)BK : (long long)BK * ld;
-    }
-
-    // Issue the cp.async copies of the next k tile into the stage at byte address `stage`;
-    // chunks past MN or k_end are zero-filled: src-size 0 reads nothing from the (then
-    // out-of-bounds) address, and zeros add nothing to the product.
-    __device__ __forceinline__ void load(unsigned stage, int k_end) {
-      const f16_bits* p = src;
-      const int k_left = k_end - k_next;                       // columns (or rows) of K left
-#pragma unroll
-      for (int j = 0; j < PER_THREAD; ++j) {
-        if (CHUNKS % THREADS != 0 && row0 + j * ROW_STEP >= CHUNKS / ROW_CHUNKS) break;
-        const bool k_inside = K_CONTIG ? col < k_left : row0 + j * ROW_STEP < k_left;
-        const bool valid = ((mn_inside >> j) & 1u) && k_inside;
-        // The swizzle repeats every 8 rows: for ROW_STEP a multiple of 8, chunk j is chunk 0
-        // moved down j * ROW_STEP rows.
-        const unsigned d = ROW_STEP % 8 == 0 ? dst + (unsigned)(j * ROW_STEP * Tile::CHUNKS * 16)
-                                             : Tile::offset_bytes(row0 + j * ROW_STEP, col);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(stage + d), "l"(p), "r"(valid ? 16 : 0) : "memory");
-        p += row_stride;
-      }
-      src += tile_step;
-      k_next += BK;
-    }
-  };
-
-  // Where one lane's ldmatrix rows sit in a stage, worked out once. Fragment f (the f-th
-  // 16-row block of the warp's M or N) at k step kk is at
-  //   K-contiguous:  row_bytes + f * 16 * BK * 2    + (((kk >> 3) ^ x) << 4)
-  //   MN-contiguous: row_bytes + kk * TILE_MN * 2   + (((w8 + 2 f) ^ x) << 4)
-  // since every term of the row other than the lane's r = lane % 8 is a multiple of 8.
-  // `mn_half` / `k_half`: which 8 rows of M (or N) and which 8 of K this lane's matrix
-  // of the ldmatrix.x4 covers (A and B order their four matrices differently).
-  struct Fragments {
-    unsigned row_bytes;
-    int x, w8;
-
-    __device__ __forceinline__ Fragments(int mn_warp_base, int lane, int mn_half, int k_half) {
-      const int r = lane & 7;
-      if (K_CONTIG) {
-        row_bytes = (unsigned)((mn_warp_base + r + 8 * mn_half) * BK * 2);
-        x = k_half ^ Tile::phase(r);
-        w8 = 0;
-      } else {
-        row_bytes = (unsigned)((r + 8 * k_half) * TILE_MN * 2);
-        x = mn_half ^ Tile::phase(r);
-        w8 = mn_warp_base / 8;
-      }
-    }
-    __device__ __forceinline__ unsigned at(unsigned stage, int f, int kk) const {
-      return K_CONTIG ? stage + row_bytes + (unsigned)(f * 16 * BK * 2) + (unsigned)(((kk >> 3) ^ x) << 4)
-                      : stage + row_bytes + (unsigned)(kk * TILE_MN * 2) + (unsigned)(((w8 + 2 * f) ^ x) << 4);
-    }
-  };
-};
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -160,6 +61,30 @@ __device__ __forceinline__ void ldmatrix_fragment(unsigned (&f)[4], unsigned add
   else ldmatrix_x4_trans(f, addr);
 }
 
+#if WGMMA
+// Pins every accumulator at this point of the instruction stream (no instruction): reads of
+// them cannot move above a wgmma wait, nor writes below a wgmma that reads them.
+__device__ __forceinline__ void wgmma_hold(float (&acc)[MMA_M_TILES][MMA_N_TILES][4]) {
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) asm volatile("" : "+f"(acc[i][j][v]) :: "memory");
+}
+
+// The warpgroup's wgmma over one 16-deep k step of the stage: block i's accumulators are the
+// warp's acc[i] (an m64nWARP_TILE_N accumulator block is the mma.sync layout, n8 tile after n8 tile).
+__device__ __forceinline__ void wgmma_k_step(float (&acc)[MMA_M_TILES][MMA_N_TILES][4], unsigned sa, unsigned sb,
+                                             int wg_row, int wg_col, int kk) {
+  const unsigned long long db = wgmma_descriptor<B_K_CONTIG>(sb, wg_col, kk);
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+    wgmma_tile(reinterpret_cast<float (&)[MMA_N_TILES * 4]>(acc[i]),
+               wgmma_descriptor<A_K_CONTIG>(sa, wg_row + i * 64, kk), db, 1);
+}
+#endif
+
 #if MMA_N_TILES % 4 == 0
 // Row half h of m-tile i over n-tiles 4g .. 4g+3: the four 8-column blocks one lane quad
 // stores together (epilogue_store_quad, epilogue_store_block_staged).
@@ -173,7 +98,8 @@ __device__ __forceinline__ void quad_of(const float (&acc)[MMA_M_TILES][MMA_N_TI
 }
 
 // Every 8x32 block of this warp's accumulators, as `store(v, row, col)` with v from
-// quad_of: one loop for both epilogue paths, which differ only in the store.
+// quad_of: one loop for both epilogue paths, which differ only in the store. m-tile i starts
+// i * ACC_ROW_STEP rows below `row_base`.
 template <class Store>
 __device__ __forceinline__ void for_each_quad(const float (&acc)[MMA_M_TILES][MMA_N_TILES][4], int row_base,
                                               int col0, Store store) {
@@ -185,7 +111,7 @@ __device__ __forceinline__ void for_each_quad(const float (&acc)[MMA_M_TILES][MM
       for (int h = 0; h < 2; ++h) {
         float v[4][2];
         quad_of(acc, i, g, h, v);
-        store(v, row_base + i * 16 + h * 8, col0 + 32 * g);
+        store(v, row_base + i * ACC_ROW_STEP + h * 8, col0 + 32 * g);
       }
 }
 #endif
@@ -200,31 +126,32 @@ struct GemmArgs {
 };
 
 #if SPLIT_K == 1
-// One tile's epilogue when the CTA holds the whole K sum. `buffer`: 512 bytes of shared memory
-// for this warp, free for staged stores.
+// One tile's epilogue when the CTA holds the whole K sum. The warp's accumulators start at row
+// warp_row, column warp_col of the tile. `buffer`: 512 bytes of shared memory for this warp,
+// free for staged stores.
 __device__ __forceinline__ void store_tile(const EpilogueArgs& epi, const float (&acc)[MMA_M_TILES][MMA_N_TILES][4],
-                                           int m0, int n0, int M, int N, int warp_m, int warp_n, int lane,
+                                           int m0, int n0, int M, int N, int warp_row, int warp_col, int lane,
                                            unsigned buffer) {
   // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
-  const int row_base = m0 + warp_m * WARP_TILE_M + (lane >> 2);
+  const int row_base = m0 + warp_row + (lane >> 2);
 #if MMA_N_TILES % 4 == 0
   const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
 #if !OUT_DTYPE_F32
   // A tile wholly inside M x N (with 16-byte aligned rows) stores without bounds checks,
   // staging each 8x32 block through the warp's buffer: epilogue_store_block_staged.
   if (m0 + BM <= M && n0 + BN <= N && row_aligned16) {
-    for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
+    for_each_quad(acc, row_base, n0 + warp_col, [&](float (&v)[4][2], int row, int col) {
       epilogue_store_block_staged(epi, v, row, col, buffer);
     });
     return;
   }
 #endif
   // Four 8-column blocks at a time: one 16-byte store per lane (epilogue_store_quad).
-  for_each_quad(acc, row_base, n0 + warp_n * WARP_TILE_N, [&](float (&v)[4][2], int row, int col) {
+  for_each_quad(acc, row_base, n0 + warp_col, [&](float (&v)[4][2], int row, int col) {
     epilogue_store_quad(epi, v, row, col, M, N, row_aligned16);
   });
 #else
-  const int col_base = n0 + warp_n * WARP_TILE_N + (lane & 3) * 2;
+  const int col_base = n0 + warp_col + (lane & 3) * 2;
   const bool pair_aligned = (epi.ld_out % 2) == 0;
 #pragma unroll
   for (int i = 0; i < MMA_M_TILES; ++i)
@@ -233,7 +160,7 @@ __device__ __forceinline__ void store_tile(const EpilogueArgs& epi, const float 
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         epilogue_store_pair(epi, acc[i][j][2 * h], acc[i][j][2 * h + 1],
-                            row_base + i * 16 + h * 8, col_base + j * 8, M, N, pair_aligned);
+                            row_base + i * ACC_ROW_STEP + h * 8, col_base + j * 8, M, N, pair_aligned);
 #endif
 }
 #endif
@@ -262,7 +189,11 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   using OpA = Operand<BM, A_K_CONTIG>;
   using OpB = Operand<BN, B_K_CONTIG>;
   constexpr unsigned A_STAGE = OpA::Tile::BYTES, B_STAGE = OpB::Tile::BYTES;
+#if WGMMA
+  const unsigned smem_a = (smem_u32(smem_raw) + 1023u) & ~1023u;   // wgmma's swizzle atoms are 1024-byte aligned
+#else
   const unsigned smem_a = smem_u32(smem_raw);
+#endif
   const unsigned smem_b = smem_a + STAGES * A_STAGE;
 
   const int M = args.M, N = args.N, K = args.K;
@@ -277,7 +208,14 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   const int k_end = imin(K, kt_end * BK);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#if WGMMA
+  // Warpgroup (wg_m, wg_n); the warp's accumulators start at (warp_row, warp_col) of the tile.
+  const int wg_m = (warp / 4) % WGS_M, wg_n = (warp / 4) / WGS_M;
+  const int warp_row = wg_m * WARP_TILE_M + (warp % 4) * 16, warp_col = wg_n * WARP_TILE_N;
+#else
   const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+  const int warp_row = warp_m * WARP_TILE_M, warp_col = warp_n * WARP_TILE_N;
+#endif
 
 #if STREAM_K
   // This CTA's iterations [it_begin, it_end) of tiles x k_tiles (split_k is 1: k_tiles is all of K).
@@ -292,9 +230,11 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   raster_tile(load_tile, tiles_m, tiles_n, tile_m, tile_n);
   typename OpA::Copier copy_a(args.a, args.ld_a, tile_m * BM, M, (kt_begin + load_kt) * BK, tid);
   typename OpB::Copier copy_b(args.b, args.ld_b, tile_n * BN, N, (kt_begin + load_kt) * BK, tid);
+#if !WGMMA
   const int q = lane >> 3;
-  const typename OpA::Fragments frag_a(warp_m * WARP_TILE_M, lane, q & 1, q >> 1);
-  const typename OpB::Fragments frag_b(warp_n * WARP_TILE_N, lane, q >> 1, q & 1);
+  const typename OpA::Fragments frag_a(warp_row, lane, q & 1, q >> 1);
+  const typename OpB::Fragments frag_b(warp_col, lane, q >> 1, q & 1);
+#endif
 
   auto load_next = [&]() {  // the cursor's k tile into its ring slot, then the cursor moves on
 #if STREAM_K
@@ -333,7 +273,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   };
 
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) load_next();
+  for (int s = 0; s < LOADS_AHEAD; ++s) load_next();
 
   int g = 0;  // k tiles computed
   // Each pass computes k tiles [seg_from, seg_to) of one tile.
@@ -362,13 +302,24 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
         for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
     for (int kt = seg_from; kt < seg_to; ++kt, ++g) {
-      // k tile g has landed once at most STAGES-2 younger groups are in flight.
-      asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 2) : "memory");
+      // k tile g has landed once at most LOADS_AHEAD - 1 younger groups are in flight.
+      asm volatile("cp.async.wait_group %0;\n" :: "n"(LOADS_AHEAD - 1) : "memory");
+#if WGMMA
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the copies, seen by wgmma
+#endif
       __syncthreads();  // also: every warp is done reading the slot refilled next
       load_next();
 
       const unsigned sa = smem_a + (g % STAGES) * A_STAGE;
       const unsigned sb = smem_b + (g % STAGES) * B_STAGE;
+#if WGMMA
+      wgmma_hold(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) wgmma_k_step(acc, sa, sb, wg_m * WARP_TILE_M, warp_col, kk);
+      wgmma_commit();
+      wgmma_wait<1>();   // this k tile's wgmma may run on; the one before it has read its slot
+#else
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
         unsigned af[MMA_M_TILES][4];
@@ -385,7 +336,12 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
           for (int j = 0; j < MMA_N_TILES; ++j)
             mma_16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
       }
+#endif
     }
+#if WGMMA
+    wgmma_wait<0>();
+    wgmma_hold(acc);
+#endif
 
 #if STREAM_K
     if (seg_from > 0) {
@@ -431,20 +387,20 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #if SPLIT_K == 1 && (PERSISTENT || STREAM_K)
     // The ring already holds the next tile's first loads: the stores stage through 512 bytes
     // a warp past it, and no warp waits for the others.
-    store_tile(epi, acc, m0, n0, M, N, warp_m, warp_n, lane, smem_b + STAGES * B_STAGE + (unsigned)warp * 512u);
+    store_tile(epi, acc, m0, n0, M, N, warp_row, warp_col, lane, smem_b + STAGES * B_STAGE + (unsigned)warp * 512u);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #elif SPLIT_K == 1
     // No copy is in flight after the last k tile: once every warp is done reading the ring,
     // the stores stage through its first 512 bytes a warp.
     __syncthreads();
-    store_tile(epi, acc, m0, n0, M, N, warp_m, warp_n, lane, smem_a + (unsigned)warp * 512u);
+    store_tile(epi, acc, m0, n0, M, N, warp_row, warp_col, lane, smem_a + (unsigned)warp * 512u);
   }
 #else
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
-    const int row_base = m0 + warp_m * WARP_TILE_M + (lane >> 2);
-    const int col_base = n0 + warp_n * WARP_TILE_N + (lane & 3) * 2;
+    const int row_base = m0 + warp_row + (lane >> 2);
+    const int col_base = n0 + warp_col + (lane & 3) * 2;
 #if !SPLIT_ATOMIC
     // Workspace split-K: this slice's fp32 partial tile; splitk_reduce finishes.
     float* part = args.workspace + (long long)blockIdx.z * M * N;
@@ -454,7 +410,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+          int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
           if (row < M && col < N) {
             part[(long long)row * N + col] = acc[i][j][2 * h];
             if (col + 1 < N) part[(long long)row * N + col + 1] = acc[i][j][2 * h + 1];
@@ -469,7 +425,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+          int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
           if (row < M && col < N) {
             atomicAdd(args.workspace + (long long)row * N + col, acc[i][j][2 * h]);
             if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, acc[i][j][2 * h + 1]);
@@ -489,7 +445,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          int row = row_base + i * 16 + h * 8, col = col_base + j * 8;
+          int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
           if (row < M && col < N) {
             float* w = args.workspace + (long long)row * N + col;
             float s0, s1 = 0.f;

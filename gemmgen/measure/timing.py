@@ -45,6 +45,7 @@ from gemmgen.measure.numerics import median, quantile
 MODES = ("offline", "server", "warm")
 _CALL = "gemmgen.call."
 _FLUSH = "gemmgen.flush"
+PROFILE_ATTEMPTS = 3         # profiled runs of one batch before a lost record fails it
 
 
 @dataclass(frozen=True)
@@ -351,14 +352,20 @@ def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, fl
         with record_function(f"{_CALL}{i}"):
             entries[i].call()
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _schedule(entries, mode, options, flush, timed_call, on_round)
-    try:
-        attributed = attribute_activities(prof.profiler.kineto_results.events())
-    except MeasureError as exc:
-        for entry in entries:
-            entry.error = entry.error or exc
-        return
+    # The profiler now and then loses one record in thousands (session 26: one flush marker of
+    # 4,200 and of 6,600 calls, at 6 of 73 shapes), and then no launch outside torch ops can be
+    # placed: the batch is profiled again, from the same shuffle, before it counts as failed.
+    for attempt in range(PROFILE_ATTEMPTS):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _schedule(entries, mode, options, flush, timed_call, on_round)
+        try:
+            attributed = attribute_activities(prof.profiler.kineto_results.events())
+            break
+        except MeasureError as exc:
+            if attempt + 1 == PROFILE_ATTEMPTS:
+                for entry in entries:
+                    entry.error = entry.error or exc
+                return
     for index, calls in attributed.items():
         entry = entries[index]
         for acts in calls:
