@@ -80,23 +80,22 @@ def _multistage(problem: Problem) -> list[Program]:
         schedulers = ("tile", "persistent") if n_tiles > SMS else ("tile",)
         if n_tiles < 4 * SMS and p.k >= 1024:
             schedulers += ("stream_k",)
-        maths = [(Instr("mma", 16, 8, 16), tk, warps) for tk in (32, 64, 128) for warps in MMA_WARPS]
-        if tm <= 64 * math.ceil(p.m / 64) and tn <= 64 * math.ceil(p.n / 64):   # wgmma of zero rows: none
+        # (instruction, tile K, warps); no k tile twice as deep as K (half of it would be zeros)
+        maths = [(Instr("mma", 16, 8, 16), tk, warps) for tk in (32, 64, 128) if tk == 32 or p.k > tk // 2
+                 for warps in MMA_WARPS]
+        if p.k > 32 and tm <= 64 * math.ceil(p.m / 64) and tn <= 64 * math.ceil(p.n / 64):  # no wgmma on zero rows
             maths += [(Instr("wgmma", 64, tn // warps[1], 16), 64, warps) for warps in WGMMA_WARPS.get(tm, ())]
         for (instr, tk, warps), scheduler in itertools.product(maths, schedulers):
-            rings = WGMMA_STAGES if instr.kind == "wgmma" else STAGES
+            # A ring deeper than the K loop only costs shared memory and start-up (a
+            # persistent or stream-K ring runs on into the next tile: up to 4); 2 stages
+            # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
+            # wgmma's ring holds one slot more than its loads in flight.
+            k_tiles = math.ceil(p.k / tk)
+            deepest = (4 if scheduler != "tile" else max(2, k_tiles + 1)) + (instr.kind == "wgmma")
+            rings = [s for s in (WGMMA_STAGES if instr.kind == "wgmma" else STAGES)
+                     if s <= deepest and not (s == 2 and k_tiles > 4)]
             for stages, (split, reduce) in itertools.product(rings, splits if scheduler == "tile" else
                                                              [(1, "workspace")]):
-                if tk > 32 and p.k <= tk // 2:      # half the k tile would be zeros
-                    continue
-                # A ring deeper than the K loop only costs shared memory and start-up (a
-                # persistent or stream-K ring runs on into the next tile: up to 4); 2 stages
-                # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
-                # wgmma's ring holds one slot more than its loads in flight.
-                k_tiles = math.ceil(p.k / tk)
-                deepest = (4 if scheduler != "tile" else max(2, k_tiles + 1)) + (instr.kind == "wgmma")
-                if stages > deepest or (stages == 2 and k_tiles > 4):
-                    continue
                 prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
                                mainloop="multistage", instr=instr, stages=stages,
                                scheduler=scheduler, raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
@@ -187,8 +186,8 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     memory = (p.bytes + partials * 4 * 2) / DRAM_RATE
     stages = min(program.stages or 3, k_iters + 1)       # the ring fills at most the K loop
     in_flight = _loads_ahead(program, stages)
-    # Start-up: the ring's first loads. wgmma's deeper rings are not charged past 4 stages (its
-    # first wait is on the oldest k tile only; session 26's searches found 8 beat 6).
+    # Start-up: the ring's first loads. wgmma's rings are not charged past 4 stages: the first
+    # wait is on the oldest k tile only, and session 26's searches found 8 stages beat 6.
     ring_start = min(stages, 4) if _wgmma(program) else stages
     latency = LAUNCH_S + (ring_start + 2) * 0.1e-6 + split * 2.5e-6
     if stream_k:

@@ -353,8 +353,9 @@ def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, fl
             entries[i].call()
 
     # The profiler now and then loses one record in thousands (session 26: one flush marker of
-    # 4,200 and of 6,600 calls, at 6 of 73 shapes), and then no launch outside torch ops can be
-    # placed: the batch is profiled again, from the same shuffle, before it counts as failed.
+    # 4,200 or 6,600 calls, at 1 and at 5 of the 73 shapes of two searches), and then no launch
+    # outside torch ops can be placed: the batch is profiled again, from the same shuffle,
+    # before it counts as failed.
     for attempt in range(PROFILE_ATTEMPTS):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             _schedule(entries, mode, options, flush, timed_call, on_round)
