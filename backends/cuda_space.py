@@ -142,14 +142,17 @@ def _resident(program: Program) -> int:
     return max(1, min(by_regs, by_smem))
 
 
-def _wgmma(program: Program) -> bool:
-    return program.instr is not None and program.instr.kind == "wgmma"
+def _wgmma_ring(program: Program) -> bool:
+    """A multistage program whose cp.async ring wgmma reads (the TMA families' rings are
+    ranked as before session 26)."""
+    from gemmgen.backends import cuda_multistage as ms
+    return program.mainloop == "multistage" and ms.wgmma(program)
 
 
 def _loads_ahead(program: Program, stages: int) -> int:
     """k tiles a ring of `stages` keeps loading: one slot is being read, and with wgmma
     another still may be (CUDA_NOTES.md, session 26)."""
-    return max(1, stages - (2 if program.mainloop == "multistage" and _wgmma(program) else 1))
+    return max(1, stages - (2 if _wgmma_ring(program) else 1))
 
 
 def _k_iters(program: Program, problem: Problem) -> int:
@@ -165,7 +168,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     ctas = tiles * program.split_k
     k_iters = _k_iters(program, p)
     eff = _WS_TILE_EFF.get((program.mainloop, t.m, t.n), 0.6) if ws else _MS_TILE_EFF.get((t.m, t.n), 0.6)
-    rate_per_sm = (WGMMA_RATE if ws or _wgmma(program) else MMA_SYNC_RATE) * eff / SMS
+    rate_per_sm = (WGMMA_RATE if ws or _wgmma_ring(program) else MMA_SYNC_RATE) * eff / SMS
     stream_k = program.scheduler == "stream_k"
     if stream_k:
         from gemmgen.backends.cuda_multistage import stream_k_grid
@@ -188,7 +191,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     in_flight = _loads_ahead(program, stages)
     # Start-up: the ring's first loads. wgmma's rings are not charged past 4 stages: the first
     # wait is on the oldest k tile only, and session 26's searches found 8 stages beat 6.
-    ring_start = min(stages, 4) if _wgmma(program) else stages
+    ring_start = min(stages, 4) if _wgmma_ring(program) else stages
     latency = LAUNCH_S + (ring_start + 2) * 0.1e-6 + split * 2.5e-6
     if stream_k:
         latency += 1.0e-6 + 0.3e-6 * max(0, math.ceil(ctas / tiles) - 1)
@@ -251,7 +254,7 @@ def _tiebreak(q: Program, problem: Problem) -> tuple:
     of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
     # A persistent or stream-K ring runs across tiles: it fills 3 stages however short K is.
     depth = q.stages or 4
-    if q.mainloop == "multistage" and _wgmma(q):
+    if _wgmma_ring(q):
         # wgmma: the deepest ring the K loop fills, up to 8, then the deeper ones, then the
         # shallower (session 26's search: rings of 6 and 8 won 19 of the 40 shapes wgmma won,
         # 9 of those ranked 24th-29th when depth 4 came first).
