@@ -1,32 +1,15 @@
 """Backends: a DSL program in, CUDA out (Triton, CUTLASS templates, raw CUDA C).
 
-`get(name)` imports one backend module lazily, so that the validator can read a
-backend's `SUPPORT` without importing triton or CUTLASS.
+One package per backend (`triton/`, `cutlass/`, `cuda/`), each with lower, build, launch
+and space; `registry` is the one list of them. `validate` and `diagnose` compose the
+language's checks with the chosen backend's rules: that is what a program must pass
+before it is built.
 """
 from __future__ import annotations
 
-import importlib
-
 from gemmgen.backends.base import Artifact, BackendError, BackendModule, Launcher, Source, Support
+from gemmgen.backends.registry import NAMES, get, names
+from gemmgen.backends.support import diagnose, validate
 
-_MODULES = {
-    "triton": "gemmgen.backends.triton",
-    "cutlass": "gemmgen.backends.cutlass",
-    "cuda": "gemmgen.backends.cuda",
-}
-
-
-def get(name: str) -> BackendModule:
-    """The backend module called `name` (one of triton, cutlass, cuda)."""
-    try:
-        module = _MODULES[name]
-    except KeyError:
-        raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(_MODULES)}") from None
-    return importlib.import_module(module)  # type: ignore[return-value]
-
-
-def names() -> tuple[str, ...]:
-    return tuple(_MODULES)
-
-
-__all__ = ["Artifact", "BackendError", "BackendModule", "Launcher", "Source", "Support", "get", "names"]
+__all__ = ["NAMES", "Artifact", "BackendError", "BackendModule", "Launcher", "Source", "Support",
+           "diagnose", "get", "names", "validate"]

@@ -43,8 +43,8 @@ def anchors_after(shapes: list, args) -> list:
 def programs_for(problem, per_family: int, families=FAMILIES) -> list:
     """The space's first `per_family` valid programs of each family (the space gives each family
     half its slots, so it is asked for twice that many)."""
-    from gemmgen.backends import cuda_space
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends.cuda import search_space as cuda_space
+    from gemmgen.backends import diagnose
     chosen, count = [], dict.fromkeys(families, 0)
     for p in cuda_space.space(problem, limit=max(40, 2 * per_family)):
         if count.get(p.mainloop, per_family) < per_family and not diagnose(p):

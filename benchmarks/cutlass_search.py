@@ -133,7 +133,7 @@ def selected_kernel(problem):
 def candidates_for(shapes, top: int):
     """Per shape: the first `top` valid programs of the CUTLASS space."""
     from gemmgen.backends import cutlass
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
 
     chosen = {}
     for shape in shapes:

@@ -324,14 +324,14 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
     """Compile one variant and check its first output: (row so far, (call, reset), output)."""
     import torch
 
-    from gemmgen import torch_backend
+    from gemmgen.torch_compile import backend as torch_backend
 
     from torch._dynamo.utils import counters
 
     counters.clear()
     torch_backend.reset_stats()
     if variant.startswith("gemmgen"):
-        from gemmgen.torch_ops import clear_joined
+        from gemmgen.torch_compile.ops import clear_joined
 
         clear_joined()          # so joined_weights_mib counts this case's joins only
     fn = compiled(case.model, variant, args)
@@ -346,7 +346,7 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
     if not math.isfinite(row["max_rel_err"] or 0.0):
         row["note"] = "non-finite error"
     if variant.startswith("gemmgen"):
-        from gemmgen.torch_ops import joined_bytes
+        from gemmgen.torch_compile.ops import joined_bytes
 
         row["gemmgen"] = torch_backend.stats()
         row["kernels"] = kernels_used()
@@ -400,7 +400,7 @@ def pretune(cases, args) -> dict:
     """Compile each case with gemmgen once, collect the problems without a tuned kernel, tune them."""
     import torch
 
-    from gemmgen import torch_backend
+    from gemmgen.torch_compile import backend as torch_backend
 
     keys: dict = {}
     for case in cases:
@@ -414,14 +414,14 @@ def pretune(cases, args) -> dict:
     backends = [b for b in args.tune_backends.split(",") if b]
     reports = (torch_backend.tune_keys(list(keys), args.db, args.tune_budget, args.tune_time_s, backends=backends)
                if keys else {})
-    from gemmgen import torch_ops
+    from gemmgen.torch_compile import ops as torch_ops
 
     return {"problems": [torch_ops.problem_key(k) for k in keys], "tune_s": round(time.perf_counter() - t0, 1),
             "report": "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()) or "nothing to tune"}
 
 
 def kernels_used() -> list:
-    from gemmgen import torch_ops
+    from gemmgen.torch_compile import ops as torch_ops
 
     return [{"problem": torch_ops.problem_key(key), "backend": k.backend, "via": k.provenance.how}
             for key, k in torch_ops._KERNELS.items()]

@@ -2,7 +2,7 @@
 
 Problems: the fixed held-out 20 % of benchmarks/shapes/cudal2_1000.csv (seeded hash, never
 trained on) and the off-grid x @ W.T problems M in {1, 7, 33, 1000, 3000}, N = 11008, K = 4096
-(gemmgen.policy.data). With --max-problems (or a short --time-budget), a fixed subset: the
+(gemmgen.policy.training.data). With --max-problems (or a short --time-budget), a fixed subset: the
 off-grid five first, then held-out grid shapes spread over sizes, in a seeded random order.
 
 Per problem, every candidate of every method is built and measured once through the tuning loop
@@ -44,7 +44,7 @@ def pick_problems(limit: int | None, shard_spec: str | None = None, seed: int = 
     """The off-grid problems first, then grid problems spread over sizes, in a seeded random
     order, so that a run the time budget cuts short still covers every size."""
     from gemmgen.measure.shapes import shard
-    from gemmgen.policy.data import OFFGRID_M, heldout_problems
+    from gemmgen.policy.training.data import OFFGRID_M, heldout_problems
 
     problems = heldout_problems()
     offgrid = [p for p in problems if p.b_major == "col" and p.m in OFFGRID_M]
@@ -103,9 +103,9 @@ def main(argv=None) -> int:
     import torch
 
     from gemmgen.policy.lm_proposer import PolicyProposer
-    from gemmgen.policy.reward import BaselinesOnce
+    from gemmgen.policy.training.reward import BaselinesOnce
     from gemmgen.tune import tune
-    from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     warnings.simplefilter("ignore")

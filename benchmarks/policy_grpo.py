@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     start_from = Path(args.checkpoint) if args.checkpoint else pm.CHECKPOINT_DIR
     report: dict = {"start_checkpoint": args.checkpoint or "the shipped policy (policy/checkpoint)"}
     if args.sft_minutes > 0:
-        from gemmgen.policy.train_sft import main as sft_main
+        from gemmgen.policy.training.sft import main as sft_main
 
         sft_out = out / "sft"
         sft_args = ["--out", str(sft_out), "--work", str(out / "sft_work"), "--init", str(start_from),
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         report["sft"] = {"minutes": round((time.monotonic() - t0) / 60, 2), **pm.read_meta(sft_out).get("sft", {})}
         start_from = sft_out
 
-    from gemmgen.policy.train_grpo import grpo_chunk
+    from gemmgen.policy.training.grpo import grpo_chunk
 
     grpo_args = argparse.Namespace(
         checkpoint=str(start_from), out=str(out / "grpo"), db=args.db, problems=args.problems,

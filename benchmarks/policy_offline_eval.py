@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from gemmgen.dsl import to_text
-    from gemmgen.policy import data
+    from gemmgen.policy.training import data
     from gemmgen.policy.lm_proposer import PolicyProposer
     from gemmgen.policy.proposers import HeuristicProposer
     from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, shipped_database

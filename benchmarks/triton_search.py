@@ -3,7 +3,7 @@
 Per shape of the CSV (plus 4096^3 and 8192^3 unless --no-anchors; anchors first, the
 rest ordered so a run cut short by --time-budget still spans every FLOP bucket):
 
-1. space    gemmgen.backends.triton.space(problem): the first --top candidates that validate.
+1. space    gemmgen.backends.triton.search_space(problem): the first --top candidates that validate.
 2. build    every candidate of every shape with backends/build.py's process pool on all
             cores, BEFORE any timing; artifacts land in the disk cache (GEMMGEN_CACHE_DIR),
             so a second run builds nothing.
@@ -53,7 +53,7 @@ def anchors_first(shapes: list, args) -> list:
 
 def candidates_for(problem, top: int) -> list:
     from gemmgen.backends import triton as tb
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
 
     return [p for p in tb.space(problem) if not diagnose(p)][:top]
 

@@ -60,8 +60,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.measure.numerics import bucket_names, bucket_of
     from gemmgen.policy.proposers import get_proposer
     from gemmgen.tune import tune
-    from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
-    from gemmgen.tune_commands import tune_problems
+    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
+    from gemmgen.cli.tune import tune_problems
     from gemmgen.tuning_db import Database, default_db_path
     from gemmgen.tuning_db.exchange import export, merge
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from gemmgen.errors import GemmgenError
+
+
+class GemmgenError(Exception):
+    """Base of every error gemmgen raises on purpose; its message says what to do.
+
+    Defined here, in the language every room builds on, so the language imports no one;
+    `gemmgen.errors` is where the rest of gemmgen takes it from."""
 
 
 @dataclass(frozen=True)

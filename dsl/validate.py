@@ -1,18 +1,22 @@
 """`diagnose(program)` lists every problem, located; `validate(program)` raises the first.
 
-The checks live in checks.py (hardware and problem) and support.py (backend
-support); this module runs them in order and attaches each finding to the
-(line, column) of its statement, 0:0 for a program built in code.
+The language's own checks live in checks.py (hardware and problem). What a backend
+can realise is the backends' knowledge: `gemmgen.backends.validate` passes their rules
+in as `backend_rules`, so the language imports no one. This module runs the checks in
+order and attaches each finding to the (line, column) of its statement, 0:0 for a
+program built in code.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 from gemmgen.dsl.checks import CHECKS, VALUE_CHECKS
 from gemmgen.dsl.diagnostics import Diagnostic, ProgramError
 from gemmgen.dsl.hardware import SM90A, Hardware
 from gemmgen.dsl.ir import Program
-from gemmgen.dsl.support import check_support
+
+#: (program, run_extra_rules) -> (statement, message) findings of the program's backend.
+BackendRules = Callable[[Program, bool], Iterable[tuple[str, str]]]
 
 
 def _locate(program: Program, statement: str, message: str) -> Diagnostic:
@@ -28,14 +32,16 @@ def _locate(program: Program, statement: str, message: str) -> Diagnostic:
     return Diagnostic(line, column, message, statement)
 
 
-def diagnose(program: Program, hw: Hardware = SM90A, *, backend_support: bool = True) -> list[Diagnostic]:
-    """Every problem found: hardware and problem errors, then backend-support errors, each
-    group in source order (value errors alone if a field holds something outside the language)."""
+def diagnose(program: Program, hw: Hardware = SM90A, *,
+             backend_rules: Optional[BackendRules] = None) -> list[Diagnostic]:
+    """Every problem found: hardware and problem errors, then the backend's, each group in
+    source order (value errors alone if a field holds something outside the language).
+    A backend's extra rules run only on a program the language accepts."""
     value_errors = [f for check in VALUE_CHECKS for f in check(program, hw)]
     if value_errors:
         return _in_order(program, value_errors)
     findings = [f for check in CHECKS for f in check(program, hw)]
-    support = list(check_support(program, run_extra_rules=not findings)) if backend_support else []
+    support = list(backend_rules(program, not findings)) if backend_rules else []
     # Hardware and problem errors come first: they hold whatever the backend.
     return _in_order(program, findings) + _in_order(program, support)
 
@@ -45,9 +51,10 @@ def _in_order(program: Program, findings) -> list[Diagnostic]:
     return sorted(located, key=lambda d: (d.line, d.column))
 
 
-def validate(program: Program, hw: Hardware = SM90A, filename: Optional[str] = None) -> Program:
-    """The program itself if it can run; otherwise `ProgramError` for its first problem."""
-    problems = diagnose(program, hw)
+def validate(program: Program, hw: Hardware = SM90A, filename: Optional[str] = None, *,
+             backend_rules: Optional[BackendRules] = None) -> Program:
+    """The program itself if it passes; otherwise `ProgramError` for its first problem."""
+    problems = diagnose(program, hw, backend_rules=backend_rules)
     if problems:
         raise ProgramError.from_diagnostic(problems[0], filename)
     return program

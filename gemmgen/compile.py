@@ -219,7 +219,7 @@ def _smaller_or_equal(problem: Problem, tuned: Problem) -> bool:
 def _torch_speedup(trial) -> float:
     """A winner's speedup over torch.matmul, timed in its own session where it was (the library
     choice it competes with was timed that way too)."""
-    from gemmgen.tune import SAME_SESSION_BASELINE
+    from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 
     speedups = trial.speedups()
     return speedups.get(SAME_SESSION_BASELINE, speedups.get("torch", 0.0))
@@ -234,7 +234,8 @@ def _library_speedups(choice) -> dict[str, float]:
 
 
 def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -> Kernel:
-    from gemmgen.dsl import parse, validate
+    from gemmgen.dsl import parse
+    from gemmgen.backends import validate
     from gemmgen.dsl.diagnostics import ProgramError
 
     found = index.lookup(problem)
@@ -320,6 +321,29 @@ class _CallableModule(type(threading)):
 
     def __call__(self, *args, **kwargs) -> Kernel:
         return compile(*args, **kwargs)
+
+
+def bench_candidate(problem):
+    """`gemmgen bench`'s candidate 'gemmgen': the kernel a user gets, in the harness's calling
+    convention `fn(a, b, out, *, bias, residual, c, alpha, beta)`."""
+    kernel = compile(problem)
+
+    def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+        kernel(a, b, bias=bias, residual=residual, c=c, out=out, alpha=alpha, beta=beta)
+
+    fn.kernel = kernel      # provenance for whoever wants it
+    return fn
+
+
+def bench_candidate_notes(problem) -> dict:
+    """What `compile` served for the bench's row: exact winner, a neighbour's re-bound program,
+    a library algorithm or the baseline."""
+    kernel = compile(problem)
+    p = kernel.provenance
+    notes = {"how": p.how, "backend": kernel.backend}
+    if p.how == "nearest":
+        notes.update(tuned_problem=p.tuned_problem, distance=round(p.distance, 4))
+    return notes
 
 
 import sys as _sys  # noqa: E402

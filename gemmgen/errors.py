@@ -1,8 +1,8 @@
 """Errors a user meets. The command line prints these as one line, never a traceback."""
 
+from gemmgen.dsl.diagnostics import GemmgenError
 
-class GemmgenError(Exception):
-    """Base of every error gemmgen raises on purpose; its message says what to do."""
+__all__ = ["GemmgenError", "NoGPUError"]
 
 
 class NoGPUError(GemmgenError):

@@ -119,7 +119,10 @@ class Kernel:
             if self.library is not None:
                 self._source = library_source(self.problem, self.library)
             elif self.ir is None:
-                self._source = baseline_source(self.problem)
+                # Deferred: the runtime imports torch.
+                from gemmgen.runtime.torch_call import torch_call_source
+
+                self._source = torch_call_source(self.problem)
             else:
                 from gemmgen import backends
 
@@ -200,7 +203,7 @@ class Kernel:
     def _load(self):
         """Build (through the on-disk artifact cache) and load the launcher, once."""
         if self.library is not None:
-            from gemmgen.measure.library import library_launcher
+            from gemmgen.runtime.cublaslt import library_launcher
 
             try:
                 self._launch = library_launcher(self.problem, self.library.algorithm, self.library.version)
@@ -270,25 +273,7 @@ def _scalar(name: str, given, compiled: float, runtime: bool) -> float:
     return float(given)
 
 
-# -- the baseline: torch.matmul with the epilogue in torch ------------------------------
-
-
-def baseline_source(problem: Problem) -> str:
-    """What the baseline runs, as the Python a user would write (gemmgen.measure.baselines.make_torch)."""
-    e = problem.epilogue
-    lines = ["# gemmgen baseline: cuBLAS through torch (fp16 in, fp32 accumulate), epilogue as torch ops"]
-    if e.alpha == 1.0 and e.beta == 0.0:
-        lines.append("torch.matmul(a, b, out=out)")
-    else:
-        lines.append("torch.addmm(c if beta != 0 else out, a, b, alpha=alpha, beta=beta, out=out)")
-    if e.bias:
-        lines.append("out.add_(bias)" if e.bias == "n" else "out.add_(bias[:, None])")
-    if e.activation:
-        lines.append({"relu": "out.relu_()", "gelu": "out.copy_(F.gelu(out))",
-                      "silu": "F.silu(out, inplace=True)"}[e.activation])
-    if e.residual:
-        lines.append("out.add_(residual)")
-    return "\n".join(lines) + "\n"
+# -- the sources shown for a library kernel and for the baseline -----------------------
 
 
 def library_source(problem: Problem, choice) -> str:
@@ -300,7 +285,9 @@ def library_source(problem: Problem, choice) -> str:
              "# planned once: nvmath.linalg.advanced.Matmul(a, b, c=out, compute_type=COMPUTE_32F, inplace=True)",
              "#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)])",
              "# each call: cublasLtMatmul(handle, desc, a, b, out, out, <recorded algorithm>, workspace, stream)"]
-    epilogue = baseline_source(problem).splitlines()[2:]       # after the comment and the product
+    from gemmgen.runtime.epilogue import in_place_source  # deferred: imports torch
+
+    epilogue = in_place_source(problem.epilogue)
     lines += ["# then the epilogue in torch:", *epilogue] if epilogue else []
     return "\n".join(lines) + "\n"
 
@@ -308,6 +295,7 @@ def library_source(problem: Problem, choice) -> str:
 def baseline_launcher(problem: Problem):
     """The harness's own torch baseline (torch.matmul / addmm, epilogue as torch ops): the
     fallback is exactly what every winner was measured against."""
-    from gemmgen.measure.baselines import make_torch
+    # Deferred: the runtime imports torch.
+    from gemmgen.runtime.torch_call import torch_call
 
-    return make_torch(problem).fn
+    return torch_call(problem)

@@ -115,7 +115,8 @@ class PolicyProposer:
 
 def judge(problem: Problem, s, backends: Optional[Sequence[str]] = None) -> tuple[str, Optional[Program]]:
     """('ok', program) or (why not, None): incomplete, unparsed, invalid, other_backend."""
-    from gemmgen.dsl import ProgramError, validate
+    from gemmgen.dsl import ProgramError
+    from gemmgen.backends import validate
     from gemmgen.policy.prompt import program_from_answer
 
     if not s.complete:

@@ -26,19 +26,20 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence, runtime_che
 
 from gemmgen.dsl.ir import (MAINLOOPS, SCHEDULERS, SPLIT_K_REDUCES, PEAK_BYTES_PER_S,
                             PEAK_FLOPS, Instr, Problem, Program, Tile)
+from gemmgen.backends import registry
 from gemmgen.errors import GemmgenError
 
 SMS = 132
 L2_BYTES_PER_S = 10e12
 LAUNCH_S = 3e-6
 #: what a persistent kernel costs more than a one-CTA-per-tile one when there is little work:
-#: ~0.5 us on the H200 (`gemmgen.backends.triton_space.PERSISTENT_START_US`)
+#: ~0.5 us on the H200 (`gemmgen.backends.triton.search_space.PERSISTENT_START_US`)
 PERSISTENT_START_S = 0.5e-6
 #: the second kernel a split-K program launches (the reduction, or the epilogue after fp32 partials
 #: are added in place): split-K's best cost 1.35 us more than the best unsplit program at
 #: 64x64x256 and 0.9 us more at 64x64x512 (shipped database, H200)
 REDUCE_LAUNCH_S = 1.5e-6
-ALL_BACKENDS = ("triton", "cutlass", "cuda")
+ALL_BACKENDS = registry.NAMES
 
 
 @runtime_checkable
@@ -52,21 +53,12 @@ class Proposer(Protocol):
 
 
 def present_backends(names: Iterable[str] = ALL_BACKENDS) -> list:
-    """The backend modules that exist here (a backend not yet written is skipped)."""
-    from gemmgen import backends
-
-    modules = []
-    for name in names:
-        try:
-            modules.append(backends.get(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != f"gemmgen.backends.{name}":
-                raise
-    return modules
+    """The backend modules of `names`, from the registry."""
+    return [registry.get(name) for name in names]
 
 
 def _validate(program: Program) -> bool:
-    from gemmgen.dsl import validate
+    from gemmgen.backends import validate
     from gemmgen.dsl.diagnostics import ProgramError
 
     try:

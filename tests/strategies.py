@@ -12,10 +12,11 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from gemmgen.dsl import diagnose, ir
+from gemmgen.dsl import ir
+from gemmgen.backends import diagnose
 from gemmgen.dsl import resources as res
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
-from gemmgen.dsl.support import backend_support
+from gemmgen.backends.support import backend_support
 
 _small = st.integers(min_value=0, max_value=1 << 20)
 _dim = st.none() | st.integers(min_value=0, max_value=1 << 40)

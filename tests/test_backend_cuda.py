@@ -12,8 +12,9 @@ import shutil
 import pytest
 
 from gemmgen.backends import cuda
-from gemmgen.backends.cuda_compile import nvrtc_usable
-from gemmgen.dsl import diagnose, examples, parse
+from gemmgen.backends.cuda.compile import nvrtc_usable
+from gemmgen.dsl import examples, parse
+from gemmgen.backends import diagnose
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Tile
 
 from cuda_backend_cases import hopper, multistage, random_multistage
@@ -75,7 +76,7 @@ def test_multistage_wgmma_sass_has_hgmma_from_the_cp_async_ring(scheduler):
 
 def test_multistage_wgmma_rules():
     """What `instr wgmma` asks of a multistage program, each refusal naming the field to change."""
-    from gemmgen.backends import cuda_multistage as ms
+    from gemmgen.backends.cuda import multistage as ms
     base = multistage(Problem(2048, 2048, 2048), tile=(128, 128, 64), warps=(4, 1), stages=4, wgmma=True)
     assert ms.rules(base) == [] and ms.defines(base)["WGMMA"] == 1
     assert ms.smem_bytes(base) == 4 * 32768 + 1024                      # the ring moved up to 1024 bytes
@@ -115,7 +116,7 @@ def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
     a 128x128x64 tile on 2x4 warps issues 64 HMMA, 24 LDSM and 8 LDGSTS per k tile, and at
     most 100 other instructions (before session 12: 789 static instructions, with the
     copies in inner loops)."""
-    from gemmgen.backends.cuda_compile import sass
+    from gemmgen.backends.cuda.compile import sass
     program = multistage(Problem(128, 12288, 4096), tile=(128, 128, 64), warps=(2, 4), stages=4, swizzle=8)
     artifact = cuda.compile_program(program)
     loop = _k_loop(sass(artifact.data))
@@ -131,7 +132,7 @@ def test_space_tries_square_warp_tiles_first_among_ties():
     side, and square warp tiles (the wider in N among equals) were fastest. (wgmma's warpgroups
     stack along M: no layouts to choose between.)"""
     def order(shape, tile):
-        from gemmgen.backends import cuda_space
+        from gemmgen.backends.cuda import search_space as cuda_space
         problem = Problem(*shape)
         ranked = cuda_space._round_robin(cuda_space._multistage(problem), problem)
         return [q.warps for q in ranked if q.instr.kind == "mma" and (q.tile.m, q.tile.n) == tile
@@ -143,7 +144,7 @@ def test_space_tries_square_warp_tiles_first_among_ties():
 def test_unordered_split_k_is_one_launch_of_the_arrival_order_kernel():
     """`unordered` and `atomic` build the same kernel (fp32 workspace, the last CTA of a tile
     applies the epilogue): no second reduce kernel, any epilogue."""
-    from gemmgen.backends import cuda_multistage as ms
+    from gemmgen.backends.cuda import multistage as ms
     problem = Problem(256, 256, 4096, epilogue=Epilogue(bias="n", activation="gelu"))
     unordered = multistage(problem, tile=(64, 64, 64), split_k=8, reduce="unordered")
     workspace = multistage(problem, tile=(64, 64, 64), split_k=8, reduce="workspace")
@@ -156,7 +157,7 @@ def test_unordered_split_k_is_one_launch_of_the_arrival_order_kernel():
 def test_hopper_shared_memory_covers_the_epilogue_staging_buffers():
     """The kernel puts 512 bytes per consumer warp after the ring's barriers (16-byte
     aligned, behind a ring aligned to 1 KiB); what the launcher asks for must cover it."""
-    from gemmgen.backends import cuda_hopper as hop
+    from gemmgen.backends.cuda import hopper as hop
     for shape in ((4096, 4096, 4096), (8192, 8192, 8192), (1000, 1000, 1000)):
         for p in cuda.space(Problem(*shape)):
             if p.mainloop == "multistage":
@@ -208,7 +209,7 @@ def test_pingpong_compiles_with_hgmma_and_setmaxnreg():
 def test_pingpong_mainloops_take_turns_through_named_barriers():
     """Without turns, the second warpgroup ran ahead into full barriers two phases behind
     (their parity reads as complete) and the kernel faulted on the H200 at 4096^3."""
-    from gemmgen.backends.cuda_compile import sass
+    from gemmgen.backends.cuda.compile import sass
 
     def named_barriers(mainloop, warps):
         program = hopper(Problem(4096, 4096, 4096), tile=(128, 128, 64), mainloop=mainloop, warps=warps, stages=5)
@@ -301,7 +302,7 @@ def test_persistent_multistage_rules_launch_and_shared_memory():
     """`scheduler persistent` in the multistage family: whole K sums only (no split-K); one wave
     of CTAs at most; 512 bytes a warp past the ring for the stores, since the ring holds the
     next tile's loads."""
-    from gemmgen.backends import cuda_multistage as ms
+    from gemmgen.backends.cuda import multistage as ms
     problem = Problem(16384, 2048, 64)
     tile = multistage(problem, tile=(128, 128, 64), warps=(2, 2), stages=3)
     persistent = replace(tile, scheduler="persistent")
@@ -319,7 +320,7 @@ def test_stream_k_multistage_rules_grid_and_shared_memory():
     """`scheduler stream_k` in the multistage family: no split-K on top, warp tiles of at most 64
     accumulators a thread (a 64x64 warp tile spilled), stores staged past the ring as when
     persistent; one wave of CTAs, each at least STREAM_K_MIN_ITERS k tiles."""
-    from gemmgen.backends import cuda_multistage as ms
+    from gemmgen.backends.cuda import multistage as ms
     problem = Problem(512, 2048, 2048)
     sk = multistage(problem, tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k")
     assert ms.rules(sk) == [] and diagnose(sk) == []
@@ -334,7 +335,7 @@ def test_stream_k_multistage_rules_grid_and_shared_memory():
 
 
 def test_space_offers_stream_k_where_tiles_fill_under_four_waves():
-    from gemmgen.backends import cuda_space
+    from gemmgen.backends.cuda import search_space as cuda_space
     def schedulers(shape):
         return {q.scheduler for q in cuda_space._multistage(Problem(*shape))}
     assert "stream_k" in schedulers((512, 2048, 2048))
@@ -361,7 +362,7 @@ def test_walking_multistage_compiles_with_hmma_and_no_spills(scheduler, k, tile,
 
 
 def test_space_offers_persistent_twins_only_where_tiles_outnumber_the_sms():
-    from gemmgen.backends.cuda_space import space
+    from gemmgen.backends.cuda.search_space import space
 
     def schedulers(shape):
         return {q.scheduler for q in space(Problem(*shape), limit=400) if q.mainloop == "multistage"}

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 def _valid(programs):
     from gemmgen.backends import cuda
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
     keep = []
     for p in programs:
         errors = [d for d in diagnose(p) if getattr(d, "severity", "error") == "error"]
@@ -95,7 +95,8 @@ def test_multistage_small_ring_gets_every_cta_its_registers_allow():
     """The launcher asks for the largest shared-memory carveout, so that a small ring gets every
     CTA its registers allow: a 72 KB ring leaves room for three (228 KB an SM, 1 KB of it
     reserved per CTA), so the registers set the count."""
-    from gemmgen.backends import cuda, cuda_launch, cuda_multistage as ms
+    from gemmgen.backends import cuda
+    from gemmgen.backends.cuda import launch as cuda_launch, multistage as ms
     program = multistage(Problem(512, 2048, 2048, epilogue=Epilogue()), tile=(64, 128, 64), stages=3)
     artifact = cuda.compile_program(program)
     fn = cuda.load(artifact, program)
@@ -124,7 +125,8 @@ PERSISTENT = [
 def test_multistage_persistent_ctas_walk_many_tiles(index, runner):
     """The launch holds one wave of CTAs (what the SMs hold at once), fewer than the tiles, so
     each CTA's ring runs on into its next tiles; every output element is still right."""
-    from gemmgen.backends import cuda, cuda_multistage as ms
+    from gemmgen.backends import cuda
+    from gemmgen.backends.cuda import multistage as ms
     program = PERSISTENT[index]
     artifact = cuda.compile_program(program)
     fn = cuda.load(artifact, program)
@@ -154,7 +156,8 @@ def test_multistage_stream_k_ctas_finish_each_others_tiles(index, runner):
     """Passes the harness's checks, gives the same bits call after call (a tile's partials are
     added in K order), and leaves every CTA's flag at zero."""
     import torch
-    from gemmgen.backends import cuda, cuda_multistage as ms
+    from gemmgen.backends import cuda
+    from gemmgen.backends.cuda import multistage as ms
     program = STREAM_K[index]
     artifact = cuda.compile_program(program)
     _check(program, artifact, runner)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from gemmgen.backends import cutlass
-from gemmgen.backends.cutlass_emit import instance_spec, runtime_args
-from gemmgen.dsl import ProgramError, diagnose, examples, parse, to_text, validate
+from gemmgen.backends.cutlass.emit import instance_spec, runtime_args
+from gemmgen.dsl import ProgramError, examples, parse, to_text
+from gemmgen.backends import diagnose, validate
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +117,7 @@ def test_only_the_plain_epilogue_at_alpha_1_is_built_unscaled():
     """The alpha-free build takes no alpha: its wrapper sets no epilogue scalars, its spec says so
     (and only there, so the digests of other builds stay as they were), and alpha 2 is a
     different build that scales."""
-    from gemmgen.backends.cutlass_emit import instance_spec
+    from gemmgen.backends.cutlass.emit import instance_spec
 
     plain = _program(Problem(None, None, None, "row", "col"))
     scaled = _program(Problem(None, None, None, "row", "col", epilogue=Epilogue(alpha=2.0)))
@@ -178,7 +179,7 @@ def test_grid_sms_refusals_say_why(program, phrase):
 
 
 def test_the_space_times_the_balanced_grid_where_the_last_round_is_partial():
-    from gemmgen.backends.cutlass_space import balanced_grid_sms, space
+    from gemmgen.backends.cutlass.search_space import balanced_grid_sms, space
 
     def grid(shape, **kw):
         return balanced_grid_sms(_program(Problem(*shape, "row", "col"), **kw))
@@ -238,7 +239,7 @@ def _findings(program):
 def test_refusals_are_located_and_say_why(program, statement, phrase):
     # The backend's rule says why; the validator refuses the program (the DSL's own
     # checks may speak first for what every backend shares, such as TMA alignment).
-    from gemmgen.backends.cutlass_rules import RULES
+    from gemmgen.backends.cutlass.rules import RULES
     mine = [(field, message) for rule in RULES for field, message in rule(program)]
     assert any(field == statement and phrase in m for field, m in mine), mine
     assert _findings(program)
@@ -350,18 +351,6 @@ def test_one_nvcc_build_gives_a_loadable_library(tmp_path, monkeypatch, program,
     assert cutlass.build(cutlass.lower(program)).path == artifact.path
 
 
-def test_hang_probe_covers_the_27_and_the_validator_refuses_only_stream_k_with_clusters():
-    from benchmark_scripts import load_script
-
-    probe = load_script("cutlass_hang_probe")
-    programs = probe.instances()
-    assert len(programs) == 27 and len({probe.name_of(p) for p in programs}) == 27
-    assert not any(p.mainloop == "ws_pingpong" and p.scheduler == "stream_k" for p in programs)
-    refused = {probe.name_of(p) for p in programs if diagnose(p.bind((4096, 4096, 4096)))}
-    assert refused == {probe.name_of(p) for p in programs if p.scheduler == "stream_k" and p.cluster != (1, 1)}
-    assert len(refused) == 6
-
-
 def test_a_moved_cache_still_finds_its_library(tmp_path, monkeypatch):
     from gemmgen.backends.base import Artifact, BackendError
 
@@ -426,7 +415,7 @@ def test_workspace_split_k_is_k_slices_of_a_batched_gemm_and_a_reduce_kernel():
     (_sliced(Problem(256, 128, 8192, "row", "col"), split=8, scheduler="stream_k"), "batched GEMM"),
 ])
 def test_workspace_split_k_refusals_say_why(program, phrase):
-    from gemmgen.backends.cutlass_rules import RULES
+    from gemmgen.backends.cutlass.rules import RULES
     messages = [m for rule in RULES for _, m in rule(program)]
     assert any(phrase in m for m in messages), messages
 
@@ -463,7 +452,7 @@ def test_only_the_cutlass_backend_takes_an_epilogue_tile():
 
 
 def test_the_space_offers_the_wide_epilogue_where_the_store_is_the_work():
-    from gemmgen.backends.cutlass_space import WIDE_EPILOGUE, library, space
+    from gemmgen.backends.cutlass.search_space import WIDE_EPILOGUE, library, space
 
     short = space(Problem(4096, 16384, 64, "row", "row"))
     assert short[0].epilogue_tile == (128, 128) and all(not diagnose(p) for p in short)

@@ -66,7 +66,7 @@ SCHEDULE_CASES = [
 
 
 def _valid_schedule_cases():
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
     return [(i, shape) for i, p in enumerate(SCHEDULE_CASES) for shape in SHAPES if not diagnose(p.bind(shape))]
 
 
@@ -76,7 +76,7 @@ SCHEDULE_SHAPE_CASES = _valid_schedule_cases()
 def _random_cases(count: int, seed: int = 5):
     """Random (program from the CUTLASS space, shape) pairs: the library the benchmark builds."""
     from gemmgen.backends import cutlass
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
 
     rng = random.Random(seed)
     out = []
@@ -129,7 +129,7 @@ def _group_artifacts(name: str, programs: list):
 
 def _check(program, artifacts, runner):
     from gemmgen.backends import cutlass
-    from gemmgen.dsl import validate
+    from gemmgen.backends import validate
     from gemmgen.measure import Job
 
     validate(program)
@@ -170,7 +170,7 @@ def test_one_build_serves_runtime_variants(runner):
     itself, so `-k runtime_variants` runs it without building the module's other 24."""
     from gemmgen.backends import cutlass
     from gemmgen.backends.build import build_many
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
 
     base = SCHEDULE_CASES[4].bind((2048, 2048, 4096))
     variants = [replace(base, raster=r, swizzle=s, split_k=k, split_k_reduce="unordered" if k > 1 else "workspace",
@@ -191,7 +191,7 @@ def test_persistent_grid_on_fewer_sms(runner):
     build: 4096^3 in 128x256 tiles on 128 SMs is 4 tiles a CTA. The products pass the harness's
     check. `-k persistent_grid` builds only its two instances."""
     from gemmgen.backends import cutlass
-    from gemmgen.backends.cutlass_space import balanced_grid_sms
+    from gemmgen.backends.cutlass.search_space import balanced_grid_sms
 
     wholes = [_program(Problem(None, None, None, "row", "row"), cluster=cluster, raster="n",
                        swizzle=8).bind((4096, 4096, 4096)) for cluster in ((1, 1), (2, 1))]
@@ -225,7 +225,7 @@ NARROW_SHAPES = ((129, 264, 72), (1000, 1000, 1000), (64, 40, 12288), (1024, 8, 
 
 
 def _valid_narrow_cases():
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
     return [(i, shape) for i, p in enumerate(NARROW_CASES) for shape in NARROW_SHAPES
             if not diagnose(p.bind(shape))]
 
@@ -265,7 +265,7 @@ def test_wide_n_tile_192(index, wide_n_artifacts, runner):
 # `tile ... epilogue=MxN` (session 20): every wide-epilogue build the space offers, at short-K
 # shapes with partial tiles in M, N and K, and two fused epilogues through the wider sub-tile.
 def _wide_epilogue_cases():
-    from gemmgen.backends.cutlass_space import WIDE_EPILOGUE
+    from gemmgen.backends.cutlass.search_space import WIDE_EPILOGUE
 
     shapes = ((4096, 2048, 64), (1000, 1000, 136), (264, 4104, 200))
     cases = [(_program(Problem(None, None, None, "row", "row"), tile=(tm, tn, 64), mainloop=mainloop,

@@ -9,9 +9,10 @@ pytest.importorskip("triton")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from gemmgen import dsl  # noqa: E402
+from gemmgen import backends, dsl  # noqa: E402
 from gemmgen.backends import build as builds  # noqa: E402
 from gemmgen.backends import triton as tb  # noqa: E402
+from gemmgen.backends.triton import compiler as triton_compiler  # noqa: E402
 from gemmgen.backends.base import BackendError  # noqa: E402
 from gemmgen.cache import CACHE_ENV  # noqa: E402
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile  # noqa: E402
@@ -65,12 +66,12 @@ REFUSED = {
 def test_unsupported_features_are_refused_by_the_validator_with_a_location(what):
     base = (triton_examples()["triton_generic"].read_text()
             .replace("gemm *x*x*", "gemm 4096x4096x4096").replace("warps 2x2", "warps 4x1"))
-    dsl.validate(dsl.parse(base))
+    backends.validate(dsl.parse(base))
     old, new = REFUSED[what]
     text = base.replace(old, new)
     assert text != base
     with pytest.raises(dsl.ProgramError) as info:
-        dsl.validate(dsl.parse(text, filename="k.gemm"), filename="k.gemm")
+        backends.validate(dsl.parse(text, filename="k.gemm"), filename="k.gemm")
     err = info.value
     assert err.line > 0 and err.column > 0
     assert str(err).startswith("k.gemm:")
@@ -126,7 +127,7 @@ def test_split_k_lowers_a_second_kernel_that_reduces_in_order():
                               epilogue=Epilogue(out_dtype="f32")))
     assert "tl.atomic_add" in atomic.text and "tl.atomic_xchg(ws" in atomic.text
     # `unordered`: the same fp32 buffer, and the epilogue after it, so f16 out and an activation are fine
-    unordered = dsl.validate(program(64, 64, 4096, split_k=4, split_k_reduce="unordered", tile=(64, 64, 64),
+    unordered = backends.validate(program(64, 64, 4096, split_k=4, split_k_reduce="unordered", tile=(64, 64, 64),
                                      warps=(4, 1), epilogue=Epilogue(activation="gelu")))
     lowered = tb.lower(unordered)
     assert "tl.atomic_add" in lowered.text and lowered.meta["split_k_reduce"] == "unordered"
@@ -134,7 +135,7 @@ def test_split_k_lowers_a_second_kernel_that_reduces_in_order():
     # had not yet added in, on the H200 (docs/backends.md, "Split-K in arrival order")
     assert "tl.atomic_xchg(ws.to(tl.pointer_type(tl.int32))" in lowered.text and "tl.load(ws" not in lowered.text
     with pytest.raises(Exception, match="gelu would see partial sums"):
-        dsl.validate(replace(unordered, split_k_reduce="atomic"))
+        backends.validate(replace(unordered, split_k_reduce="atomic"))
 
 
 def test_persistent_lowers_to_tma_descriptors():
@@ -160,7 +161,7 @@ def _sass_facts(artifact) -> str:
 
 @pytest.mark.parametrize("name", sorted(triton_examples()))
 def test_every_triton_example_lowers_and_compiles_to_sm_90a(name):
-    p = dsl.validate(dsl.parse(triton_examples()[name].read_text(), filename=name))
+    p = backends.validate(dsl.parse(triton_examples()[name].read_text(), filename=name))
     art = tb.build(tb.lower(p))
     assert art.backend == "triton" and art.meta["arch"] == "sm_90a"
     for k in art.meta["kernels"]:
@@ -182,13 +183,13 @@ def test_valid_programs_compile(p):
 
 
 def test_second_build_is_a_cache_hit(monkeypatch):
-    p = dsl.validate(dsl.parse(triton_examples()["triton_split_k"].read_text()))
+    p = backends.validate(dsl.parse(triton_examples()["triton_split_k"].read_text()))
     first = tb.build(tb.lower(p))
 
     def no_compile(*a, **k):
         raise AssertionError("compiled again despite a cached artifact")
 
-    monkeypatch.setattr(tb, "compile_kernels", no_compile)
+    monkeypatch.setattr(triton_compiler, "compile_kernels", no_compile)
     again = tb.build(tb.lower(p))
     assert again.key == first.key and again.meta["kernels"][0]["cubin"] == first.meta["kernels"][0]["cubin"]
 
@@ -211,7 +212,7 @@ def test_space_is_valid_pruned_and_ordered(shape):
     cands = tb.space(problem)
     assert 1 <= len(cands) <= 60 and len(set(cands)) == len(cands)
     for c in cands:
-        assert not dsl.diagnose(c), (c, dsl.diagnose(c))
+        assert not backends.diagnose(c), (c, backends.diagnose(c))
     m, n, k = shape
     if m == 64:
         assert all(c.tile.m == 64 for c in cands)
@@ -225,7 +226,7 @@ def test_space_is_valid_pruned_and_ordered(shape):
 
 def test_space_for_generic_problem():
     cands = tb.space(Problem(None, None, None))
-    assert cands and all(not dsl.diagnose(c) for c in cands)
+    assert cands and all(not backends.diagnose(c) for c in cands)
 
 
 # -- numbers: the generated text run by Triton's interpreter -----------------------------------
@@ -289,7 +290,7 @@ INTERPRETED = [
 
 
 def test_generated_kernels_compute_the_right_numbers_under_the_interpreter():
-    from gemmgen.backends.triton_launch import interpret_many
+    from gemmgen.backends.triton.launch import interpret_many
 
     cases, refs = [], []
     for i, (p, shape) in enumerate(INTERPRETED):

@@ -49,7 +49,7 @@ def _program(shape, majors, epilogue, config) -> Program:
 
 
 def _valid(programs):
-    from gemmgen.dsl import diagnose
+    from gemmgen.backends import diagnose
     return [p for p in programs if not diagnose(p)]
 
 

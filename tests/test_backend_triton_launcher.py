@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from gemmgen.backends import triton as tb  # noqa: E402
-from gemmgen.backends import triton_launch  # noqa: E402
+from gemmgen.backends.triton import launch as triton_launch  # noqa: E402
 from gemmgen.backends.base import Artifact, BackendError  # noqa: E402
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile  # noqa: E402
 

@@ -42,7 +42,7 @@ def test_baseline_kernel_is_right(tmp_path):
 def test_tune_then_compile_one_shape(tmp_path):
     from gemmgen.policy.proposers import get_proposer
     from gemmgen.tune import tune
-    from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
 
     clear_cache()
     problem = Problem(2048, 2048, 1024)

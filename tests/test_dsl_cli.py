@@ -9,7 +9,6 @@ import pytest
 from gemmgen.cli import main
 from gemmgen.dsl import examples
 
-pytestmark = pytest.mark.filterwarnings("ignore::gemmgen.dsl.support.BackendRuleWarning")
 
 GOOD = """\
 gemm 1024x1024x1024 a=row b=col c=row in=f16 acc=f32

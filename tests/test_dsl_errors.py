@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemmgen.backends.base import Support
-from gemmgen.dsl import ProgramError, diagnose, ir, parse, validate
-from gemmgen.dsl import support as support_module
+from gemmgen.dsl import ProgramError, ir, parse
+from gemmgen.backends import diagnose, validate
+from gemmgen.backends import registry
+from gemmgen.backends import support as support_module
+from gemmgen.dsl.validate import diagnose as language_diagnose
 
-pytestmark = pytest.mark.filterwarnings("ignore::gemmgen.dsl.support.BackendRuleWarning")
 
 # A valid program in canonical order: statement -> line number is its index + 1.
 BASE = {
@@ -40,8 +42,8 @@ def text(**lines: str) -> str:
 
 
 def test_base_programs_are_valid():
-    assert diagnose(parse(text()), backend_support=False) == []
-    assert diagnose(parse(text(**WS)), backend_support=False) == []
+    assert language_diagnose(parse(text())) == []
+    assert language_diagnose(parse(text(**WS))) == []
 
 
 PARSE_ERRORS = [
@@ -139,7 +141,7 @@ ILLEGAL = [
 
 @pytest.mark.parametrize("lines,statement,message", ILLEGAL, ids=[c[2][:30] for c in ILLEGAL])
 def test_illegal_program_is_located(lines, statement, message):
-    found = diagnose(parse(text(**lines), filename="k.gemm"), backend_support=False)
+    found = language_diagnose(parse(text(**lines), filename="k.gemm"))
     located = [(d.line, d.column) for d in found if message in d.message]
     assert located, [d.message for d in found]
     assert located[0] == (LINE[statement], 1)
@@ -155,7 +157,7 @@ def test_validate_raises_the_first_problem_in_source_order():
 
 def test_program_built_in_code_is_located_at_zero():
     program = dataclasses.replace(parse(text()), spans={}, stages=9)
-    (problem, *_) = diagnose(program, backend_support=False)
+    (problem, *_) = language_diagnose(program)
     assert (problem.line, problem.column) == (0, 0)
     assert "stages 9" in problem.message
 
@@ -213,21 +215,37 @@ def test_defaulted_statement_points_at_gemm_and_says_so(fake_support):
     assert "there is no `stages` line, so its default applies" in problem.message
 
 
-def test_a_failing_backend_rule_warns_and_is_skipped(fake_support):
-    with pytest.warns(support_module.BackendRuleWarning, match="half-written rule"):
-        diagnose(parse(text(tile="tile 64x64x64", warps="warps 2x2")))
+def test_a_failing_backend_rule_refuses_the_program(fake_support):
+    """Validation fails closed: a rule that raises is a located refusal, not a skipped check."""
+    found = diagnose(parse(text(tile="tile 64x64x64", warps="warps 2x2")))
+    refusals = [d for d in found if "half-written rule" in d.message]
+    assert len(refusals) == 1 and refusals[0].statement == "backend"
+    assert (refusals[0].line, refusals[0].column) == (LINE["backend"], 1)
+    assert "refused rather than built unchecked" in refusals[0].message
+    with pytest.raises(ProgramError, match="half-written rule"):
+        validate(parse(text(tile="tile 64x64x64", warps="warps 2x2")))
 
 
-def test_absent_backend_module_skips_only_the_support_check(monkeypatch):
-    from gemmgen import backends
-
+def test_a_backend_that_does_not_import_refuses_the_program(monkeypatch):
     def missing(name):
-        raise ModuleNotFoundError(f"No module named 'gemmgen.backends.{name}'", name=f"gemmgen.backends.{name}")
+        raise ModuleNotFoundError(f"No module named 'cutlass_library'", name="cutlass_library")
 
-    monkeypatch.setattr(backends, "get", missing)
-    assert support_module.backend_support("cuda") is None
-    program = parse(text(stages="stages 6"))
-    assert [d.statement for d in diagnose(program)] == ["stages"]
+    monkeypatch.setattr(registry, "get", missing)
+    with pytest.raises(support_module.BackendUnavailable, match="cutlass_library"):
+        support_module.backend_support("cuda")
+    found = diagnose(parse(text()))
+    assert [d.statement for d in found] == ["backend"]
+    assert "did not import" in found[0].message and "cutlass_library" in found[0].message
+    # The language's own checks do not need the backend.
+    assert language_diagnose(parse(text())) == []
+
+
+def test_the_registry_is_the_languages_list_of_backends():
+    """The language names the backends in its grammar; the registry must list the same ones."""
+    from gemmgen.dsl.parser import grammar_text
+
+    assert registry.NAMES == ir.BACKENDS
+    assert f'BACKEND: {" | ".join(repr(n).replace(chr(39), chr(34)) for n in ir.BACKENDS)}' in grammar_text()
 
 
 def test_errors_pickle_for_process_pools():

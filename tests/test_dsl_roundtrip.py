@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from gemmgen.dsl import ProgramError, diagnose, examples, ir, parse, to_text, validate
+from gemmgen.dsl import ProgramError, examples, ir, parse, to_text
+from gemmgen.backends import diagnose, validate
 from gemmgen.dsl.parser import parse_with_comments
 from gemmgen.dsl.printer import to_text_with_comments
 from strategies import programs, valid_programs
 
 # a backend still being written may have a rule that fails; the validator skips it with a warning
-pytestmark = pytest.mark.filterwarnings("ignore::gemmgen.dsl.support.BackendRuleWarning")
 
 EXAMPLES = examples()
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "dsl.md"

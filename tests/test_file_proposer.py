@@ -2,7 +2,8 @@
 import pytest
 
 from gemmgen.cli import main
-from gemmgen.dsl import parse, validate
+from gemmgen.dsl import parse
+from gemmgen.backends import validate
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import FileProposer, Proposer, ProposerError, get_proposer
 

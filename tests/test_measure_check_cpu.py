@@ -4,7 +4,7 @@ import torch
 
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.measure import check
-from gemmgen.measure.cases import apply_epilogue
+from gemmgen.runtime.epilogue import reference as apply_epilogue
 
 P = Problem(48, 40, 256)
 

@@ -60,7 +60,7 @@ def test_fp16_accumulation_in_torch_chunks_fails():
 
 
 def test_fp16_accumulation_on_tensor_cores_fails():
-    from gemmgen.measure.planted_gpu import matmul_f16_acc
+    from planted_gpu import matmul_f16_acc
     assert "precision" in failures(matmul_f16_acc)
 
 
@@ -189,7 +189,7 @@ def test_library_launches_outside_torch_ops_are_counted():
 # ---- isolation ------------------------------------------------------------------------------
 
 def test_hung_and_faulting_kernels_cost_one_trial_each():
-    from gemmgen.measure import planted
+    import planted
     from gemmgen.measure.worker import Job, Runner
 
     small = Problem(256, 256, 256)

@@ -3,7 +3,7 @@ import pickle
 
 import pytest
 
-from gemmgen.measure import planted
+import planted
 from gemmgen.measure.errors import MeasureError
 from gemmgen.measure.worker import Job, Runner, TrialResult
 

@@ -54,7 +54,7 @@ def stub_gpu(monkeypatch):
     import torch
 
     torch.set_num_threads(1)
-    import gemmgen.tune_adapters as adapters
+    import gemmgen.tune.adapters as adapters
 
     monkeypatch.setattr(adapters, "PoolBuilder", StubPoolBuilder)
     monkeypatch.setattr(adapters, "WorkerRunner", StubWorkerRunner)

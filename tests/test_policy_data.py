@@ -1,7 +1,7 @@
 """The held-out split is fixed and never trained on; prompts state the problem and the hardware."""
 from gemmgen.dsl import parse
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.policy import data
+from gemmgen.policy.training import data
 from gemmgen.policy.prompt import HARDWARE_LINE, answer_statements, prompt_text
 
 

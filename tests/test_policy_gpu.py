@@ -7,12 +7,12 @@ import pytest
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.prompt import answer_text
 from gemmgen.policy.proposers import HeuristicProposer
-from gemmgen.policy.reward import FAILED_REWARD, INVALID_REWARD, SpeedupReward, problem_to_json
+from gemmgen.policy.training.reward import FAILED_REWARD, INVALID_REWARD, SpeedupReward, problem_to_json
 
 
 @pytest.mark.gpu
 def test_speedup_reward_on_the_gpu(tmp_path):
-    from gemmgen.tune_adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database
 
     problem = Problem(1024, 1024, 1024)

@@ -103,8 +103,8 @@ def test_smollm2_gguf_loads_converts_once_and_generates():
 def test_lora_trains_one_step_and_the_adapter_reloads(fixture_model_dir, tmp_path):
     from peft import LoraConfig
 
-    from gemmgen.policy import data
-    from gemmgen.policy.train_sft import SFTSettings, run_sft
+    from gemmgen.policy.training import data
+    from gemmgen.policy.training.sft import SFTSettings, run_sft
 
     base, tokenizer = pm.load_base_model(fixture_model_dir)
     rows = list(data.supervised_rows(data.heuristic_examples([PROBLEM], top=2)))

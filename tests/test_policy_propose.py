@@ -2,7 +2,8 @@
 import pytest
 
 from gemmgen.cli import main
-from gemmgen.dsl import parse, validate
+from gemmgen.dsl import parse
+from gemmgen.backends import validate
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.policy.lm_proposer import PolicyProposer
 from gemmgen.policy.model import CHECKPOINT_DIR, read_meta

@@ -10,9 +10,9 @@ import pytest
 
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem
-from gemmgen.policy import data
+from gemmgen.policy.training import data
 from gemmgen.policy.model import SmallConfig, new_small_model
-from gemmgen.policy.reward import (FAILED_REWARD, INVALID_REWARD, SpeedupReward, problem_from_json,
+from gemmgen.policy.training.reward import (FAILED_REWARD, INVALID_REWARD, SpeedupReward, problem_from_json,
                                    problem_to_json)
 from gemmgen.policy.prompt import answer_text, prompt_text
 from gemmgen.policy.tokenizer import train_tokenizer
@@ -46,7 +46,7 @@ def _changed(before, model):
 
 
 def test_one_supervised_step_changes_the_weights(tokenizer, teacher_programs, tmp_path):
-    from gemmgen.policy.train_sft import SFTSettings, run_sft
+    from gemmgen.policy.training.sft import SFTSettings, run_sft
 
     model = new_small_model(tokenizer, TINY)
     before = _snapshot(model)
@@ -74,7 +74,7 @@ def stub_reward_big_tiles(prompts, completions, **kwargs):
 
 
 def test_one_grpo_step_with_a_stub_reward(tokenizer, tmp_path):
-    from gemmgen.policy.train_grpo import GRPOSettings, run_grpo
+    from gemmgen.policy.training.grpo import GRPOSettings, run_grpo
 
     model = new_small_model(tokenizer, TINY, seed=2)
     before = _snapshot(model)

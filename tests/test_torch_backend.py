@@ -11,8 +11,8 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from gemmgen import torch_backend
-from gemmgen.torch_pass import GemmgenPass, PassOptions, _act_graph, _match_activation, major_of
+from gemmgen.torch_compile import backend as torch_backend
+from gemmgen.torch_compile.graph_pass import GemmgenPass, PassOptions, _act_graph, _match_activation, major_of
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,7 +84,7 @@ def test_pass_uuid_follows_the_options():
 
 def test_pass_uuid_follows_the_code_of_the_join(monkeypatch, tmp_path):
     """The joins' code is the pass's code too: a change to it must miss inductor's cache."""
-    from gemmgen import torch_join
+    from gemmgen.torch_compile import joins as torch_join
 
     before = GemmgenPass(PassOptions()).uuid()
     edited = tmp_path / "torch_join.py"
@@ -293,7 +293,7 @@ def gemm_nodes(graph):
 
 def test_cuda_matmuls_without_a_tuned_kernel_stay_with_inductor(tmp_path):
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_ops import clear_kernels
+    from gemmgen.torch_compile.ops import clear_kernels
 
     clear_cache(), clear_kernels(), torch_backend.reset_stats()
     db = str(tmp_path / "tuning.sqlite")
@@ -314,7 +314,7 @@ def test_cuda_matmuls_without_a_tuned_kernel_stay_with_inductor(tmp_path):
 def test_a_tuned_winner_is_taken(tmp_path):
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Epilogue, Problem
-    from gemmgen.torch_ops import clear_kernels
+    from gemmgen.torch_compile.ops import clear_kernels
 
     db = tmp_path / "tuning.sqlite"
     record_winner(db, Problem(64, 48, 32, "row", "col", epilogue=Epilogue(activation="relu")))
@@ -331,7 +331,7 @@ def test_a_tuned_winner_is_taken(tmp_path):
 def test_a_winner_that_saves_less_than_the_op_costs_is_not_taken(tmp_path):
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Epilogue, Problem
-    from gemmgen.torch_ops import clear_kernels
+    from gemmgen.torch_compile.ops import clear_kernels
 
     db = tmp_path / "tuning.sqlite"
     record_winner(db, Problem(64, 48, 32, "row", "col", epilogue=Epilogue(activation="relu")),
@@ -364,7 +364,7 @@ def test_a_fused_activation_competes_with_the_bare_matmul_when_inductor_would_fu
     fuses the silu into the mul, so the kernel must beat the bare cuBLAS matmul instead."""
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Epilogue, Problem
-    from gemmgen.torch_ops import clear_kernels
+    from gemmgen.torch_compile.ops import clear_kernels
 
     def run():
         clear_cache(), clear_kernels(), torch_backend.reset_stats()
@@ -414,8 +414,8 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch):
     """A short tuning budget spent on one-minute CUTLASS builds recorded nothing on the H200;
     tune_keys(backends=("triton",)) keeps the proposals to what builds in seconds."""
     import gemmgen.tune
-    import gemmgen.tune_adapters as adapters
-    from gemmgen import torch_ops
+    from gemmgen.torch_compile import ops as torch_ops
+    from gemmgen.torch_compile import tuning
 
     seen = {}
 
@@ -435,7 +435,7 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch):
         seen["proposed"] = {prog.backend for p in problems for prog in proposer.propose(p, 6)}
         return gemmgen.tune.TuneReport(shapes=len(problems))
 
-    monkeypatch.setattr(adapters, "WorkerRunner", NoGPU)
+    monkeypatch.setattr(tuning, "WorkerRunner", NoGPU)
     monkeypatch.setattr(gemmgen.tune, "tune", fake_tune)
     key = torch_ops.kernel_key(2048, 5632, 2048, "row", "col", False, False, "silu", 1.0, 0.0, 0)
     torch_backend.tune_keys([key, key], tmp_path / "t.sqlite", budget=6, time_budget_s=40, backends=("triton",))

@@ -4,7 +4,7 @@ Tiny models (2 layers, hidden 64): well under a minute each on an H200."""
 import pytest
 import torch
 
-from gemmgen import torch_backend
+from gemmgen.torch_compile import backend as torch_backend
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.gpu
@@ -100,7 +100,7 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
     then runs gemmgen-generated kernels for all of them and still matches eager. With CUDA
     graphs the calls go warm-up, recording, replays, and the replays follow new inputs."""
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_ops import _KERNELS, clear_kernels, problem_of
+    from gemmgen.torch_compile.ops import _KERNELS, clear_kernels, problem_of
 
     clear_cache(), clear_kernels()      # the op's kernels are cached by key; the other case made them
     model = tiny_llama().eval()
@@ -137,7 +137,7 @@ def test_split_k_workspaces_stay_out_of_the_cuda_graph_pool(fresh, tmp_path, bac
     its first call, which with CUDA graphs is the graph's warm-up; it must not land in the
     graph's pool, which inductor checks, and the replays must stay right on new inputs."""
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_ops import _KERNELS, clear_kernels, problem_of
+    from gemmgen.torch_compile.ops import _KERNELS, clear_kernels, problem_of
 
     clear_cache(), clear_kernels()      # the op's kernels are cached by key; the other backend's case made one
     w = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
@@ -165,7 +165,7 @@ def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, 
     winners for them (plumbing, not speed) the model joins q/k/v and gate/up, runs gemmgen
     kernels on the joined weights and matches eager, also after the weights change in place."""
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_ops import clear_kernels, joined_bytes, problem_of
+    from gemmgen.torch_compile.ops import clear_kernels, joined_bytes, problem_of
 
     clear_cache(), clear_kernels()      # the op's kernels are cached by key; earlier tests made some
     model = tiny_llama().eval()
@@ -196,7 +196,7 @@ def test_operands_made_by_pointwise_kernels_keep_the_majors_the_pass_chose(fresh
     true column-major views warms the same kernel's launcher, whose later calls skip the checks."""
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Problem
-    from gemmgen.torch_ops import clear_kernels
+    from gemmgen.torch_compile.ops import clear_kernels
 
     m, n, k = 512, 384, 256
     db = str(tmp_path / "user.sqlite")

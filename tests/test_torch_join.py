@@ -3,8 +3,8 @@ decision from the database's times, and the rewritten graph's numbers against ea
 import pytest
 import torch
 
-from gemmgen import torch_backend
-from gemmgen.torch_pass import GemmgenPass, PassOptions
+from gemmgen.torch_compile import backend as torch_backend
+from gemmgen.torch_compile.graph_pass import GemmgenPass, PassOptions
 
 transformers = pytest.importorskip("transformers")
 from test_torch_backend import fresh, record_winner, rel_err, tiny_llama  # noqa: E402,F401 - fresh is a fixture
@@ -42,7 +42,7 @@ def joined_nodes(graph):
 @pytest.fixture
 def clean():
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_ops import clear_kernels
+    from gemmgen.torch_compile.ops import clear_kernels
 
     clear_cache(), clear_kernels(), torch_backend.reset_stats()
     yield
@@ -141,7 +141,7 @@ def test_llama_joins_qkv_and_gate_up_and_matches_eager(fresh):
 def test_joined_weights_are_made_once_per_version_and_freed_with_the_weights():
     import gc
 
-    from gemmgen import torch_ops
+    from gemmgen.torch_compile import ops as torch_ops
 
     torch_ops.clear_kernels()
     ws = [torch.randn(n, K, dtype=torch.float16) for n in (16, 8)]     # (N_i, K) parameters
@@ -165,21 +165,6 @@ def test_joined_weights_are_made_once_per_version_and_freed_with_the_weights():
     del ws, first, second
     gc.collect()
     assert torch_ops.joined_bytes() == 0                              # the cache keeps no weight alive
-
-
-def test_the_sibling_benchmark_redraws_its_plot_and_refuses_to_run_without_a_gpu(tmp_path):
-    import json
-
-    from benchmark_scripts import BENCHMARKS, load_script
-
-    script = load_script("sibling_gemms")
-    rows = json.loads((BENCHMARKS / "results" / "sibling_gemms" / "results.json").read_text())["rows"]
-    assert {(r["group"], r["m"]) for r in rows} >= {("qkv", 2048), ("gate_up", 2048)}
-    script.plot(rows, tmp_path / "sibling_gemms.png")
-    assert (tmp_path / "sibling_gemms.png").stat().st_size > 10_000
-    if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-            script.main(["--out", str(tmp_path / "run")])
 
 
 def test_joins_in_training_leave_the_gradients_right(fresh):

@@ -76,7 +76,7 @@ def test_trials_timed_beside_torch_in_their_session_supersede_older_ones():
     can win there: the older trials' baselines were timed by another process."""
     from dataclasses import replace
 
-    from gemmgen.tune import SAME_SESSION_BASELINE
+    from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 
     def paired(t, torch_ms):
         return replace(t, baselines={**t.baselines, SAME_SESSION_BASELINE: BaselineTime(torch_ms, 0.01)})

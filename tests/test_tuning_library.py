@@ -12,7 +12,7 @@ from gemmgen.errors import NoGPUError
 from gemmgen.kernel import library_source
 from gemmgen.measure.comparison import REPLICATE_NOISE
 from gemmgen.measure.library import SEARCH, knob_changes
-from gemmgen.torch_pass import estimated_gain_us
+from gemmgen.torch_compile.graph_pass import estimated_gain_us
 from gemmgen.tune import library_choice, tune_library
 from gemmgen.tuning_db import Database, LibraryChoice, Trial
 from gemmgen.tuning_db.exchange import export, export_lines, merge, read_any
@@ -270,8 +270,8 @@ def _stub_search(monkeypatch, *, neighbours=(), session=None, failing=()):
     checked = []
     monkeypatch.setattr(baselines, "autotune_lt", lambda problem, options: (
         None, heuristic, 1, {"algo0": _Timed(1.0), "algo1": _Timed(0.9)}))
-    monkeypatch.setattr(baselines, "LtMatmul", Plan)
-    monkeypatch.setattr(baselines, "cublaslt_version", lambda: "130100")
+    monkeypatch.setattr(library, "LtMatmul", Plan)
+    monkeypatch.setattr(library, "cublaslt_version", lambda: "130100")
     monkeypatch.setattr(library, "neighbours", lambda lt, base, k: list(neighbours) if base is heuristic[1] else [])
     monkeypatch.setattr(library, "library_launcher", lambda p, text, version: checked.append(text) or text)
     monkeypatch.setattr(checking, "check", lambda fn, problem, seed=None: CheckResult(
@@ -344,7 +344,7 @@ def test_neighbours_meet_in_sessions_then_the_finalists_and_bases_together(monke
         sessions.append([int(name) for name, _, _ in kernels])
         return {name: _Timed(1.0 / (1 + int(name))) for name, _, _ in kernels}   # later entries are faster
 
-    monkeypatch.setattr(baselines, "LtMatmul", Plan)
+    monkeypatch.setattr(library, "LtMatmul", Plan)
     monkeypatch.setattr(timing, "time_many", time_many)
     size, n = library.SESSION_SIZE, library.SESSION_SIZE * 2 + 5
     entries = [(f"e{i}", i) for i in range(n)]
@@ -405,7 +405,7 @@ def test_direct_cublaslt_call_passes_the_operands_in_cublasLt_order():
     import numpy as np
 
     from gemmgen.errors import GemmgenError
-    from gemmgen.measure.library import DirectLt
+    from gemmgen.runtime.cublaslt import DirectLt
 
     class T:                                   # a tensor's face: pointer and device only
         def __init__(self, ptr, index=0):

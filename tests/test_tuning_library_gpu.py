@@ -11,9 +11,10 @@ import gemmgen  # noqa: E402
 from gemmgen.compile import clear_cache  # noqa: E402
 from gemmgen.dsl.ir import Epilogue, Problem  # noqa: E402
 from gemmgen.measure import check  # noqa: E402
-from gemmgen.measure.library import library_launcher, search_cublaslt  # noqa: E402
+from gemmgen.measure.library import search_cublaslt  # noqa: E402
+from gemmgen.runtime.cublaslt import library_launcher  # noqa: E402
 from gemmgen.tune import library_choice, tune_library  # noqa: E402
-from gemmgen.tune_adapters import WorkerRunner  # noqa: E402
+from gemmgen.tune.adapters import WorkerRunner  # noqa: E402
 from gemmgen.tuning_db import Database  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -61,7 +62,7 @@ def test_an_algorithm_of_another_version_is_refused():
 
 
 def test_library_choice_of_a_real_search_round_trips():
-    from gemmgen.tune_adapters import this_device
+    from gemmgen.tune.adapters import this_device
 
     problem = PROBLEMS[0]
     choice = library_choice(search_cublaslt(problem), problem, this_device())

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from gemmgen.dsl import validate
+from gemmgen.backends import validate
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import (HeuristicProposer, ProposerError, RandomProposer, estimated_seconds,
                                       get_proposer, present_backends, register_proposer)
@@ -143,7 +143,7 @@ def test_proposer_registry():
 
 def test_worker_results_map_to_trial_outcomes():
     from gemmgen.measure.worker import TrialResult
-    from gemmgen.tune_adapters import measurement_from
+    from gemmgen.tune.adapters import measurement_from
 
     check = {"passed": True, "max_rel_err": 1e-3, "bound": 4e-3, "seed": 99, "failures": []}
     ok = measurement_from(TrialResult("k", "ok", check=check,
@@ -171,7 +171,7 @@ def test_torch_timed_in_the_candidates_session_is_one_more_baseline(tmp_path):
     in its own worker session (the GPU ran slower there) is not a winner."""
     from dataclasses import dataclass, replace as dc_replace
 
-    from gemmgen.tune import SAME_SESSION_BASELINE
+    from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
     from gemmgen.tuning_db import BaselineTime
 
     @dataclass

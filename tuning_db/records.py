@@ -20,6 +20,9 @@ STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed", "supe
 
 #: The device gemmgen ships tuned records for, and the one compile() assumes without a GPU.
 DEFAULT_DEVICE_NAME = "NVIDIA H200"
+#: The baseline name a trial records for torch.matmul timed in its candidate's worker session
+#: (the winners view in the migrations reads it by this name).
+SAME_SESSION_BASELINE = "torch_same_session"
 
 
 class RecordError(GemmgenError):

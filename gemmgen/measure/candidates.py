@@ -14,41 +14,13 @@ from typing import Callable
 from gemmgen.measure.errors import UnknownName
 
 CANDIDATES: dict[str, str] = {
-    "gemmgen": "gemmgen.measure.candidates:compiled",
+    "gemmgen": "gemmgen.compile:bench_candidate",
 }
 #: name -> 'module:function' giving notes to record with the candidate's row (what was chosen),
 #: computed in the bench process: the isolated worker returns only measurements.
 NOTES: dict[str, str] = {
-    "gemmgen": "gemmgen.measure.candidates:compiled_notes",
+    "gemmgen": "gemmgen.compile:bench_candidate_notes",
 }
-
-
-def compiled(problem) -> Callable:
-    """gemmgen.compile(problem): the product itself, as a user gets it, in the kernel convention."""
-    import gemmgen
-
-    compile_fn = getattr(gemmgen, "compile", None)
-    if compile_fn is None:
-        raise UnknownName("candidate 'gemmgen' needs gemmgen.compile, which this build does not have yet")
-    kernel = compile_fn(problem)
-
-    def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
-        kernel(a, b, bias=bias, residual=residual, c=c, out=out, alpha=alpha, beta=beta)
-
-    fn.kernel = kernel      # provenance for whoever wants it
-    return fn
-
-
-def compiled_notes(problem) -> dict:
-    """What gemmgen.compile served: exact winner, a neighbour's re-bound program, or the baseline."""
-    import gemmgen
-
-    kernel = gemmgen.compile(problem)
-    p = kernel.provenance
-    notes = {"how": p.how, "backend": kernel.backend}
-    if p.how == "nearest":
-        notes.update(tuned_problem=p.tuned_problem, distance=round(p.distance, 4))
-    return notes
 
 
 def notes_for(name: str, problem) -> dict:

@@ -17,8 +17,9 @@ import torch
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.measure.errors import MeasureError
 from gemmgen.measure.numerics import PROBE_MIN_K, error_bound, probe_offset
+from gemmgen.runtime.epilogue import reference as epilogue_reference
+from gemmgen.runtime.tensors import TORCH_DTYPES, empty_laid_out, lay_out  # noqa: F401  (the harness's names)
 
-TORCH_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 # Integer views of the same width, for bitwise comparisons and sentinels.
 BITS_DTYPES = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
 
@@ -47,30 +48,10 @@ def fresh_seed() -> int:
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
-def apply_epilogue(acc: torch.Tensor, epilogue: Epilogue, *, bias=None, residual=None, c=None) -> torch.Tensor:
-    """out = act(alpha * acc + beta * c + bias) + residual, in fp32 (no final cast)."""
-    x = acc.float() * epilogue.alpha
-    if epilogue.beta != 0.0:
-        x = x + epilogue.beta * c.float()
-    if epilogue.bias == "n":
-        x = x + bias.float()[None, :]
-    elif epilogue.bias == "m":
-        x = x + bias.float()[:, None]
-    if epilogue.activation == "relu":
-        x = torch.relu(x)
-    elif epilogue.activation == "gelu":
-        x = torch.nn.functional.gelu(x)  # exact erf GELU
-    elif epilogue.activation == "silu":
-        x = torch.nn.functional.silu(x)
-    if epilogue.residual:
-        x = x + residual.float()
-    return x
-
-
 def reference(a: torch.Tensor, b: torch.Tensor, epilogue: Epilogue, **operands) -> torch.Tensor:
     """The product in fp64 from the very input values, then the epilogue in fp32."""
     acc = a.double() @ b.double()
-    return apply_epilogue(acc, epilogue, **operands)
+    return epilogue_reference(acc, epilogue, **operands)
 
 
 def _randn(shape, gen: torch.Generator, device, dtype) -> torch.Tensor:
@@ -124,19 +105,6 @@ def make_cases(problem: Problem, seed: int, device="cuda") -> list[Case]:
     if not problem.is_bound:
         raise MeasureError(f"problem {problem.key} is shape-generic; bind M, N and K before checking")
     return [make_case(problem, name, seed + i, device) for i, name in enumerate(case_names(problem))]
-
-
-def lay_out(t: torch.Tensor, major: str) -> torch.Tensor:
-    """The logical 2-D tensor stored row- or column-major (a transposed view of a copy)."""
-    if major == "row":
-        return t.contiguous()
-    return t.t().contiguous().t()
-
-
-def empty_laid_out(rows: int, cols: int, major: str, dtype, device) -> torch.Tensor:
-    if major == "row":
-        return torch.empty((rows, cols), dtype=dtype, device=device)
-    return torch.empty((cols, rows), dtype=dtype, device=device).t()
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

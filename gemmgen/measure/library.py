@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.measure.timing import TimingOptions
+from gemmgen.runtime.cublaslt import LtMatmul, cublaslt_version, library_launcher
 
 LIBRARY = "cublaslt"
 #: calls per algorithm while choosing (the median of 10 separates algorithms a few % apart;
@@ -60,7 +61,7 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
 
     The chosen algorithm is checked and timed through its recorded text form and the
     launcher that `gemmgen.compile` serves, so what is recorded is what runs later."""
-    from gemmgen.measure.baselines import cublaslt_version, make_torch
+    from gemmgen.measure.baselines import make_torch
     from gemmgen.measure.checking import check
     from gemmgen.measure.comparison import speedup_noise
     from gemmgen.measure.timing import time_many
@@ -108,7 +109,8 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
 def _select(problem: Problem, selection) -> list[tuple[str, dict[str, Any]]]:
     """Steps 1 and 2 of the search: the fastest algorithm as text with its config (what it is,
     where it came from, the selection's times), then the heuristic's fastest if that differs."""
-    from gemmgen.measure.baselines import algorithm_config, algorithm_to_hex, autotune_lt
+    from gemmgen.measure.baselines import autotune_lt
+    from gemmgen.runtime.cublaslt import algorithm_config, algorithm_to_hex
     from gemmgen.measure.errors import MeasureError
 
     lt, algos, _, timed = autotune_lt(problem, selection)
@@ -141,7 +143,6 @@ def _tournament(problem: Problem, entries: list, n_bases: int, selection) -> tup
     """Time (label, algorithm) entries in sessions of SESSION_SIZE, then the bases (the first
     `n_bases`) and each session's FINALISTS together: (the entries as planned, index -> device ms
     of that final session)."""
-    from gemmgen.measure.baselines import LtMatmul
     from gemmgen.measure.errors import MeasureError
     from gemmgen.measure.timing import time_many
 
@@ -211,7 +212,7 @@ def checked_variant(lt, algorithm, changes: dict[str, Any]):
     from nvmath.bindings import cublasLt
     from nvmath.linalg.advanced import Algorithm
 
-    from gemmgen.measure.baselines import WORKSPACE_BYTES
+    from gemmgen.runtime.cublaslt import WORKSPACE_BYTES
 
     variant = Algorithm.from_numpy(algorithm.as_numpy())
     result = cublasLt.MatmulHeuristicResult(1)
@@ -237,67 +238,4 @@ def library_job(problem: Problem, seed: Optional[int], timing_options) -> Callab
     return lambda: search_cublaslt(problem, seed, timing_options)
 
 
-def library_launcher(problem: Problem, algorithm_hex: str, version: str) -> Callable:
-    """The harness-convention call of a recorded cuBLASLt algorithm (needs a GPU).
-
-    An algorithm is valid for the cuBLASLt version that offered it; under another version
-    this raises, and the caller falls back to torch.matmul."""
-    from gemmgen.errors import GemmgenError
-    from gemmgen.measure.baselines import cublaslt_version
-
-    here = cublaslt_version()
-    if version and here and here != version:
-        raise GemmgenError(f"the cuBLASLt algorithm was recorded with cuBLASLt {version}; this is {here}")
-    return DirectLt(problem, algorithm_hex).call
-
-
-class DirectLt:
-    """One cublasLtMatmul per product, with the descriptors nvmath planned for the problem.
-
-    nvmath's `Matmul.execute` costs about 40 us of host time per call more than
-    torch.matmul (stream and workspace bookkeeping, and `reset_operands` for every new
-    tensor); a graph of many small products would wait on the host. Here nvmath plans once
-    (layouts, compute type, the recorded algorithm) and each call is one binding call with
-    the operands' pointers, on torch's current stream, with a workspace allocated once."""
-
-    def __init__(self, problem: Problem, algorithm_hex: str):
-        import torch
-        from nvmath.bindings import cublasLt
-
-        from gemmgen.measure.baselines import LtMatmul, algorithm_from_hex
-
-        self.problem = problem
-        self._plan = LtMatmul(problem, algorithms=[algorithm_from_hex(algorithm_hex)])
-        mm = self._plan.mm
-        chosen = mm.algorithm_object_to_buffer[self._plan.algorithms[0]]
-        self._algo = chosen["algo"]                       # the struct cuBLASLt reads; kept alive here
-        size = int(chosen["workspace_size"].reshape(-1)[0])  # a one-record array
-        self._workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
-        self._matmul = cublasLt.matmul
-        self._alpha, self._beta = mm.alpha, mm.beta       # host scalars (numpy), read at each call
-        self._static = (mm.handle, mm.mm_desc, mm.alpha.ctypes.data, mm.a_layout_ptr, mm.b_layout_ptr,
-                        mm.beta.ctypes.data, mm.c_layout_ptr, mm.d_layout_ptr, self._algo.ctypes.data,
-                        self._workspace.data_ptr(), size)
-        self._stream = torch.cuda.current_stream
-        self._device = torch.cuda.current_device()        # descriptors and workspace live there
-        self._plan.drop_operands()                        # A, B and C of planning: not needed now
-
-    def call(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
-        from gemmgen.measure.baselines import _epilogue_after
-
-        if a.device.index != self._device:
-            from gemmgen.errors import GemmgenError
-            raise GemmgenError(f"this cuBLASLt kernel was planned on cuda:{self._device}; the operands are on "
-                               f"{a.device}: use one kernel per GPU, first called while that GPU is current")
-        handle, desc, alpha_ptr, a_layout, b_layout, beta_ptr, c_layout, d_layout, algo, ws, size = self._static
-        self._alpha[0], self._beta[0] = alpha, beta
-        if beta != 0.0:
-            out.copy_(c)                  # in place: C is out, so beta*C needs c copied in first
-        ptr = out.data_ptr()
-        self._matmul(handle, desc, alpha_ptr, a.data_ptr(), a_layout, b.data_ptr(), b_layout, beta_ptr,
-                     ptr, c_layout, ptr, d_layout, algo, ws, size, self._stream().cuda_stream)
-        _epilogue_after(out, self.problem, bias, residual)
-
-
-__all__ = ["DirectLt", "LIBRARY", "SEARCH", "knob_changes", "library_job", "library_launcher", "neighbours",
-           "search_cublaslt"]
+__all__ = ["LIBRARY", "SEARCH", "knob_changes", "library_job", "neighbours", "search_cublaslt"]

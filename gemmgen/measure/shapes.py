@@ -6,17 +6,27 @@ A's then B's storage, `n` = row-major (not transposed) and `t` = column-major
 the default); `nt` stores B as N x K (B = W.T, the `x @ W.T` case); `tn` stores A as
 K x M. A third letter, if present, gives C's storage the same way. A header row
 (M,N,K[,layout], any case) is optional; blank lines and lines starting with # are skipped.
+
+Sets of real layers (benchmarks/shapes/llm_layers.csv) add two named columns, model and
+layer, which need the header (M,N,K,layout,model,layer). They label a row; they are not
+part of the problem, so `Shape.key`, equality and hashing ignore them. A comment line
+`# held_out: a, b, c` names the model families kept out of all tuning and training.
 """
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Optional
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.measure.errors import ShapesError
 
 LETTERS = {"n": "row", "t": "col"}
+COLUMNS = ("m", "n", "k", "layout", "model", "layer")   # header names (any case), M,N,K first
+NAME = re.compile(r"[A-Za-z0-9_.\-]+")                  # model and layer labels: no commas or spaces
+HELD_OUT = re.compile(r"#\s*held_out\s*:(.*)")         # exact key, so prose about held-out rows never matches
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,10 @@ class Shape:
     n: int
     k: int
     layout: str = "nn"
+    # Labels, not problem: compare=False keeps equality and hash on (m, n, k, layout), like key,
+    # so k and v of one family (same N, K) collapse in a set and old results keep matching.
+    model: Optional[str] = field(default=None, compare=False)
+    layer: Optional[str] = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -59,6 +73,29 @@ def _positive(text: str, what: str, where: str) -> int:
     return value
 
 
+def _header(cells: list[str], where: str) -> Optional[list[str]]:
+    """The column names if this first row is a header, None if it is already data."""
+    names = [c.lower() for c in cells]
+    if names[:3] != ["m", "n", "k"]:
+        return None
+    allowed = ",".join(("M", "N", "K") + COLUMNS[3:])
+    for name in names[3:]:
+        if name not in COLUMNS[3:]:
+            raise ShapesError(f"{where}: header column {name!r} is not known; allowed columns: {allowed} "
+                              "(M,N,K first, then any of layout, model, layer)")
+    if len(set(names)) != len(names):
+        raise ShapesError(f"{where}: header {','.join(cells)} names a column twice")
+    return names
+
+
+def _label(text: str, what: str, where: str) -> Optional[str]:
+    if not text:
+        return None
+    if not NAME.fullmatch(text):
+        raise ShapesError(f"{where}: {what} = {text!r}: use letters, digits, '_', '.' or '-' (no spaces or commas)")
+    return text
+
+
 def parse_shapes(lines: list[str], source: str = "<shapes>") -> list[Shape]:
     shapes: list[Shape] = []
     columns = None
@@ -68,33 +105,84 @@ def parse_shapes(lines: list[str], source: str = "<shapes>") -> list[Shape]:
             continue
         where = f"{source}:{lineno}"
         if columns is None:
-            columns = [c.lower() for c in cells]
-            if columns[:3] == ["m", "n", "k"]:
-                if len(columns) > 4 or (len(columns) == 4 and columns[3] != "layout"):
-                    raise ShapesError(f"{where}: header must read M,N,K or M,N,K,layout, not {','.join(cells)}")
+            columns = _header(cells, where)
+            if columns is not None:
                 continue
-            columns = ["m", "n", "k", "layout"]   # no header: positional
-        if len(cells) not in (3, 4):
-            raise ShapesError(f"{where}: expected M,N,K[,layout], got {len(cells)} field(s): {','.join(cells)}")
-        m, n, k = (_positive(cells[i], "MNK"[i], where) for i in range(3))
-        layout = cells[3].lower() if len(cells) == 4 and cells[3] else "nn"
+            columns = ["m", "n", "k"]   # no header: positional M,N,K[,layout]
+        # Without model/layer a fourth field is the layout, as before; with them, one field per column.
+        if columns[3:] in ([], ["layout"]):
+            if len(cells) not in (3, 4):
+                raise ShapesError(f"{where}: expected M,N,K[,layout], got {len(cells)} field(s): {','.join(cells)}")
+            value = dict(zip(COLUMNS, cells))
+        elif len(cells) != len(columns):
+            raise ShapesError(f"{where}: expected {len(columns)} fields ({','.join(columns)}), "
+                              f"got {len(cells)}: {','.join(cells)}")
+        else:
+            value = dict(zip(columns, cells))
+        m, n, k = (_positive(value[c], c.upper(), where) for c in "mnk")
+        layout = value.get("layout", "").lower() or "nn"
         try:
             majors(layout)
         except ShapesError as exc:
             raise ShapesError(f"{where}: {exc}") from None
-        shapes.append(Shape(m, n, k, layout))
+        shapes.append(Shape(m, n, k, layout, _label(value.get("model", ""), "model", where),
+                            _label(value.get("layer", ""), "layer", where)))
     if not shapes:
         raise ShapesError(f"{source}: no shapes found")
     return shapes
 
 
-def read_shapes(path: str | Path) -> list[Shape]:
+def _read_lines(path: str | Path) -> list[str]:
     p = Path(path)
     try:
-        text = p.read_text()
+        return p.read_text().splitlines()
     except OSError as exc:
         raise ShapesError(f"cannot read shapes file {p}: {exc.strerror}") from None
-    return parse_shapes(text.splitlines(), str(p))
+
+
+def read_shapes(path: str | Path) -> list[Shape]:
+    return parse_shapes(_read_lines(path), str(Path(path)))
+
+
+def held_out_models(path_or_lines: str | Path | Iterable[str], source: Optional[str] = None) -> frozenset[str]:
+    """The families named on the `# held_out:` line of a file (a path) or of its lines; empty when none.
+
+    Every name must label some row of the same file: a misspelt name would otherwise leak
+    that family into tuning silently."""
+    if isinstance(path_or_lines, (str, Path)):
+        source = source or str(path_or_lines)
+        lines = _read_lines(path_or_lines)
+    else:
+        lines, source = list(path_or_lines), source or "<shapes>"
+    found = [(i, match) for i, line in enumerate(lines, start=1) if (match := HELD_OUT.match(line.strip()))]
+    if not found:
+        return frozenset()
+    if len(found) > 1:
+        raise ShapesError(f"{source}:{found[1][0]}: a second held_out line (the first is line {found[0][0]}); "
+                          "keep one, the split must be fixed")
+    lineno, match = found[0]
+    names = [t for t in re.split(r"[,\s]+", match.group(1).strip()) if t]
+    for name in names:
+        _label(name, "held_out name", f"{source}:{lineno}")
+    held = frozenset(names)
+    _check_present(held, parse_shapes(lines, source), f"{source}:{lineno}")
+    return held
+
+
+def _check_present(held: frozenset[str], shapes: list[Shape], where: str) -> None:
+    models = {s.model for s in shapes if s.model}
+    missing = sorted(held - models)
+    if missing:
+        known = ", ".join(sorted(models)) or "none (no model column)"
+        raise ShapesError(f"{where}: held_out names {', '.join(missing)}, but no row has that model; "
+                          f"models present: {known}")
+
+
+def split_held_out(shapes: list[Shape], held_out: Iterable[str]) -> tuple[list[Shape], list[Shape]]:
+    """(tuning part, held-out part), each in file order; rows without a model are tuning rows."""
+    held = frozenset(held_out)
+    _check_present(held, shapes, "split_held_out")
+    return [s for s in shapes if s.model not in held], [s for s in shapes if s.model in held]
 
 
 def parse_shard(spec: str) -> tuple[int, int]:

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from gemmgen.dsl.ir import Problem
+from gemmgen.errors import NoGPUError
 from gemmgen.measure.clocks import ClockSampler, nvml_index
 from gemmgen.measure.errors import FloorViolation, MeasureError
 from gemmgen.measure.numerics import median, quantile
@@ -115,35 +116,6 @@ class _Entry:
 
     def call(self) -> None:
         self.fn(*self.args, **self.kwargs)
-
-
-def _operands(problem: Problem, seed: int, device) -> tuple[tuple, dict]:
-    """Random normal operands laid out in the problem's majors, reused by every call."""
-    import torch
-    from gemmgen.measure.cases import TORCH_DTYPES, empty_laid_out
-
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    m, n, k = problem.m, problem.n, problem.k
-    ep = problem.epilogue
-    in_dt, out_dt = TORCH_DTYPES[problem.in_dtype], TORCH_DTYPES[ep.out_dtype]
-
-    def filled(rows, cols, major, dt):
-        t = empty_laid_out(rows, cols, major, dt, device)
-        t.copy_(torch.randn((rows, cols), generator=gen, device=device))
-        return t
-
-    a = filled(m, k, problem.a_major, in_dt)
-    b = filled(k, n, problem.b_major, in_dt)
-    out = empty_laid_out(m, n, problem.c_major, out_dt, device)
-    kwargs: dict[str, Any] = {"alpha": ep.alpha, "beta": ep.beta}
-    if ep.bias:
-        kwargs["bias"] = torch.randn((n if ep.bias == "n" else m,), generator=gen, device=device).to(out_dt)
-    if ep.residual:
-        kwargs["residual"] = filled(m, n, problem.c_major, out_dt)
-    if ep.beta != 0.0:
-        kwargs["c"] = filled(m, n, problem.c_major, out_dt)
-    return (a, b, out), kwargs
 
 
 def _flusher(options: TimingOptions, device) -> Callable[[], None]:
@@ -435,12 +407,14 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
               options: Optional[TimingOptions] = None, device: Any = "cuda") -> dict[str, Any]:
     """Time several kernels in one profiler session; name -> Timing, or the MeasureError
     that kept that kernel from a time (the others are still measured)."""
+    # Deferred: torch (and the runtime's tensors, which import it) only where a GPU times.
     import torch
+
+    from gemmgen.runtime.tensors import operands as random_operands
 
     if mode not in MODES:
         raise MeasureError(f"unknown timing mode {mode!r}; use one of {', '.join(MODES)}")
     if not torch.cuda.is_available():
-        from gemmgen.errors import NoGPUError
         raise NoGPUError("timing")
     options = options or TimingOptions()
     names = [name for name, _, _ in kernels]
@@ -453,7 +427,7 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
             raise MeasureError(f"problem {problem.key} is shape-generic; bind M, N and K before timing")
         layout_key = problem.key
         if layout_key not in operands:
-            operands[layout_key] = _operands(problem, options.seed, device)
+            operands[layout_key] = random_operands(problem, options.seed, device)
         args, kwargs = operands[layout_key]
         entries.append(_Entry(name, fn, problem, args, kwargs))
     flush = _flusher(options, device)

@@ -1,0 +1,124 @@
+"""The raw CUDA C backend: our own sm_90a kernels, generated from the program.
+
+Two families, chosen by the program's `mainloop`:
+  * multistage      - cp.async + ldmatrix + mma.sync m16n8k16 (cuda_multistage.py)
+  * ws_cooperative  - TMA + mbarrier pipeline + wgmma, warp-specialized and
+    ws_pingpong       persistent (cuda_hopper.py)
+lower() is pure (program -> CUDA C text), build() compiles to an sm_90a cubin on
+the CPU (NVRTC, else nvcc) and caches it on disk, load() needs the GPU.
+"""
+from __future__ import annotations
+
+
+from gemmgen.backends.base import Artifact, BackendError, Source, Support
+from gemmgen.backends.cuda.search_space import space
+from gemmgen.dsl.ir import Program, Problem
+
+NAME = "cuda"
+
+_FAMILIES = {"multistage": "gemmgen.backends.cuda.multistage",
+             "ws_cooperative": "gemmgen.backends.cuda.hopper",
+             "ws_pingpong": "gemmgen.backends.cuda.hopper"}
+
+
+def _family(program: Program):
+    import importlib
+    try:
+        return importlib.import_module(_FAMILIES[program.mainloop])
+    except KeyError:
+        raise BackendError(f"backend cuda has no mainloop {program.mainloop!r}") from None
+
+
+def _family_rules(program: Program) -> list[tuple[str, str]]:
+    """Dispatch to the rules of the program's family (what it refuses, and why)."""
+    if program.mainloop not in _FAMILIES:
+        return []  # SUPPORT.mainloops already refuses it
+    out = []
+    if program.problem.c_major != "row":
+        out.append(("gemm", "backend cuda writes row-major outputs only: write c=row"))
+    return out + _family(program).rules(program)
+
+
+SUPPORT = Support(
+    mainloops=frozenset(_FAMILIES),
+    schedulers=frozenset({"tile", "persistent", "stream_k"}),
+    instr_kinds=frozenset({None, "mma", "wgmma"}),
+    split_k_reduces=frozenset({"workspace", "atomic", "unordered"}),
+    activations=frozenset({"relu", "gelu", "silu"}),
+    bias=True,
+    residual=True,
+    beta=True,
+    max_cluster=2,
+    smem_swizzles=frozenset({None, 128}),
+    auto_stages=True,
+    majors_a=frozenset({"row", "col"}),
+    majors_b=frozenset({"row", "col"}),
+    majors_c=frozenset({"row"}),
+    out_dtypes=frozenset({"f16", "bf16", "f32"}),
+    in_dtypes=frozenset({"f16"}),
+    extra_rules=(_family_rules,),
+)
+
+
+def lower(program: Program) -> Source:
+    """Program -> CUDA C text (pure). Refuses what SUPPORT refuses, with the rule's message."""
+    if program.backend != NAME:
+        raise BackendError(f"program is for backend {program.backend!r}, not {NAME!r}")
+    problems = _family_rules(program)
+    if problems:
+        field, msg = problems[0]
+        raise BackendError(f"{field}: {msg}")
+    fam = _family(program)
+    return Source(backend=NAME, text=fam.lower_text(program), entry=fam.ENTRY,
+                  meta={"mainloop": program.mainloop, "entries": fam.entries(program)})
+
+
+def build(source: Source, arch: str = "sm_90a") -> Artifact:
+    """Compile to an sm_90a cubin on the CPU, through the shared disk cache (backends/build.py)."""
+    from gemmgen.backends.build import cached_build
+    from gemmgen.backends.cuda.compile import NVCC_FLAGS, compile_cubin, toolchain
+
+    def compile_fn(key: str, work_dir) -> Artifact:
+        name = f"gemmgen_{source.digest}.cu"
+        (work_dir / name).write_text(source.text)
+        compiled = compile_cubin(source.text, arch=arch, name=name)
+        (work_dir / "kernel.cubin").write_bytes(compiled.cubin)
+        (work_dir / "ptxas.log").write_text(compiled.log)
+        meta = {"arch": arch, "compiler": compiled.compiler, "entries": tuple(source.meta["entries"]),
+                "resources": {k: vars(v) for k, v in compiled.resources.items()}}
+        return Artifact(backend=NAME, key=key, path=str(work_dir / "kernel.cubin"), data=compiled.cubin, meta=meta)
+
+    return cached_build(source, arch, toolchain(), NVCC_FLAGS, compile_fn)
+
+
+def load(artifact: Artifact, program: Program):
+    """A launcher for the built program on the current CUDA device (needs the GPU)."""
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        from gemmgen.errors import NoGPUError
+        raise NoGPUError("loading a cuda-backend kernel")
+    if artifact.data is None:
+        with open(artifact.path, "rb") as f:
+            artifact = Artifact(backend=artifact.backend, key=artifact.key, path=artifact.path,
+                                data=f.read(), meta=artifact.meta)
+    return _family(program).launcher(artifact, program)
+
+
+
+
+def compile_program(program: Program, arch: str = "sm_90a") -> Artifact:
+    """lower + build in one call: the common path for tools and tests."""
+    return build(lower(program), arch=arch)
+
+
+def kernel_report(artifact: Artifact) -> dict:
+    """Per-kernel registers/stack/spills (from ptxas) and SASS opcode counts of a built program."""
+    from gemmgen.backends.cuda.compile import sass, sass_summary
+    return {"resources": artifact.meta.get("resources", {}), "sass": sass_summary(sass(artifact.data))}
+
+
+__all__ = ["NAME", "SUPPORT", "build", "compile_program", "kernel_report", "load", "lower", "space"]

@@ -1,0 +1,239 @@
+"""The warp-specialized Hopper family: TMA + mbarrier ring + wgmma, persistent.
+
+Handles `mainloop ws_cooperative` (consumer warpgroups share each tile) and
+`ws_pingpong` (two consumer warpgroups take alternate tiles, one's epilogue under
+the other's math) for both majors of A and B: K-contiguous
+operands are loaded as one BK x rows TMA box per stage, MN-contiguous ones as
+64-wide boxes and read by wgmma with the transpose bit; either way the rows must
+be 16-byte aligned (TMA's rule). `warps WMxWN` are the consumer warps: WM/4
+warpgroups stacked along M times WN along N.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import Program
+from gemmgen.backends.cuda import launch as L
+from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines, with_wgmma
+
+MAX_SMEM = SM90A.max_smem_per_block
+SMS = SM90A.sms
+BK = 64                      # one 128-byte swizzle atom of fp16 along K
+MAX_ACC_PER_THREAD = 128
+PRODUCER_REGS = 40
+ENTRY = "gemm_hopper_ws"
+
+
+def stages_of(program: Program) -> int:
+    if program.stages is not None:
+        return program.stages
+    return max(2, min(6, (MAX_SMEM - 2048 - staging_bytes(program)) // stage_bytes(program)))
+
+
+def stage_bytes(program: Program) -> int:
+    return (program.tile.m + program.tile.n) * program.tile.k * 2
+
+
+def staging_bytes(program: Program) -> int:
+    """512 bytes per consumer warp for the interior tiles' epilogue, 16-byte aligned."""
+    return consumers(program) * 4 * 512 + 16
+
+
+def smem_bytes(program: Program) -> int:
+    """Ring of A and B tiles, 16 bytes of barriers per stage, the epilogue's staging
+    buffers, 1 KiB to align the ring."""
+    s = stages_of(program)
+    return s * stage_bytes(program) + 16 * s + staging_bytes(program) + 1024
+
+
+def warpgroups(program: Program) -> tuple[int, int]:
+    """Consumer warpgroups along M and along N of one tile."""
+    return program.warps[0] // 4, program.warps[1]
+
+
+def consumers(program: Program) -> int:
+    """Consumer warpgroups of the CTA: a tile's worth, twice over for ping-pong."""
+    wgs_m, wgs_n = warpgroups(program)
+    return wgs_m * wgs_n * (2 if program.mainloop == "ws_pingpong" else 1)
+
+
+def instr_n(program: Program) -> int:
+    wgs_m, wgs_n = warpgroups(program)
+    if program.instr is not None and program.instr.kind == "wgmma":
+        return program.instr.n
+    return min(256, program.tile.n // max(1, wgs_n))
+
+
+def consumer_regs(consumers: int) -> int:
+    """What each consumer thread may take once the producer gave back its registers."""
+    free = 65536 - 128 * PRODUCER_REGS
+    return min(240, free // (128 * consumers) // 8 * 8)
+
+
+def rules(program: Program) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    p, t = program.problem, program.tile
+    wm, wn = program.warps
+    pingpong = program.mainloop == "ws_pingpong"
+    if program.instr is not None and (program.instr.kind != "wgmma" or program.instr.m != 64 or program.instr.k != 16):
+        out.append(("instr", f"mainloop {program.mainloop} issues wgmma: write `instr wgmma 64xNx16` or `instr auto`"))
+    if program.smem_swizzle not in (None, 128):
+        out.append(("smem_swizzle", "the TMA/wgmma family uses the 128-byte swizzle: write `smem_swizzle 128` or `auto`"))
+    if program.split_k != 1:
+        out.append(("split_k", "the TMA/wgmma family has no split-K yet: write `split_k 1` or use mainloop multistage"))
+    if program.scheduler == "stream_k":
+        out.append(("scheduler", "the TMA/wgmma family has no stream-K yet: write `scheduler persistent` or use "
+                                 "mainloop multistage"))
+    if program.cluster not in ((1, 1), (2, 1)):
+        out.append(("cluster", "the TMA/wgmma family runs cluster 1x1 or 2x1 (two CTAs along M share B by multicast)"))
+    if t.k != BK:
+        out.append(("tile", f"tile K must be {BK} (one 128-byte swizzle atom of fp16) for mainloop {program.mainloop}"))
+    if wm % 4 or wm < 4 or wn < 1:
+        out.append(("warps", f"warps {wm}x{wn}: consumer warpgroups are 4 warps stacked along M (e.g. `warps 8x1`)"))
+        return out
+    wgs_m, wgs_n = warpgroups(program)
+    if pingpong and (wgs_m, wgs_n) != (1, 1):
+        out.append(("warps", f"mainloop ws_pingpong gives each of its two consumer warpgroups a whole tile: "
+                             f"write `warps 4x1`, not {wm}x{wn}"))
+    elif not pingpong and wgs_m * wgs_n != 2:
+        out.append(("warps", f"mainloop ws_cooperative shares each tile between 2 consumer warpgroups "
+                             f"(`warps 8x1` or `warps 4x2`); warps {wm}x{wn} makes {wgs_m * wgs_n}"))
+    if t.m % wgs_m or (t.m // wgs_m) % 64 or t.m > 256:
+        out.append(("tile", f"each consumer warpgroup needs a multiple of 64 rows: tile M {t.m} over {wgs_m} "
+                            f"warpgroup(s) along M (tile M at most 256, the TMA box limit)"))
+    n_inst = instr_n(program)
+    if t.n % wgs_n or t.n > 256 or n_inst % 8 or n_inst > 256 or (t.n // wgs_n) % n_inst:
+        out.append(("tile", f"tile N {t.n} over {wgs_n} warpgroup(s) along N must be a multiple of the wgmma N "
+                            f"({n_inst}), at most 256"))
+    elif t.m * t.n // (128 * wgs_m * wgs_n) > MAX_ACC_PER_THREAD:
+        out.append(("tile", f"tile {t.m}x{t.n} over {wgs_m * wgs_n} consumer warpgroup(s) holds "
+                            f"{t.m * t.n // (128 * wgs_m * wgs_n)} fp32 accumulators per thread (at most "
+                            f"{MAX_ACC_PER_THREAD}): use `warps 8x1` or a smaller tile"))
+    if program.cluster == (2, 1) and (t.n // 2) % 8:
+        out.append(("cluster", "cluster 2x1 splits the B tile in halves of whole 8-row groups: tile N must be a multiple of 16"))
+    if stages_of(program) < 2:
+        out.append(("stages", "the TMA pipeline needs at least 2 stages"))
+    if smem_bytes(program) > MAX_SMEM:
+        out.append(("stages", f"{stages_of(program)} stages of a {t.m}x{t.n}x{t.k} tile need {smem_bytes(program)} "
+                              f"bytes of shared memory (over {MAX_SMEM}): use fewer stages"))
+    if p.b_major == "row" and (t.n % 64 or n_inst % 64 or (program.cluster == (2, 1) and (t.n // 2) % 64)):
+        out.append(("tile", f"B is row-major (N contiguous), loaded in 64-wide TMA boxes: tile N ({t.n}), the wgmma N "
+                            f"({n_inst}) and, with cluster 2x1, half of tile N must be multiples of 64"))
+    if p.is_bound:
+        for name, major, dim, extent in (("A", p.a_major, "K" if p.a_major == "row" else "M", p.k if p.a_major == "row" else p.m),
+                                         ("B", p.b_major, "N" if p.b_major == "row" else "K", p.n if p.b_major == "row" else p.k)):
+            if extent % 8:
+                out.append(("gemm", f"TMA needs 16-byte aligned rows: {name} is {major}-major, so {dim}={extent} must be "
+                                    f"a multiple of 8; pad {dim} or use mainloop multistage"))
+    return out
+
+
+def defines(program: Program) -> dict[str, int]:
+    t = program.tile
+    wgs_m, wgs_n = warpgroups(program)
+    n_consumers = consumers(program)
+    d = {"BM": t.m, "BN": t.n, "BK": t.k, "STAGES": stages_of(program), "CONSUMERS": n_consumers,
+         "PINGPONG": int(program.mainloop == "ws_pingpong"),
+         "WGS_M": wgs_m, "WGS_N": wgs_n, "INSTR_N": instr_n(program), "CLUSTER_M": program.cluster[0],
+         "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers)}
+    d.update(layout_defines(program))
+    d.update(epilogue_defines(program))
+    return d
+
+
+def lower_text(program: Program) -> str:
+    return with_wgmma(assemble(program, defines(program), "wgmma.cuh", "hopper_ws.cu"), program, instr_n(program))
+
+
+def entries(program: Program) -> tuple[str, ...]:
+    return (ENTRY,)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    threads: int
+    smem: int
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    persistent: bool
+
+
+def geometry(program: Program) -> Geometry:
+    return Geometry(threads=128 * (1 + consumers(program)), smem=smem_bytes(program), tile_m=program.tile.m,
+                    tile_n=program.tile.n, cluster_m=program.cluster[0],
+                    persistent=program.scheduler == "persistent")
+
+
+def grid_size(geo: Geometry, M: int, N: int, sms: int = SMS) -> int:
+    """CTAs to launch: every (pair of) tile(s) once, or at most one wave when persistent."""
+    pairs = math.ceil(math.ceil(M / geo.tile_m) / geo.cluster_m) * math.ceil(N / geo.tile_n)
+    if geo.persistent:
+        pairs = min(pairs, sms // geo.cluster_m)
+    return max(1, pairs) * geo.cluster_m
+
+
+class TensorMap(ctypes.Structure):
+    """The 128-byte CUtensorMap, as the kernel parameter receives it."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+class ProblemArgs(ctypes.Structure):
+    _fields_ = [("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int)]
+
+
+def encode_tensor_map(dest: TensorMap, ptr: int, mn: int, k: int, ld: int, rows: int, k_contiguous: bool) -> None:
+    """A 2-D fp16 tensor map of an MN x K operand, 128B swizzle, zeros out of bounds.
+
+    K-contiguous: inner dimension K, box BK x `rows`. MN-contiguous: inner dimension
+    MN, box 64 x BK (the kernel issues `rows`/64 of them).
+    """
+    from cuda.bindings import driver
+    from gemmgen.backends.cuda.launch import check
+    dims, box = ([k, mn], [BK, rows]) if k_contiguous else ([mn, k], [64, BK])
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t  # older cuda-bindings (13.3) take no plain ints
+    tmap = check(driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, ptr,
+        [u64(d) for d in dims], [u64(ld * 2)], [u32(b) for b in box], [u32(1), u32(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+    ctypes.memmove(ctypes.addressof(dest), tmap.getPtr(), ctypes.sizeof(TensorMap))
+
+
+class HopperLauncher(L.FamilyLauncher):
+    """Runs one ws_cooperative / ws_pingpong program: fn(a, b, out, *, bias, residual, c, alpha, beta)."""
+
+    def __init__(self, artifact, program: Program):
+        import torch
+        super().__init__(artifact, program, geometry(program), (ENTRY,))
+        self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.fn = self.funcs[ENTRY]
+        self.tmap_a, self.tmap_b = TensorMap(), TensorMap()
+        self.problem_args = ProblemArgs()
+        self.pack = L.ArgPack(self.tmap_a, self.tmap_b, self.problem_args, self.epi_args)
+        self._maps_for = None   # the (pointers, shapes, strides) the tensor maps describe
+
+    def _set_operands(self, a, b, M, N, K, ld_a, ld_b) -> None:
+        key = (a.data_ptr(), b.data_ptr(), M, N, K, ld_a, ld_b)
+        if key != self._maps_for:
+            p = self.program.problem
+            encode_tensor_map(self.tmap_a, a.data_ptr(), M, K, ld_a, self.geo.tile_m, p.a_major == "row")
+            encode_tensor_map(self.tmap_b, b.data_ptr(), N, K, ld_b, self.geo.tile_n // self.geo.cluster_m,
+                              p.b_major == "col")
+            self._maps_for = key
+        self.problem_args.M, self.problem_args.N, self.problem_args.K = M, N, K
+
+    def _launch(self, M, N, stream) -> None:
+        grid = grid_size(self.geo, M, N, self.sms)
+        cluster = (self.geo.cluster_m, 1, 1) if self.geo.cluster_m > 1 else None
+        L.launch(self.fn, (grid, 1, 1), self.geo.threads, self.geo.smem, stream, self.pack, cluster=cluster)
+
+
+def launcher(artifact, program: Program) -> HopperLauncher:
+    return HopperLauncher(artifact, program)

@@ -1,0 +1,254 @@
+"""Loading cubins and launching them through the CUDA driver API (cuda-bindings).
+
+GPU-side edge of the raw CUDA backend: module handles are cached per (cubin,
+device); each launcher keeps its kernel-argument storage in ctypes structures
+that it refills per call, so a call allocates nothing on the device and never
+synchronizes. Split-K workspaces are allocated once per output shape.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from gemmgen.backends.base import BackendError
+
+_MODULES: dict[tuple[str, int], Any] = {}
+_LOCK = threading.Lock()
+
+
+def check(result, what: str):
+    """Unwrap a cuda-bindings result tuple, raising BackendError on any error code."""
+    from cuda.bindings import driver
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise BackendError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def ensure_context(device_index: int) -> None:
+    """Make torch's primary context current on this thread for driver-API calls."""
+    import torch
+    from cuda.bindings import driver
+    torch.cuda.init()
+    torch.cuda.set_device(device_index)
+    check(driver.cuInit(0), "cuInit")
+    ctx = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        dev = check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+        ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def load_functions(key: str, cubin: bytes, names: tuple[str, ...], device_index: int, smem: int) -> dict[str, Any]:
+    """CUfunction handles of `names` in `cubin`, loaded once per device; dynamic smem raised once."""
+    from cuda.bindings import driver
+    with _LOCK:
+        module = _MODULES.get((key, device_index))
+        if module is None:
+            ensure_context(device_index)
+            module = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+            _MODULES[(key, device_index)] = module
+    funcs = {}
+    for name in names:
+        fn = check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+        if smem > 48 * 1024:
+            check(driver.cuFuncSetAttribute(
+                fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                f"cuFuncSetAttribute({name}, {smem} bytes of dynamic smem)")
+            # Only a hint to the driver, asked for so that a kernel whose ring leaves room for two
+            # or three CTAs gets them on every SM (a GPU test reads the count back).
+            check(driver.cuFuncSetAttribute(
+                fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                int(driver.CUshared_carveout.CU_SHAREDMEM_CARVEOUT_MAX_SHARED)),
+                f"cuFuncSetAttribute({name}, shared memory carveout)")
+        funcs[name] = fn
+    return funcs
+
+
+class ArgPack:
+    """Kernel parameters as ctypes objects plus the void*[] array cuLaunchKernel reads."""
+
+    def __init__(self, *values: ctypes._SimpleCData | ctypes.Structure):
+        self.values = values
+        self.array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
+
+
+def resident_ctas(fn, threads: int, smem: int) -> int:
+    """CTAs of `fn` one SM holds at once (the driver's occupancy calculator)."""
+    from cuda.bindings import driver
+    return check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, smem),
+                 "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
+
+def launch(fn, grid: tuple[int, int, int], block: int, smem: int, stream: int, args: ArgPack,
+           cluster: tuple[int, int, int] | None = None) -> None:
+    """One launch on `stream` (torch's current stream handle); raises if the driver refuses it."""
+    from cuda.bindings import driver
+    if cluster is None or cluster == (1, 1, 1):
+        check(driver.cuLaunchKernel(fn, *grid, block, 1, 1, smem, driver.CUstream(stream), args.address, 0),
+              "cuLaunchKernel")
+        return
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
+    config.sharedMemBytes = smem
+    config.hStream = driver.CUstream(stream)
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+    config.attrs = [attr]
+    config.numAttrs = 1
+    check(driver.cuLaunchKernelEx(config, fn, args.address, 0), "cuLaunchKernelEx")
+
+
+# ---- argument structures mirroring the C structs of templates/ -----------
+
+class GemmArgs(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_void_p), ("ld_a", ctypes.c_longlong),
+                ("b", ctypes.c_void_p), ("ld_b", ctypes.c_longlong),
+                ("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int),
+                ("workspace", ctypes.c_void_p), ("counters", ctypes.c_void_p)]
+
+
+class EpilogueArgs(ctypes.Structure):
+    _fields_ = [("out", ctypes.c_void_p), ("ld_out", ctypes.c_longlong),
+                ("c", ctypes.c_void_p), ("ld_c", ctypes.c_longlong),
+                ("bias", ctypes.c_void_p),
+                ("residual", ctypes.c_void_p), ("ld_residual", ctypes.c_longlong),
+                ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
+
+
+_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
+
+
+def torch_dtype(name: str):
+    import torch
+    return getattr(torch, _TORCH_DTYPES[name])
+
+
+class OperandCheck:
+    """Checks a call's tensors against what the kernel was compiled for, cheaply, per call."""
+
+    def __init__(self, program):
+        p = program.problem
+        self.problem = p
+        self.in_dtype = torch_dtype(p.in_dtype)
+        self.out_dtype = torch_dtype(p.epilogue.out_dtype)
+
+    def operands(self, a, b, out) -> tuple[int, int, int, int, int]:
+        """(M, N, K, ld_a, ld_b) after checking shapes, dtypes, majors, devices and 16-byte alignment."""
+        p = self.problem
+        if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
+            raise BackendError("a, b and out must be 2-D (M,K), (K,N), (M,N)")
+        M, K = a.shape
+        K2, N = b.shape
+        if K2 != K or tuple(out.shape) != (M, N):
+            raise BackendError(f"shapes do not chain: a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)}")
+        for name, dim, want in (("M", M, p.m), ("N", N, p.n), ("K", K, p.k)):
+            if want is not None and dim != want:
+                raise BackendError(f"this kernel was built for {name}={want}, called with {name}={dim}")
+        if a.dtype != self.in_dtype or b.dtype != self.in_dtype or out.dtype != self.out_dtype:
+            raise BackendError(f"dtypes: a, b must be {self.in_dtype} and out {self.out_dtype}")
+        ld_a = _lead(a, "A", p.a_major)
+        ld_b = _lead(b, "B", p.b_major)
+        _lead(out, "out", "row")
+        for name, t, ld in (("A", a, ld_a), ("B", b, ld_b)):
+            if t.data_ptr() % 16 or ld % 8:
+                raise BackendError(f"{name} must start 16-byte aligned with a leading dimension that is a multiple "
+                                   f"of 8 (got {ld}); the kernel copies 16-byte chunks")
+        return M, N, K, ld_a, ld_b
+
+    def epilogue(self, pack: EpilogueArgs, out, bias, residual, c, alpha: float, beta: float) -> None:
+        """Fill `pack` from the call, refusing tensors the compiled epilogue does not read (or needs)."""
+        e = self.problem.epilogue
+        M, N = out.shape
+        pack.out, pack.ld_out = out.data_ptr(), out.stride(0)
+        pack.alpha, pack.beta = float(alpha), float(beta)
+        if e.beta != 0.0:
+            if c is None:
+                raise BackendError("the program's epilogue reads C (beta != 0): pass c=")
+            _aux(c, (M, N), self.out_dtype, "c")
+            pack.c, pack.ld_c = c.data_ptr(), c.stride(0)
+        elif c is not None and beta != 0.0:
+            raise BackendError("this kernel was built without beta*C; build a program with beta set")
+        if e.bias:
+            if bias is None:
+                raise BackendError(f"the program's epilogue adds a bias along {e.bias.upper()}: pass bias=")
+            _aux(bias, (M if e.bias == "m" else N,), self.out_dtype, "bias")
+            pack.bias = bias.data_ptr()
+        elif bias is not None:
+            raise BackendError("this kernel was built without a bias")
+        if e.residual:
+            if residual is None:
+                raise BackendError("the program's epilogue adds a residual: pass residual=")
+            _aux(residual, (M, N), self.out_dtype, "residual")
+            pack.residual, pack.ld_residual = residual.data_ptr(), residual.stride(0)
+        elif residual is not None:
+            raise BackendError("this kernel was built without a residual")
+
+
+def _lead(t, name: str, major: str) -> int:
+    """Leading dimension of a 2-D tensor stored `major`; refuses other stride patterns."""
+    rows, cols = t.shape
+    s0, s1 = t.stride()
+    if major == "row" and (s1 == 1 or cols == 1) and s0 >= cols:
+        return max(s0, 1)
+    if major == "col" and (s0 == 1 or rows == 1) and s1 >= rows:
+        return max(s1, 1)
+    raise BackendError(f"{name} must be {major}-major (strides {(s0, s1)} for shape {tuple(t.shape)})")
+
+
+def _aux(t, shape: tuple[int, ...], dtype, name: str) -> None:
+    if tuple(t.shape) != shape or t.dtype != dtype:
+        raise BackendError(f"{name} must be {dtype} of shape {shape}, got {t.dtype} {tuple(t.shape)}")
+    if t.dim() == 2 and t.stride(1) != 1:
+        raise BackendError(f"{name} must be row-major")
+    if t.dim() == 1 and t.stride(0) != 1:
+        raise BackendError(f"{name} must be contiguous")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "OperandCheck", "ceil_div", "check", "launch", "load_functions",
+           "resident_ctas"]
+
+
+class FamilyLauncher:
+    """The calling convention every raw-CUDA family shares: fn(a, b, out, *, bias, residual, c, alpha, beta)
+    checks the operands, returns at once on an empty output, fills the epilogue and launches on torch's
+    current stream. A family fills its own kernel arguments (`_set_operands`) and launches (`_launch`)."""
+
+    def __init__(self, artifact, program, geo, names: tuple[str, ...]):
+        import torch
+        self.program = program
+        self.geo = geo
+        self.check = OperandCheck(program)
+        self.device = torch.cuda.current_device()
+        self.funcs = load_functions(artifact.key, artifact.data, names, self.device, geo.smem)
+        self.epi_args = EpilogueArgs()
+
+    def _set_operands(self, a, b, M: int, N: int, K: int, ld_a: int, ld_b: int) -> None:
+        raise NotImplementedError
+
+    def _launch(self, M: int, N: int, stream: int) -> None:
+        raise NotImplementedError
+
+    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+        import torch
+        M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
+        if M == 0 or N == 0:
+            return out
+        self._set_operands(a, b, M, N, K, ld_a, ld_b)
+        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+        self._launch(M, N, torch.cuda.current_stream(a.device).cuda_stream)
+        return out

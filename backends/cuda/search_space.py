@@ -1,0 +1,284 @@
+"""The search space an expert would enumerate for the raw CUDA backend, best first.
+
+A coarse cost model orders the candidates (waves, tile efficiency, K-loop
+latency, split-K traffic); it only ranks, the GPU measurement decides. The
+model's rates are leads from the H200 notes (CUDA_NOTES.md), not measurements
+of these kernels.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import Instr, Problem, Program, Tile
+
+SMS = SM90A.sms
+MMA_SYNC_RATE = 620e12        # what mma.sync kernels reach on Hopper at best
+WGMMA_RATE = 800e12           # best hand-written wgmma GEMMs
+DRAM_RATE = 4.0e12
+L2_RATE = 10e12             # operand bytes per second L2 feeds all SMs together
+LAUNCH_S = 2.5e-6
+MAX_SMEM = SM90A.max_smem_per_block
+# A k-tile's copies take about this long to land when the L2 is cold. A CTA with a ring of S
+# stages has S - 1 tiles in flight, so its K loop cannot run faster than one tile per
+# LOAD_LATENCY_S / (S - 1). A rough calibration: session 3 timed 0.65-0.7 us per k tile of
+# 64x64x64 with 3 stages at 64x64xK, which v4 later found to be partly the K loop's own
+# instructions (CUDA_NOTES.md); it only ranks.
+LOAD_LATENCY_S = 1.3e-6
+STAGES = (2, 3, 4, 5, 6, 8)
+# wgmma's rings: one 4-warp CTA an SM keeps its loads' latency covered only with many k tiles
+# in flight (session 26's search: 8 stages beat 6 by 3-15 % at 64x128 tiles, K 512-4096).
+WGMMA_STAGES = (3, 4, 5, 6, 8, 10, 12)
+# Multistage tiles under 64: on problems of a few tiles they spread the work over more SMs and
+# shorten each CTA's chain of mma.sync per k step (CUTLASS's 64x16 tile won the smallest
+# sample shapes in session 13). Offered only where the 64x64 tiles leave SMs idle.
+NARROW_TILES = ((64, 32), (32, 64), (32, 32), (64, 16), (16, 64))
+SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# The multistage ring read by wgmma (session 26's probe: best of 16 such variants 0.835x
+# torch.matmul at the 29 sample shapes of 1-16 GFLOP, against 0.726x for the selected mma.sync
+# programs; CUDA_NOTES.md): 64-deep k tiles, warpgroups stacked along M.
+WGMMA_WARPS = {64: ((4, 1),), 128: ((4, 1), (8, 1)), 256: ((8, 1),)}
+MMA_WARPS = ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4))
+
+# (tile M, tile N) -> fraction of the instruction rate a CTA of that tile sustains
+# (narrow tiles scaled from 64x64 by their operand reuse, tile M*N / (M + N): a guess that ranks)
+_MS_TILE_EFF = {(64, 64): 0.45, (64, 128): 0.62, (128, 64): 0.62, (128, 128): 0.82, (128, 256): 0.92,
+                (256, 128): 0.9, (64, 32): 0.30, (32, 64): 0.30, (32, 32): 0.22, (64, 16): 0.18, (16, 64): 0.18}
+_WS_TILE_EFF = {("ws_cooperative", 128, 128): 0.78, ("ws_cooperative", 128, 256): 0.95,
+                ("ws_cooperative", 256, 128): 0.93, ("ws_pingpong", 128, 128): 0.9, ("ws_pingpong", 64, 256): 0.88}
+
+
+def _bound(problem: Problem) -> Problem:
+    if not problem.is_bound:
+        return problem.with_shape(problem.m or 4096, problem.n or 4096, problem.k or 4096)
+    return problem
+
+
+def _multistage(problem: Problem) -> list[Program]:
+    from gemmgen.backends.cuda import multistage as ms
+    p = _bound(problem)
+    out = []
+    k_tiles_64 = math.ceil(p.k / 64)
+    splits = [(1, "workspace")]
+    tiles_min = math.ceil(p.m / 128) * math.ceil(p.n / 128)
+    if tiles_min < SMS // 2 and p.k >= 1024:     # small M*N, long K: fill the machine along K
+        # Workspace only: the arrival-order kernel (atomic adds, last CTA finishes) measured
+        # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (CUDA_NOTES.md, v4).
+        splits += [(s, "workspace") for s in SPLITS if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
+    tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+    if math.ceil(p.m / 64) * math.ceil(p.n / 64) < SMS:
+        tiles += NARROW_TILES
+    for (tm, tn) in tiles:
+        # More tiles than SMs: persistent CTAs, whose ring runs across tiles, so the next tile
+        # loads during this one's stores and a ring deeper than one tile's K loop still fills
+        # (CUDA_NOTES.md, session 24). Under four waves of tiles and K of 1024 or more:
+        # stream-K, whose CTAs share the iterations evenly, so no wave runs part empty (at K <=
+        # 512 its probe lost to the persistent twin at all 12 shapes, CUDA_NOTES.md session 25).
+        n_tiles = math.ceil(p.m / tm) * math.ceil(p.n / tn)
+        schedulers = ("tile", "persistent") if n_tiles > SMS else ("tile",)
+        if n_tiles < 4 * SMS and p.k >= 1024:
+            schedulers += ("stream_k",)
+        # (instruction, tile K, warps); no k tile twice as deep as K (half of it would be zeros)
+        maths = [(Instr("mma", 16, 8, 16), tk, warps) for tk in (32, 64, 128) if tk == 32 or p.k > tk // 2
+                 for warps in MMA_WARPS]
+        if p.k > 32 and tm <= 64 * math.ceil(p.m / 64) and tn <= 64 * math.ceil(p.n / 64):  # no wgmma on zero rows
+            maths += [(Instr("wgmma", 64, tn // warps[1], 16), 64, warps) for warps in WGMMA_WARPS.get(tm, ())]
+        for (instr, tk, warps), scheduler in itertools.product(maths, schedulers):
+            # A ring deeper than the K loop only costs shared memory and start-up (a
+            # persistent or stream-K ring runs on into the next tile: up to 4); 2 stages
+            # (what Triton's fastest program at 64^3 used) only where K is a few tiles long.
+            # wgmma's ring holds one slot more than its loads in flight.
+            k_tiles = math.ceil(p.k / tk)
+            deepest = (4 if scheduler != "tile" else max(2, k_tiles + 1)) + (instr.kind == "wgmma")
+            rings = [s for s in (WGMMA_STAGES if instr.kind == "wgmma" else STAGES)
+                     if s <= deepest and not (s == 2 and k_tiles > 4)]
+            for stages, (split, reduce) in itertools.product(rings, splits if scheduler == "tile" else
+                                                             [(1, "workspace")]):
+                prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, tk), warps=warps,
+                               mainloop="multistage", instr=instr, stages=stages,
+                               scheduler=scheduler, raster="m", swizzle=8 if tm * tn >= 128 * 128 else 4,
+                               split_k=split, split_k_reduce=reduce)
+                if not ms.rules(prog.bind(p) if not problem.is_bound else prog):
+                    out.append(prog)
+    return out
+
+
+def _hopper(problem: Problem) -> list[Program]:
+    try:
+        from gemmgen.backends.cuda import hopper as hop
+    except ImportError:
+        return []
+    p = _bound(problem)
+    out = []
+    shapes = [("ws_cooperative", tm, tn, (8, 1)) for tm, tn in ((128, 128), (128, 256), (256, 128))]
+    shapes += [("ws_pingpong", tm, tn, (4, 1)) for tm, tn in ((128, 128), (64, 256))]
+    for mainloop, tm, tn, warps in shapes:
+        wg_n = tn // warps[1]
+        for stages in (3, 4, 5, 6):
+            for cluster in ((1, 1), (2, 1)):
+                prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, 64), warps=warps,
+                               mainloop=mainloop, instr=Instr("wgmma", 64, wg_n, 16),
+                               cluster=cluster, stages=stages, scheduler="persistent", raster="m",
+                               swizzle=8 if p.m >= p.n else 4, smem_swizzle=128)
+                if not hop.rules(prog.bind(p) if not problem.is_bound else prog):
+                    out.append(prog)
+    return out
+
+
+def _resident(program: Program) -> int:
+    """Multistage CTAs an SM holds at once, from shared memory and a register guess (1.5 a
+    fp32 accumulator plus 56: 64x128 on 2x2 warps measured 120-182, 128x128 236-255; the
+    driver decides at launch). CTAs resident together overlap their loads' latency."""
+    from gemmgen.backends.cuda import multistage as ms
+    if program.mainloop != "multistage":
+        return 1
+    t = program.tile
+    acc = t.m * t.n / (32 * program.num_warps)
+    regs_per_warp = math.ceil(min(255, 1.5 * acc + 56) * 32 / 256) * 256
+    by_regs = SM90A.regs_per_sm // (regs_per_warp * program.num_warps)
+    by_smem = SM90A.smem_per_sm // (ms.smem_bytes(program) + 1024)
+    return max(1, min(by_regs, by_smem))
+
+
+def _wgmma_ring(program: Program) -> bool:
+    """A multistage program whose cp.async ring wgmma reads (the TMA families' rings are
+    ranked as before session 26)."""
+    from gemmgen.backends.cuda import multistage as ms
+    return program.mainloop == "multistage" and ms.wgmma(program)
+
+
+def _loads_ahead(program: Program, stages: int) -> int:
+    """k tiles a ring of `stages` keeps loading: one slot is being read, and with wgmma
+    another still may be (CUDA_NOTES.md, session 26)."""
+    return max(1, stages - (2 if _wgmma_ring(program) else 1))
+
+
+def _k_iters(program: Program, problem: Problem) -> int:
+    """K tiles one CTA walks (its split-K slice)."""
+    return math.ceil(math.ceil(problem.k / program.tile.k) / program.split_k)
+
+
+def estimate_seconds(program: Program, problem: Problem) -> float:
+    """A ranking model: time of the waves of CTAs plus start-up and K-loop latency."""
+    p, t = problem, program.tile
+    ws = program.mainloop != "multistage"
+    tiles = math.ceil(p.m / t.m) * math.ceil(p.n / t.n)
+    ctas = tiles * program.split_k
+    k_iters = _k_iters(program, p)
+    eff = _WS_TILE_EFF.get((program.mainloop, t.m, t.n), 0.6) if ws else _MS_TILE_EFF.get((t.m, t.n), 0.6)
+    rate_per_sm = (WGMMA_RATE if ws or _wgmma_ring(program) else MMA_SYNC_RATE) * eff / SMS
+    stream_k = program.scheduler == "stream_k"
+    if stream_k:
+        from gemmgen.backends.cuda.multistage import stream_k_grid
+        ctas = stream_k_grid(tiles * k_iters, SMS * _resident(program))
+    if ws:   # persistent: tiles spread over the SMs, the last partial wave costs what it holds
+        waves = tiles / SMS
+        waves = math.floor(waves) + (1.0 if waves % 1 else 0.0)
+    elif stream_k:     # every CTA gets the same share of the iterations
+        waves = tiles / min(ctas, SMS)
+    else:
+        waves = math.ceil(ctas / SMS)
+    compute = waves * 2 * t.m * t.n * k_iters * t.k / rate_per_sm
+    split = program.split_k > 1
+    # Split-K: every slice writes its partial tile, a second kernel reads them all back.
+    # Stream-K: each CTA writes at most one partial tile, which the tile's first CTA reads back
+    # in the same launch, one CTA's after another.
+    partials = program.split_k * p.m * p.n if split else ctas * t.m * t.n if stream_k else 0
+    memory = (p.bytes + partials * 4 * 2) / DRAM_RATE
+    stages = min(program.stages or 3, k_iters + 1)       # the ring fills at most the K loop
+    in_flight = _loads_ahead(program, stages)
+    # Start-up: the ring's first loads. wgmma's rings are not charged past 4 stages: the first
+    # wait is on the oldest k tile only, and session 26's searches found 8 stages beat 6.
+    ring_start = min(stages, 4) if _wgmma_ring(program) else stages
+    latency = LAUNCH_S + (ring_start + 2) * 0.1e-6 + split * 2.5e-6
+    if stream_k:
+        latency += 1.0e-6 + 0.3e-6 * max(0, math.ceil(ctas / tiles) - 1)
+    # Each K step streams (tile M + tile N) x tile K operands through L2 into the SM;
+    # small tiles are bound by that feed rather than by the tensor cores.
+    feed = k_iters * waves * (t.m + t.n) * t.k * 2 / (L2_RATE / SMS)
+    # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads,
+    # unless other CTAs on the SM load meanwhile.
+    resident_waves = waves if ws else tiles / ctas if stream_k else math.ceil(ctas / (SMS * _resident(program)))
+    pipeline = resident_waves * k_iters * LOAD_LATENCY_S / in_flight if k_iters > 1 else 0.0
+    factor = 1.0
+    if not ws and program.scheduler == "persistent":
+        # Session 24's probe, one program both ways at 22 shapes: persistent ran 0.97-1.13x as
+        # fast as one CTA a tile from 256 tiles on, 0.94-0.98x at 128-192 (little to load early).
+        factor *= 0.95 if tiles >= 2 * SMS else 1.05
+    if program.cluster[0] > 1:   # multicast halves B traffic once tiles fill the chip
+        factor *= 0.97 if tiles >= 2 * SMS else 1.03
+    return max(compute, memory, feed, pipeline) * factor + latency
+
+
+NEAR_BEST = 1.25  # groups whose best estimate is within this factor of the best take turns first
+
+
+def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
+    """Ranked, alternating between the (family, tile, split) groups near the best estimate so
+    near-ties stay diverse; the groups far behind come after. (Alternating between all groups
+    spent the measured slots on tiles that could not win: at 64x64x512 four of six were
+    128x128 and larger, 2-4x slower than the 64x64 tile, whose deeper rings went unmeasured.)"""
+    scored = [(estimate_seconds(q.bind(problem), problem), q) for q in programs]
+    scored.sort(key=lambda eq: (_percent_bin(eq[0]), _tiebreak(eq[1], problem)))
+    groups: dict[tuple, list[tuple[float, Program]]] = {}
+    for est, q in scored:
+        key = (q.mainloop, q.instr.kind if q.instr else None, q.scheduler, q.tile.m, q.tile.n, q.split_k, q.cluster)
+        groups.setdefault(key, []).append((est, q))
+    if not groups:
+        return []
+    best = min(g[0][0] for g in groups.values())
+    near = [[q for _, q in g] for g in groups.values() if g[0][0] <= NEAR_BEST * best]
+    far = [[q for _, q in g] for g in groups.values() if g[0][0] > NEAR_BEST * best]
+    out = []
+    for ordered in (near, far):
+        for depth in range(max((len(g) for g in ordered), default=0)):
+            out += [g[depth] for g in ordered if depth < len(g)]
+    return out
+
+
+def _percent_bin(seconds: float) -> int:
+    """Estimates within about 1 % are ties (the model cannot tell them apart; the tie-break
+    then prefers the ring depth the K loop fills)."""
+    return round(math.log(max(seconds, 1e-12)) / math.log(1.01))
+
+
+def _tiebreak(q: Program, problem: Problem) -> tuple:
+    """Among equal estimates: the ring depth nearest 4 that the K loop can fill (K tiles + 1,
+    at least 2, or 3 when persistent), then 3, then 5 (wgmma: below); wider K tiles; 8 warps for tiles over 128x128, 4 for the others
+    (session 24: 128x128 on 2x2 warps, two CTAs an SM, beat 4x2 at 18 of 22 short-K shapes); then
+    square warp tiles, the wider in N first. (Session 12's multistage runs timed the warp
+    layouts of one tile and ring side by side: 256x128 on 2x4 warps, 128x32 each, took 1.06x
+    the time of 4x2; 64x64 on 1x4 1.15x that of 2x2; 64x128 on 4x1 1.10x and on 1x4 1.01x;
+    of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
+    # A persistent or stream-K ring runs across tiles: it fills 3 stages however short K is.
+    depth = q.stages or 4
+    if _wgmma_ring(q):
+        # wgmma: the deepest ring the K loop fills, up to 8, then the deeper ones, then the
+        # shallower (session 26's search: rings of 6 and 8 won 19 of the 40 shapes wgmma won,
+        # 9 of those ranked 24th-29th when depth 4 came first).
+        fill = min(8, _k_iters(q, problem) + 2) if q.scheduler == "tile" else 5
+        rank = 0 if depth == fill else 1 if depth > fill else min(4, 1 + fill - depth)
+    else:
+        preferred = min(4, max(3 if q.scheduler != "tile" else 2, _k_iters(q, problem) + 1))
+        rank = 0 if depth == preferred else {4: 1, 3: 2, 5: 3}.get(depth, 4)
+    warps = -q.num_warps if q.tile.m * q.tile.n > 128 * 128 else q.num_warps
+    warp_m, warp_n = q.tile.m / q.warps[0], q.tile.n / q.warps[1]
+    warp_tile = (abs(math.log2(warp_m / warp_n)), warp_n < warp_m)
+    return (rank, -q.tile.k, warps, warp_tile, q.cluster)
+
+
+def space(problem: Problem, limit: int = 40) -> list[Program]:
+    """Both families' candidates for `problem`, best first, at most `limit`.
+
+    Half the slots go to each family when both have candidates, so a search
+    always measures some of both.
+    """
+    p = _bound(problem)
+    ms = _round_robin(_multistage(problem), p)
+    hop = _round_robin(_hopper(problem), p)
+    half = limit // 2
+    take_hop = min(len(hop), max(half, limit - len(ms)))
+    chosen = ms[: limit - take_hop] + hop[:take_hop]
+    return [replace(q, spans={}) for q in chosen]

@@ -1,0 +1,111 @@
+"""What the Triton backend can realise: its limits and rules, and `SUPPORT`, the table the
+validator reads (docs/backends.md, "Triton")."""
+from __future__ import annotations
+
+from gemmgen.backends.base import Support
+from gemmgen.backends.triton.lowering import epilogue_staging_bytes, num_stages
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import DTYPE_BYTES, Problem, Program
+
+WARP_COUNTS = (4, 8, 16)
+MAX_TILE = {"m": 256, "n": 256, "k": 128}
+MAX_STAGES = 6
+MAX_SPLIT_K = 32
+MAX_ACC_REGS = 128           # fp32 accumulator registers per thread before spills dominate
+INT32_LIMIT = 2**31
+
+
+def _pow2(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+def _tile_rules(p: Program) -> list[tuple[str, str]]:
+    out = []
+    t = p.tile
+    for dim, value in (("m", t.m), ("n", t.n), ("k", t.k)):
+        if not (_pow2(value) and 16 <= value <= MAX_TILE[dim]):
+            out.append(("tile", f"tile {dim.upper()}={value} must be a power of two from 16 to {MAX_TILE[dim]} "
+                                "(Triton block shapes are powers of two): try "
+                                f"{min(MAX_TILE[dim], max(16, 1 << (max(value, 1) - 1).bit_length()))}"))
+    if p.num_warps not in WARP_COUNTS:
+        out.append(("warps", f"{p.num_warps} warps: Triton on Hopper needs whole warpgroups, "
+                             f"write warps 4x1, 8x1 or 16x1 ({', '.join(map(str, WARP_COUNTS))} warps)"))
+    elif t.m * t.n // (32 * p.num_warps) > MAX_ACC_REGS:
+        need = t.m * t.n // (32 * MAX_ACC_REGS)
+        out.append(("warps", f"a {t.m}x{t.n} fp32 accumulator over {p.num_warps} warps is "
+                             f"{t.m * t.n // (32 * p.num_warps)} registers per thread (most {MAX_ACC_REGS}): "
+                             f"use {need} warps or a smaller tile"))
+    if p.stages is not None and not 1 <= p.stages <= MAX_STAGES:
+        out.append(("stages", f"stages {p.stages}: Triton pipelines 1 to {MAX_STAGES} stages; write stages 3"))
+    if p.swizzle < 1:
+        out.append(("raster", f"swizzle={p.swizzle}: the group width must be at least 1"))
+    stages = num_stages(p)
+    staging = epilogue_staging_bytes(p)
+    smem = stages * (t.m * t.k + t.k * t.n) * 2 + staging
+    if smem > SM90A.max_smem_per_block:
+        what = f" plus {staging} B to stage the TMA-stored output" if staging else ""
+        out.append(("stages", f"{stages} stages of a {t.m}x{t.n}x{t.k} tile{what} need {smem} B of shared memory "
+                              f"(most {SM90A.max_smem_per_block}): use fewer stages or a smaller tile K"))
+    return out
+
+
+def _problem_rules(p: Program) -> list[tuple[str, str]]:
+    out = []
+    pr = p.problem
+    if pr.acc_dtype != "f32":
+        out.append(("gemm", f"acc={pr.acc_dtype}: the Triton backend accumulates in fp32; write acc=f32"))
+    if p.split_k > MAX_SPLIT_K:
+        out.append(("split_k", f"split_k {p.split_k}: at most {MAX_SPLIT_K} slices"))
+    if not pr.is_bound:
+        return out
+    k_tiles = -(-pr.k // p.tile.k)
+    if p.split_k > k_tiles:
+        out.append(("split_k", f"split_k {p.split_k} leaves slices without work: K={pr.k} has only {k_tiles} "
+                               f"K tiles of {p.tile.k}; use split_k {max(1, k_tiles)} or less"))
+    largest = max(pr.m * pr.k, pr.k * pr.n, pr.m * pr.n * max(1, p.split_k if p.split_k > 1 else 1))
+    if largest >= INT32_LIMIT:
+        out.append(("gemm", "an operand or the split-K workspace has 2^31 elements or more; the Triton "
+                            "kernels index with int32: split the problem"))
+    return out
+
+
+def tma_misaligned(problem: Problem) -> list[str]:
+    """Operands whose row stride is not a multiple of 16 bytes (TMA cannot describe them)."""
+    bad = []
+    for operand, major, stride in (("A", problem.a_major, problem.k if problem.a_major == "row" else problem.m),
+                                   ("B", problem.b_major, problem.n if problem.b_major == "row" else problem.k)):
+        if stride is not None and stride * DTYPE_BYTES[problem.in_dtype] % 16:
+            bad.append(f"{operand} ({major}-major, leading dimension {stride})")
+    return bad
+
+
+def _tma_rules(p: Program) -> list[tuple[str, str]]:
+    if p.scheduler != "persistent":
+        return []
+    bad = tma_misaligned(p.problem)
+    if bad:
+        return [("scheduler", "scheduler persistent loads operands by TMA, which needs every row stride to be a "
+                              f"multiple of 16 bytes (8 fp16 elements); {' and '.join(bad)} is not: "
+                              "use scheduler tile (the cp.async pointer kernel, mainloop multistage)")]
+    return []
+
+
+SUPPORT = Support(
+    mainloops=frozenset({"multistage"}),
+    schedulers=frozenset({"tile", "persistent"}),
+    instr_kinds=frozenset({None}),
+    split_k_reduces=frozenset({"workspace", "unordered", "atomic"}),
+    activations=frozenset({"relu", "gelu", "silu"}),
+    bias=True,
+    residual=True,
+    beta=True,
+    max_cluster=1,
+    smem_swizzles=frozenset({None}),
+    auto_stages=True,
+    majors_a=frozenset({"row", "col"}),
+    majors_b=frozenset({"row", "col"}),
+    majors_c=frozenset({"row"}),
+    out_dtypes=frozenset({"f16", "bf16", "f32"}),
+    in_dtypes=frozenset({"f16", "bf16"}),
+    extra_rules=(_tile_rules, _problem_rules, _tma_rules),
+)

@@ -1,0 +1,211 @@
+"""The Triton search space: what a Hopper Triton expert would try for one problem, best first.
+
+Enumerated: tiles {64,128,256} x {64,128,256} x {32,64,128}, 4 or 8 warps,
+2-5 stages, pointer (scheduler tile) or persistent TMA kernels, split-K
+{1,2,4,8,16} when the output has too few tiles to fill the GPU (each reduced in a
+deterministic workspace or `unordered`, fp32 partials added as they arrive), and for the
+leading configurations the rasterisation (raster n swizzle=8 is triton's GROUP_M=8 order;
+also swizzle 16, raster m, and no banding).
+
+Pruned: tiles much wider than the matrix (a 256-row tile for M=64), shared
+memory over the limit, accumulators over 128 registers per thread, TMA on
+unaligned operands, split-K slices shorter than two K tiles.
+
+Ordered by a roofline-with-waves estimate (`estimate_us`, documented in
+docs/backends.md): each CTA runs its tile at the tensor-core rate scaled by an
+efficiency that grows with tile area, depth of pipeline and warps, or at the
+rate its SM can stream operands (bytes in flight per memory latency); CTAs run in
+waves of 132 x (CTAs per SM); DRAM and L2 traffic give floors; split-K adds
+its workspace traffic and a reduce launch. The estimate only orders
+candidates; the measured time decides. A diversity pass keeps the first dozen
+from being twelve variants of one idea.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import Iterable
+
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import Problem, Program, Tile
+
+TILE_MN = (64, 128, 256)
+TILE_K = (32, 64, 128)
+SPLITS = (1, 2, 4, 8, 16)
+L2_BYTES_PER_S = 10e12
+DRAM_BYTES_PER_S = 3.6e12       # what a streaming kernel reaches on an H200, not the datasheet
+SM_BYTES_PER_S = 150e9          # most operand bandwidth one SM sustains on its own
+MEMORY_LATENCY_S = 0.8e-6       # DRAM round trip under load, what the pipeline must cover
+REDUCE_LAUNCH_US = 2.5
+LAUNCH_US = 2.0
+#: what a persistent TMA kernel costs more than a pointer kernel when there is little work (not
+#: profiled: its tile loop's set-up and TMA loads are the candidates): in the shipped database the
+#: best `scheduler tile` program beat the best persistent one by 0.13-1.25 us (median 0.45 us) on
+#: all 25 problems under 2 GFLOP where both were timed
+PERSISTENT_START_US = 0.5
+SPACE_SIZE = 48
+
+
+def warp_layout(block_m: int, num_warps: int) -> tuple[int, int]:
+    """How Triton lays out warps for wgmma: 4 along M per warpgroup, more along M while rows last."""
+    wm, wn = 4, 1
+    while wm * wn < num_warps:
+        if block_m > 16 * wm:
+            wm *= 2
+        else:
+            wn *= 2
+    return wm, wn
+
+
+def _smem(t: Tile, stages: int) -> int:
+    return stages * (t.m * t.k + t.k * t.n) * 2
+
+
+def _efficiency(t: Tile, warps: int, stages: int, persistent: bool) -> float:
+    """Fraction of tensor-core peak one CTA sustains in its main loop (a coarse table, not a model)."""
+    area = t.m * t.n
+    eff = {64 * 64: 0.42, 64 * 128: 0.58, 128 * 128: 0.72, 128 * 256: 0.82, 256 * 256: 0.82}.get(area, 0.5)
+    if t.m == 64 and t.n == 256:
+        eff = 0.66
+    if area >= 128 * 256 and warps < 8:
+        eff *= 0.7
+    if area <= 64 * 128 and warps > 4:
+        eff *= 0.9
+    eff *= {32: 0.9, 64: 1.0, 128: 0.96}[t.k]
+    eff *= 0.85 if stages <= 2 else 1.0
+    if persistent:
+        eff *= 1.04   # TMA loads free the warps from address math; the flattened loop hides the epilogue
+    return eff
+
+
+def estimate_us(p: Program) -> float:
+    """Rough device time of `p` in microseconds; see the module docstring."""
+    pr, t = p.problem, p.tile
+    m, n, k = pr.m, pr.n, pr.k
+    stages = p.stages or 3
+    split = p.split_k
+    tiles = math.ceil(m / t.m) * math.ceil(n / t.n)
+    ctas = tiles * split
+    smem = _smem(t, stages)
+    per_sm = max(1, min(2, (SM90A.smem_per_sm - 1024) // (smem + 1024)))
+    if p.num_warps * 32 * per_sm > 2048 or t.m * t.n * per_sm > 2 * 128 * 256:
+        per_sm = 1
+    k_slice = math.ceil(math.ceil(k / t.k) / split) * t.k
+    eff = _efficiency(t, p.num_warps, stages, p.scheduler == "persistent")
+    if per_sm > 1:
+        eff = min(0.9, eff * 1.08)
+    peak_sm = SM90A.peak_flops_f16 / SM90A.sms
+    # A CTA is bound by its tensor cores or by how fast its SM pulls operand panels: the bytes
+    # a pipeline keeps in flight ((stages - 1) tiles of A and B) per memory latency, up to a cap.
+    in_flight = (stages - 1) * (t.m + t.n) * t.k * 2 * per_sm
+    sm_bytes_per_s = min(SM_BYTES_PER_S, in_flight / MEMORY_LATENCY_S)
+    cta_s = max(2 * t.m * t.n * k_slice / (peak_sm * eff), (t.m + t.n) * k_slice * 2 * per_sm / sm_bytes_per_s)
+    if p.scheduler == "persistent":   # one CTA per SM, walking ceil(ctas / SMs) work items
+        compute = math.ceil(ctas / SM90A.sms) * cta_s
+    else:                             # waves of SMs x CTAs-per-SM, CTAs on one SM sharing its tensor cores
+        sharing = min(per_sm, math.ceil(ctas / SM90A.sms))
+        compute = math.ceil(ctas / (SM90A.sms * per_sm)) * sharing * cta_s
+    dram = (m * k + k * n + m * n) * 2 / DRAM_BYTES_PER_S
+    l2 = (m * k * math.ceil(n / t.n) + k * n * math.ceil(m / t.m)) * 2 / L2_BYTES_PER_S
+    total = max(compute, dram, l2) * 1e6 + LAUNCH_US
+    if p.scheduler == "persistent":
+        total += PERSISTENT_START_US
+    if split > 1:
+        ws_bytes = m * n * 4 * (2 * split if p.split_k_reduce == "workspace" else 2)
+        total += REDUCE_LAUNCH_US + ws_bytes / DRAM_BYTES_PER_S * 1e6
+    return total
+
+
+def _tile_fits(size: int, dim: int) -> bool:
+    """No tile more than twice the padded dimension (a 256-row tile for M=64 is waste)."""
+    return size <= max(64, 1 << max(0, (dim - 1).bit_length()))
+
+
+def _base_candidates(pr: Problem) -> Iterable[Program]:
+    from gemmgen.backends.triton.rules import SUPPORT, tma_misaligned
+    m, n, k = pr.m, pr.n, pr.k
+    schedulers = ("tile",) if tma_misaligned(pr) else ("tile", "persistent")
+    for bm, bn, bk in itertools.product(TILE_MN, TILE_MN, TILE_K):
+        if not (_tile_fits(bm, m) and _tile_fits(bn, n) and bk <= max(32, 1 << max(0, (k - 1).bit_length()))):
+            continue
+        if bm * bn > 128 * 256:
+            continue
+        tile = Tile(bm, bn, bk)
+        for warps in (4, 8):
+            if bm * bn // (32 * warps) > 128 or (bm * bn <= 64 * 64 and warps == 8):
+                continue
+            for stages in (2, 3, 4, 5):
+                if _smem(tile, stages) > SM90A.max_smem_per_block - 2048:
+                    continue
+                for scheduler in schedulers:
+                    for split in SPLITS:
+                        k_iters = math.ceil(math.ceil(k / bk) / split)
+                        if split > 1 and (k_iters < 2 or math.ceil(m / bm) * math.ceil(n / bn) >= SM90A.sms):
+                            continue
+                        if stages > max(2, k_iters + 1):   # a pipeline deeper than the loop buys nothing
+                            continue
+                        # `unordered` (fp32 partials added as they arrive, then the epilogue) measured
+                        # up to 1.14x torch.matmul at small M x N and long K, where `workspace` reached
+                        # 0.85x (benchmarks/results/split_k); Triton lowers `atomic` the same way
+                        reduces = ("workspace", "unordered") if split > 1 else ("workspace",)
+                        for reduce in reduces:
+                            p = Program(problem=pr, backend="triton", tile=tile,
+                                        warps=warp_layout(bm, warps), mainloop="multistage", stages=stages,
+                                        scheduler=scheduler, raster="n", swizzle=8, split_k=split,
+                                        split_k_reduce=reduce)
+                            if not any(rule(p) for rule in SUPPORT.extra_rules):
+                                yield p
+
+
+def _family(p: Program) -> tuple:
+    return (p.scheduler, p.split_k > 1, p.tile)
+
+
+def _diverse(ranked: list[Program], count: int) -> list[Program]:
+    """Best first, but each repeat of a family (scheduler, split or not, tile) costs 6 %."""
+    chosen, seen = [], {}
+    pool = [(estimate_us(p), p) for p in ranked]
+    while pool and len(chosen) < count:
+        best = min(range(len(pool)), key=lambda i: pool[i][0] * (1 + 0.06 * seen.get(_family(pool[i][1]), 0)))
+        _, p = pool.pop(best)
+        chosen.append(p)
+        seen[_family(p)] = seen.get(_family(p), 0) + 1
+    return chosen
+
+
+def _raster_variants(p: Program) -> list[Program]:
+    """Triton's GROUP_M=8 order (raster n swizzle=8) first, then wider bands and the mirror image."""
+    tiles_m = math.ceil(p.problem.m / p.tile.m)
+    tiles_n = math.ceil(p.problem.n / p.tile.n)
+    out = [p]
+    for raster, group in (("n", 16), ("m", 8), ("n", 1)):
+        across = tiles_m if raster == "n" else tiles_n   # the dimension the bands are cut across
+        if group == 1 or across > group:
+            out.append(replace(p, raster=raster, swizzle=group))
+    return out
+
+
+def generic_space(problem: Problem) -> list[Program]:
+    """For a shape-generic problem: the configurations that are good across shapes."""
+    configs = [((128, 256, 64), 8, 3, "persistent"), ((128, 128, 64), 8, 4, "persistent"),
+               ((128, 128, 64), 4, 4, "tile"), ((128, 256, 64), 8, 3, "tile"), ((64, 128, 64), 4, 4, "tile"),
+               ((128, 64, 64), 4, 4, "tile"), ((64, 64, 64), 4, 4, "tile"), ((64, 64, 128), 4, 3, "tile")]
+    return [Program(problem=problem, backend="triton", tile=Tile(*t), warps=warp_layout(t[0], w),
+                    mainloop="multistage", stages=s, scheduler=sched, raster="n", swizzle=8)
+            for t, w, s, sched in configs]
+
+
+def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
+    """Up to `size` candidate programs for `problem`, best first (unvalidated)."""
+    if not problem.is_bound:
+        return generic_space(problem)
+    ranked = sorted(_base_candidates(problem), key=estimate_us)
+    head = _diverse(ranked[: 6 * size], size)
+    out, seen = [], set()
+    for i, p in enumerate(head):
+        for q in ([p] + (_raster_variants(p)[1:3] if i == 0 and p.problem.m * p.problem.n >= 2048 * 2048 else [])):
+            if q not in seen:
+                seen.add(q)
+                out.append(q)
+    return out[:size]

@@ -1,0 +1,218 @@
+"""`gemmgen check`, `gemmgen fmt`, `gemmgen inspect`: the DSL at the command line.
+
+Errors reach the user as `file:line:col: message` lines, never as tracebacks.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+from gemmgen.errors import GemmgenError
+
+
+def register(subparsers) -> None:
+    check = subparsers.add_parser("check", help="parse and validate kernel programs (.gemm files)",
+                                  description="Parse and validate each FILE; print file:line:col: message "
+                                              "for the first error of each; exit 1 if any file has one.")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("--shape", metavar="MxNxK", help="bind generic programs to this shape before checking")
+    check.set_defaults(func=run_check)
+
+    fmt = subparsers.add_parser("fmt", help="print kernel programs in canonical form",
+                                description="Print the canonical text of each FILE.")
+    fmt.add_argument("files", nargs="+", metavar="FILE")
+    fmt.add_argument("--check", action="store_true", help="print nothing; exit 1 listing files not canonical")
+    fmt.add_argument("--write", action="store_true", help="rewrite each FILE in place in canonical form")
+    fmt.set_defaults(func=run_fmt)
+
+    inspect = subparsers.add_parser("inspect", help="show a program and its derived facts",
+                                    description="Print FILE's program and its derived facts (grid, waves, "
+                                                "shared memory, roofline floor).")
+    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("--shape", metavar="MxNxK", help="bind a generic program to this shape")
+    inspect.add_argument("--lower", metavar="BACKEND", help="also print the source BACKEND lowers it to")
+    inspect.set_defaults(func=run_inspect)
+
+
+def _reporting_warnings(command):
+    """Run `command`, printing any validator warnings once each as one line on stderr."""
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code = command(args)
+        for message in dict.fromkeys(str(w.message) for w in caught):
+            print(f"gemmgen: warning: {message}", file=sys.stderr)
+        return code
+    return run
+
+
+class CommandError(GemmgenError):
+    """A command-line mistake (missing file, bad --shape)."""
+
+
+def _read(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise CommandError(f"{path}: no such file")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"{path}: cannot read it ({exc.__class__.__name__})") from None
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    try:
+        m, n, k = (int(part) for part in parts)
+    except ValueError:
+        raise CommandError(f"--shape {text!r}: write three positive whole numbers as MxNxK, e.g. 4096x4096x4096") from None
+    if min(m, n, k) < 1:
+        raise CommandError(f"--shape {text!r}: M, N and K must be at least 1")
+    return m, n, k
+
+
+def _load(path: str, shape: Optional[str]):
+    """Parse `path`, bind it if a shape is given; ProgramError for a bad program."""
+    from gemmgen.dsl.parser import parse
+
+    program = parse(_read(path), filename=path)
+    if shape:
+        program = program.bind(parse_shape(shape))
+    return program
+
+
+@_reporting_warnings
+def run_check(args: argparse.Namespace) -> int:
+    from gemmgen.dsl.diagnostics import ProgramError
+    from gemmgen.backends import diagnose
+
+    bad = 0
+    for path in args.files:
+        try:
+            program = _load(path, args.shape)
+            problems = diagnose(program)
+        except ProgramError as exc:
+            print(exc.located())
+            bad += 1
+            continue
+        except CommandError as exc:
+            print(f"{exc}")
+            bad += 1
+            continue
+        if problems:
+            print(problems[0].format(path))
+            bad += 1
+    total = len(args.files)
+    if bad:
+        print(f"{bad} of {total} file(s) have errors", file=sys.stderr)
+        return 1
+    print(f"{total} file(s) OK")
+    return 0
+
+
+def run_fmt(args: argparse.Namespace) -> int:
+    from gemmgen.dsl.diagnostics import ProgramError
+    from gemmgen.dsl.parser import parse_with_comments
+    from gemmgen.dsl.printer import to_text_with_comments
+
+    failed, not_canonical = 0, []
+    for path in args.files:
+        try:
+            text = _read(path)
+            canonical = to_text_with_comments(*parse_with_comments(text, filename=path))
+        except (ProgramError, CommandError) as exc:
+            print(str(exc), file=sys.stderr)
+            failed += 1
+            continue
+        if args.check:
+            if text != canonical:
+                not_canonical.append(path)
+        elif args.write:
+            if text != canonical:
+                Path(path).write_text(canonical)
+                print(f"rewrote {path}")
+        else:
+            if len(args.files) > 1:
+                print(f"# {path}")
+            sys.stdout.write(canonical)
+    if args.check and not_canonical:
+        for path in not_canonical:
+            print(f"{path}: not in canonical form (run `gemmgen fmt --write {path}`)")
+        return 1
+    return 1 if failed else 0
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name.ljust(width)}  {value}" for name, value in rows)
+
+
+@_reporting_warnings
+def run_inspect(args: argparse.Namespace) -> int:
+    from gemmgen.dsl.diagnostics import ProgramError
+    from gemmgen.dsl.facts import facts
+    from gemmgen.dsl.printer import to_text
+    from gemmgen.backends import diagnose
+
+    try:
+        program = _load(args.file, args.shape)
+    except ProgramError as exc:
+        print(exc.located())
+        return 1
+    print(f"# {args.file}" + (f" bound to {args.shape}" if args.shape else ""))
+    print(to_text(program), end="")
+    problems = diagnose(program)
+    print()
+    if problems:
+        print("problems:")
+        for d in problems:
+            print(f"  {d.format(args.file)}")
+        print()
+    else:
+        print("valid for sm_90a" + ("" if program.problem.is_bound else
+                                    " (shape-generic: --shape MxNxK binds it and adds the grid facts)"))
+        print()
+    try:
+        derived = facts(program)
+    except (ZeroDivisionError, TypeError, ValueError):
+        print("derived facts: unavailable until the problems above are fixed")
+        return 1
+    print("derived facts:")
+    print(_table(derived.rows()))
+    if args.lower:
+        print()
+        print(_lower(program, args.lower))
+    return 1 if problems else 0
+
+
+def _lower(program, backend: str) -> str:
+    from dataclasses import replace
+
+    from gemmgen import backends
+    from gemmgen.backends import diagnose
+
+    if backend not in backends.names():
+        raise CommandError(f"--lower {backend}: unknown backend; choose one of {', '.join(backends.names())}")
+    try:
+        module = backends.get(backend)
+    except ImportError as exc:
+        raise CommandError(f"--lower {backend}: the {backend} backend is not available here "
+                           f"({exc.__class__.__name__}: {exc})") from None
+    if program.backend != backend:
+        program = replace(program, backend=backend)
+    problems = diagnose(program)
+    if problems:
+        raise CommandError(f"--lower {backend}: not lowering an invalid program: {problems[0].message}")
+    try:
+        source = module.lower(program)
+    except GemmgenError:
+        raise
+    except Exception as exc:  # a backend bug must still reach the user as one line
+        raise CommandError(f"--lower {backend}: the backend failed ({exc.__class__.__name__}: {exc}); "
+                           "please report this program") from None
+    return f"# lowered by the {backend} backend (entry {source.entry})\n{source.text}"

@@ -1,0 +1,135 @@
+"""`gemmgen tune` (fill the tuning database) and `gemmgen compile MxNxK` (what a model compiler gets)."""
+from __future__ import annotations
+
+import re
+
+from gemmgen.backends import registry as backend_registry
+from gemmgen.errors import GemmgenError
+
+
+def register(subparsers) -> None:
+    tune = subparsers.add_parser(
+        "tune", help="propose, build, check, time and record kernels for a list of shapes",
+        description="Tune every shape of a CSV (M,N,K columns): propose candidates, build them in "
+                    "parallel, check and time each in an isolated worker against baselines measured "
+                    "in the same run, and record every trial. Resumable: measured pairs are skipped.")
+    tune.add_argument("--shapes", required=True, metavar="FILE",
+                      help="CSV of M,N,K[,layout] (layout nn|nt|tn|tt: A then B, n = row-major)")
+    tune.add_argument("--proposer", default="heuristic", help="heuristic | random | policy | programs")
+    tune.add_argument("--programs", metavar="PATH", default=None,
+                      help="a .gemm file or a folder of them: propose those programs, re-bound to every "
+                           "shape of the CSV they fit (implies --proposer programs)")
+    tune.add_argument("--budget", type=int, default=8, metavar="N", help="trials per shape (default 8)")
+    tune.add_argument("--backends", default=",".join(backend_registry.NAMES),
+                      help="comma-separated backends; 'cublaslt' adds a search of cuBLASLt's own "
+                           "algorithms per shape (docs/tuning.md)")
+    tune.add_argument("--db", metavar="PATH", help="database (default: GEMMGEN_DB or "
+                                                   "~/.cache/gemmgen/tuning.sqlite)")
+    tune.add_argument("--time-budget", type=float, default=None, metavar="S",
+                      help="stop starting new trials after S seconds")
+    tune.add_argument("--mode", choices=("offline", "both"), default="offline",
+                      help="offline: back-to-back device time, L2 flushed (what winners are chosen by); "
+                           "both: also server-mode time")
+    tune.add_argument("--baselines", default="torch,cublas_nn,cublas_tn,lt_heuristic,lt_autotune",
+                      help="baselines timed per shape in the same run; the best is what a winner must beat")
+    tune.add_argument("--epilogue", default=None, help="epilogue for every shape, e.g. 'bias=n gelu'")
+    tune.add_argument("--seed", type=int, default=0, help="proposal seed (random proposer)")
+    tune.add_argument("--jobs", type=int, default=None, help="parallel builds (default: every core)")
+    tune.add_argument("--worker-timeout", type=float, default=60.0, metavar="S",
+                      help="seconds one candidate may take in the worker before it counts as hung")
+    tune.add_argument("--shard", default=None, metavar="I/N", help="tune every N-th shape from the I-th")
+    tune.add_argument("--no-progress", action="store_true")
+    tune.set_defaults(func=_tune)
+
+    comp = subparsers.add_parser(
+        "compile", help="the kernel gemmgen.compile gives for a shape: program, provenance, source",
+        description="Look a shape up the way gemmgen.compile does and print the chosen program, where "
+                    "it came from, and its generated source. With a GPU, also check it and time it "
+                    "against torch.matmul.")
+    comp.add_argument("shape", metavar="MxNxK")
+    comp.add_argument("--a-major", choices=("row", "col"), default="row")
+    comp.add_argument("--b-major", choices=("row", "col"), default="row")
+    comp.add_argument("--epilogue", default=None, help="e.g. 'bias=n gelu' or 'alpha=0.5 residual'")
+    comp.add_argument("--db", metavar="PATH", help="database laid over the shipped records")
+    comp.add_argument("--device", default=None, help="GPU name to look up (default: this GPU, or NVIDIA H200)")
+    comp.add_argument("--deterministic", action="store_true",
+                      help="pass over programs whose split-K adds partials in arrival order (`unordered`)")
+    comp.add_argument("--no-source", action="store_true", help="do not print the generated source")
+    comp.add_argument("--no-run", action="store_true", help="do not check or time, even with a GPU")
+    comp.set_defaults(func=_compile)
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX,]\s*(\d+)\s*[xX,]\s*(\d+)\s*", text)
+    if not match:
+        raise GemmgenError(f"shape {text!r} not understood; write MxNxK, e.g. 4096x4096x4096")
+    return tuple(int(g) for g in match.groups())  # type: ignore[return-value]
+
+
+def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str | None = None) -> list:
+    """The problems of a shapes CSV (the bench's format and parser), optionally one shard."""
+    from dataclasses import replace
+
+    from gemmgen.compile import parse_epilogue
+    from gemmgen.measure.shapes import read_shapes, shard
+
+    epi = parse_epilogue(epilogue) if epilogue else None
+    problems = [s.problem() for s in shard(read_shapes(shapes_file), shard_spec)]
+    return [replace(p, epilogue=epi) for p in problems] if epi else problems
+
+
+def _tune(args) -> int:
+    from pathlib import Path
+
+    from gemmgen.compile import clear_cache
+    from gemmgen.policy.proposers import proposer_for
+    from gemmgen.tune import split_library, tune_backends
+    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tuning_db import Database, default_db_path
+
+    library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
+    problems = tune_problems(args.shapes, args.shard, args.epilogue)
+    proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
+                if backends or args.programs or args.proposer == "programs" else None)   # else the library only
+    baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
+    db_path = Path(args.db) if args.db else default_db_path()
+    with Database(db_path) as db, WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout,
+                                               baselines=baselines) as runner:
+        print(f"tuning on {runner.device.name}, database {db_path}")
+        tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(jobs=args.jobs),
+                      runner=runner, db=db, budget=args.budget, time_budget_s=args.time_budget,
+                      seed=args.seed, progress=not args.no_progress, announce=print)
+        winners = len(db.winners(runner.device.name))
+        served = len(db.library_winners(runner.device.name))
+    clear_cache()
+    print(f"on {runner.device.name} in {db_path}: {winners} problems with a winning program, "
+          f"{served} served by a cuBLASLt algorithm")
+    return 0
+
+
+def _compile(args) -> int:
+    from gemmgen.compile import compile
+
+    kernel = compile(parse_shape(args.shape), a_major=args.a_major, b_major=args.b_major,
+                     epilogue=args.epilogue, device=args.device, db=args.db,
+                     deterministic=True if args.deterministic else None)
+    print(kernel.describe())
+    if not args.no_source:
+        print(f"\nsource ({kernel.backend}):")
+        print(kernel.source.rstrip())
+    if args.no_run:
+        return 0
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    if not has_gpu:
+        print("\n(no GPU here: not checked or timed; on an H200 this command also checks the kernel "
+              "and times it against torch.matmul)")
+        return 0
+    from gemmgen.tune.adapters import compare_with_torch
+
+    print()
+    print(compare_with_torch(kernel))
+    return 0

@@ -1,0 +1,132 @@
+"""`torch.compile(model, backend="gemmgen")`: inductor, with gemmgen kernels for fp16 matmuls.
+
+The backend is inductor's own compiler (`compile_fx`) with one post-grad graph pass
+added (gemmgen/torch_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because the pass is given to inductor as a config
+patch, it applies to the forward graph and to the backward graph inductor compiles
+later. Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
+
+    ops           which matmuls to take and which activations to fuse
+                  (subset of "mm", "addmm", "relu", "gelu", "silu"; default all)
+    devices       device types to rewrite on: ("cuda",) by default; add "cpu" to run the
+                  rewrite on CPU, where the op computes a torch reference (for testing)
+    baseline      "stock" (default): a CUDA matmul with no tuned kernel stays with inductor;
+                  "op": it goes through gemmgen's cuBLAS fallback anyway
+    tune_missing  tune shapes the database lacks at compile time (GPU; minutes); default False
+    tune_budget   trials per shape when tuning (default 8)
+    min_gain_us   take a tuned kernel only if it saves at least this much device time per call
+                  (default 5: the op's extra host cost; see docs/torch_compile.md)
+    join_siblings join matmuls of one activation by several weights (q, k, v; gate, up) into
+                  one wider GEMM where the database's times say it saves min_gain_us; keeps a
+                  joined copy of those weights (their memory once more); default False
+    db            tuning database path (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)
+    inductor      a dict of inductor config patches passed through unchanged
+
+`stats()` says what was rewritten and why the rest was not.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from gemmgen.errors import GemmgenError
+from gemmgen.torch_compile.graph_pass import OP_KINDS, PassOptions, missing_keys, reset_stats, stats
+from gemmgen.torch_compile.tuning import tune_keys
+
+__all__ = ["TorchBackendError", "gemmgen_backend", "make_backend", "missing_keys", "reset_stats", "stats",
+           "tune_keys"]
+
+_DEVICE_TYPES = ("cuda", "cpu")
+_BASELINES = ("stock", "op")
+#: Where the pass goes in inductor's config (the first of the post-grad passes).
+PASS_SLOT = "post_grad_custom_pre_pass"
+_OPTION_NAMES = ("ops", "devices", "baseline", "tune_missing", "tune_budget", "min_gain_us", "join_siblings", "db",
+                 "inductor")
+
+
+class TorchBackendError(GemmgenError):
+    """Options of the gemmgen torch.compile backend that cannot be honoured."""
+
+
+def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
+                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0,
+                 db=None, join_siblings: bool = False) -> PassOptions:
+    """Validated PassOptions from user values."""
+    ops = (ops,) if isinstance(ops, str) else tuple(ops)
+    devices = (devices,) if isinstance(devices, str) else tuple(devices)
+    bad = [o for o in ops if o not in OP_KINDS]
+    if bad:
+        raise TorchBackendError(f"ops {bad} not understood; choose from {', '.join(OP_KINDS)}")
+    bad = [d for d in devices if d not in _DEVICE_TYPES]
+    if bad:
+        raise TorchBackendError(f"devices {bad} not understood; choose from {', '.join(_DEVICE_TYPES)}")
+    if baseline not in _BASELINES:
+        raise TorchBackendError(f"baseline={baseline!r} not understood; choose 'stock' or 'op'")
+    if not isinstance(tune_budget, int) or tune_budget < 1:
+        raise TorchBackendError(f"tune_budget must be a positive integer, got {tune_budget!r}")
+    if not isinstance(min_gain_us, (int, float)) or min_gain_us < 0:
+        raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
+    if not isinstance(join_siblings, bool):
+        raise TorchBackendError(f"join_siblings must be True or False, got {join_siblings!r}")
+    return PassOptions(ops=ops, devices=devices, tune_missing=bool(tune_missing), tune_budget=tune_budget,
+                       db=None if db is None else str(db), baseline=baseline, min_gain_us=float(min_gain_us),
+                       join_siblings=join_siblings)
+
+
+def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
+                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0, db=None,
+                 join_siblings: bool = False, inductor: Optional[Mapping[str, Any]] = None):
+    """A torch.compile backend with these options: torch.compile(m, backend=make_backend(...))."""
+    chosen = pass_options(ops, devices, baseline, tune_missing, tune_budget, min_gain_us, db, join_siblings)
+    patches = dict(inductor or {})
+
+    def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):
+        if options:
+            raise TorchBackendError("a make_backend() backend takes its options from make_backend(); "
+                                    "pass options= only with backend='gemmgen'")
+        return compile_with_pass(gm, example_inputs, chosen, mode=mode, inductor=patches)
+
+    backend.__name__ = "gemmgen"
+    return backend
+
+
+def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):
+    """The registered backend (entry point `gemmgen`): options arrive from torch.compile(options=...)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise TorchBackendError(f"unknown gemmgen backend options {unknown}; valid: {', '.join(_OPTION_NAMES)}")
+    inductor = options.pop("inductor", None) or {}
+    return compile_with_pass(gm, example_inputs, pass_options(**options), mode=mode, inductor=inductor)
+
+
+def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optional[str] = None,
+                      inductor: Optional[Mapping[str, Any]] = None):
+    """Inductor's compile_fx with the gemmgen pass patched in (forward and backward graphs)."""
+    import torch._inductor
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    from gemmgen.torch_compile import ops as torch_ops, graph_pass as torch_pass
+    from gemmgen.torch_compile.graph_pass import GemmgenPass
+
+    torch_ops.set_lookup_db(options.db)
+    patches: dict = {}
+    if mode and mode != "default":
+        patches.update(torch._inductor.list_mode_options(mode))
+    patches.update(inductor or {})
+    if options.join_siblings and patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs):
+        # A graph replays kernels, not the op's Python, so the joined copy would not follow a weight
+        # update; and made in a graph's warm-up, the copy lands in its memory pool, which refuses it.
+        raise TorchBackendError("join_siblings cannot be combined with CUDA graphs (mode='reduce-overhead' or "
+                                "'max-autotune', triton.cudagraphs): turn one of them off")
+    # The pre slot of the post-grad passes: inductor's own post-grad patterns run after it, and
+    # on some versions they split a GPU addmm into mm + add before a post pass could see it.
+    existing = patches.get(PASS_SLOT, getattr(inductor_config, PASS_SLOT))
+    chained = None if isinstance(existing, GemmgenPass) else existing
+    patches[PASS_SLOT] = GemmgenPass(options, chained)
+    seen = torch_pass.stats()["graphs"]
+    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    if torch_pass.stats()["graphs"] == seen:     # the forward graph came from a compile cache
+        torch_pass.note_cache_hit()
+    return compiled
+
+

@@ -1,0 +1,339 @@
+"""The tuning loop: propose -> validate -> build (CPU, parallel) -> check + time (GPU, isolated) -> record.
+
+The loop only orchestrates. Its four parts stay separate and replaceable (as in TVM
+MetaSchedule): the proposer (`gemmgen.policy.proposers`), the builder (`Builder`), the
+runner (`Runner`), the database (`gemmgen.tuning_db.Database`). The default builder and
+runner adapt `gemmgen.backends.build` and `gemmgen.measure.worker` (see tune_adapters.py);
+tests inject fakes.
+
+`tune_library` is the same loop for a vendor library's own algorithms (cuBLASLt): one
+search per problem, in the worker, recorded as a `LibraryChoice`.
+
+Resumable: a (problem, program) pair already in the database for this GPU is skipped,
+and so is a problem with a library choice already recorded for this GPU.
+Every trial is committed as it completes, so an interruption loses at most the one in
+flight. While one chunk of shapes is measured, the next chunk's candidates build.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
+
+from gemmgen.dsl.ir import Problem, Program
+from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
+from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
+
+
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """A built program: the artifact, or why it failed."""
+
+    program: Program
+    artifact: Any = None
+    error: str = ""
+    seconds: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.artifact is not None and not self.error
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Check, then time, of one built candidate in the isolated worker.
+
+    `failure` is set when the worker hung, crashed or faulted (status run_failed);
+    spreads are relative (a fraction of the median).
+    """
+
+    check_passed: Optional[bool] = None
+    check_msg: str = ""
+    max_rel_err: Optional[float] = None
+    err_bound: Optional[float] = None
+    seed: Optional[int] = None
+    device_ms: Optional[float] = None
+    spread: Optional[float] = None
+    server_ms: Optional[float] = None
+    server_spread: Optional[float] = None
+    host_ms: Optional[float] = None
+    failure: str = ""
+    #: torch.matmul timed in the candidate's own worker session, interleaved with it
+    reference: Optional[BaselineTime] = None
+    #: the noise of the speedup over that reference (gemmgen.measure.comparison.speedup_noise)
+    noise: Optional[float] = None
+
+
+class Builder(Protocol):
+    def build_many(self, programs: Sequence[Program]) -> list[BuildOutcome]: ...
+
+
+class Runner(Protocol):
+    device: Device
+
+    def baselines(self, problem: Problem) -> Mapping[str, BaselineTime]: ...
+
+    def measure(self, program: Program, artifact: Any, *, seed: Optional[int]) -> Measurement: ...
+
+    def library(self, problem: Problem) -> Mapping[str, Any]: ...
+
+
+@dataclass
+class TuneReport:
+    shapes: int = 0
+    shapes_done: int = 0
+    recorded: int = 0
+    skipped: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    stopped_by_time: bool = False
+    wall_s: float = 0.0
+    failures: list = field(default_factory=list)     # (problem key, why) of runs that recorded nothing
+    unit: str = "trials"                             # what `recorded` counts
+
+    def summary(self) -> str:
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "none"
+        stop = " (stopped: time budget)" if self.stopped_by_time else ""
+        failed = "".join(f"\n  {key}: {why}" for key, why in self.failures[:3])
+        more = f"\n  ... and {len(self.failures) - 3} more" if len(self.failures) > 3 else ""
+        return (f"{self.shapes_done}/{self.shapes} shapes, {self.recorded} {self.unit} recorded "
+                f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s{stop}{failed}{more}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    problem: Problem
+    valid: list[Program]
+    invalid: list[tuple[Program, str]]
+    skipped: int
+    short: int
+
+
+def shape_seed(seed: int, problem: Problem) -> int:
+    """A per-problem seed, stable across runs (what makes random proposals resumable)."""
+    return (seed * 1_000_003 + zlib.crc32(problem.key.encode())) & 0x7FFFFFFF
+
+
+def program_text(program: Program) -> str:
+    from gemmgen.dsl import to_text
+
+    return to_text(program)
+
+
+def plan_shape(problem: Problem, proposer, budget: int, db: Database, device_name: str, seed: int) -> _Plan:
+    """Propose, drop what this GPU already measured, and validate the rest."""
+    from gemmgen.backends import validate
+    from gemmgen.dsl.diagnostics import ProgramError
+
+    tried = db.measured_programs(problem, device_name)
+    proposed = proposer.propose(problem, budget, seed=shape_seed(seed, problem))[:budget]
+    valid, invalid, seen, skipped = [], [], set(), 0
+    for program in proposed:
+        text = program_text(program)
+        if text in seen:
+            continue
+        seen.add(text)
+        if text in tried:
+            skipped += 1
+            continue
+        try:
+            validate(program)
+            valid.append(program)
+        except ProgramError as exc:
+            invalid.append((program, exc.message))
+    return _Plan(problem, valid, invalid, skipped, budget - len(seen))
+
+
+def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Runner, db: Database,
+         budget: int, time_budget_s: Optional[float] = None, seed: int = 0,
+         progress: bool = True, build_chunk: int = 8,
+         on_shape: Optional[Callable[[Problem], None]] = None) -> TuneReport:
+    """Tune every problem with up to `budget` trials each; see the module docstring.
+
+    Candidates build `build_chunk` shapes at a time (one pool start serves them all), the
+    next chunk building while this one is measured. `time_budget_s` stops new trials.
+    `on_shape(problem)` runs once a shape's trials are all recorded (a report written as it goes).
+    """
+    from tqdm import tqdm
+
+    problems = list(dict.fromkeys(problems))
+    report = TuneReport(shapes=len(problems))
+    start = time.monotonic()
+    out_of_time = lambda: time_budget_s is not None and time.monotonic() - start > time_budget_s  # noqa: E731
+    device = runner.device
+    chunks = [problems[i:i + build_chunk] for i in range(0, len(problems), max(1, build_chunk))]
+    bar = tqdm(total=len(problems) * budget, unit="trial", disable=not progress, dynamic_ncols=True)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gemmgen-build")
+
+    def prefetch(c: int) -> Optional[tuple[list[_Plan], Optional[Future]]]:
+        if c >= len(chunks):
+            return None
+        plans = [plan_shape(p, proposer, budget, db, device.name, seed) for p in chunks[c]]
+        programs = [program for plan in plans for program in plan.valid]
+        return plans, pool.submit(builder.build_many, programs) if programs else None
+
+    def record(trial: Trial) -> None:
+        if db.record(trial) is not None:
+            report.recorded += 1
+            report.statuses[trial.status] += 1
+        bar.update(1)
+
+    def run_shape(plan: _Plan, built: list[BuildOutcome]) -> bool:
+        """Record one shape's trials; False if the time budget ran out first."""
+        problem = plan.problem
+        bar.set_postfix_str(f"{problem.m}x{problem.n}x{problem.k}", refresh=False)
+        report.skipped += plan.skipped
+        bar.update(plan.skipped + plan.short)
+        common = dict(problem=problem, device=device, proposer=proposer.name,
+                      proposer_version=str(proposer.version))
+        for program, message in plan.invalid:
+            record(Trial(program=program_text(program), backend=program.backend, status="invalid",
+                         build_msg=message, **common))
+        baselines = dict(runner.baselines(problem)) if built else {}
+        for outcome in built:
+            if out_of_time():
+                return False
+            record(_trial(outcome, runner, baselines, common))
+        report.shapes_done += 1
+        if on_shape is not None:
+            on_shape(problem)
+        return True
+
+    try:
+        upcoming = prefetch(0)
+        for c in range(len(chunks)):
+            plans, future = upcoming
+            if out_of_time():
+                report.stopped_by_time = True
+                break
+            upcoming = prefetch(c + 1)
+            outcomes = iter(future.result() if future is not None else [])
+            for plan in plans:
+                built = [next(outcomes) for _ in plan.valid]
+                if out_of_time() or not run_shape(plan, built):
+                    report.stopped_by_time = True
+                    break
+            if report.stopped_by_time:
+                break
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        bar.close()
+        report.wall_s = time.monotonic() - start
+    return report
+
+
+def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -> Trial:
+    text = program_text(built.program)
+    base = dict(program=text, backend=built.program.backend, build_s=built.seconds, **common)
+    if not built.ok:
+        return Trial(status="build_failed", build_ok=False, build_msg=built.error or "no artifact", **base)
+    m = runner.measure(built.program, built.artifact, seed=None)  # fresh inputs, seed recorded
+    if m.failure:
+        status = "run_failed"
+    elif not m.check_passed:
+        status = "check_failed"
+    else:
+        status = "ok"
+    if m.reference is not None:
+        # One more baseline: the same cuBLAS call, timed under the candidate's own GPU state,
+        # so a win cannot come from the two processes running at different clocks.
+        baselines = {**baselines, SAME_SESSION_BASELINE: m.reference}
+    return Trial(status=status, build_ok=True, check_passed=m.check_passed,
+                 check_msg=m.failure or m.check_msg, max_rel_err=m.max_rel_err, err_bound=m.err_bound,
+                 check_seed=m.seed, device_ms=m.device_ms,
+                 spread=m.spread, server_ms=m.server_ms, server_spread=m.server_spread,
+                 host_ms=m.host_ms, baselines=baselines, noise=m.noise if m.reference is not None else None, **base)
+
+
+def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
+                 time_budget_s: Optional[float] = None, progress: bool = True) -> TuneReport:
+    """Record cuBLASLt's fastest algorithm for every problem not yet searched on this GPU by the
+    current method (`searched`; an older method's choice is searched again).
+
+    `runner.library(problem)` selects, checks and times it beside torch.matmul
+    (gemmgen.measure.library); a search that fails is reported, not recorded."""
+    from tqdm import tqdm
+
+    problems = list(dict.fromkeys(problems))
+    report = TuneReport(shapes=len(problems), unit="library choices")
+    start = time.monotonic()
+    device = runner.device
+    todo = [p for p in problems if not searched(db.library_choices(p.key, device.name))]
+    report.skipped = len(problems) - len(todo)
+    report.shapes_done = report.skipped
+    try:
+        for problem in tqdm(todo, unit="shape", disable=not progress, dynamic_ncols=True):
+            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+                report.stopped_by_time = True
+                break
+            found = runner.library(problem)
+            choice = library_choice(found, problem, device)
+            status = "run_failed" if choice is None else "ok" if choice.check_passed else "check_failed"
+            if choice is None:
+                report.failures.append((problem.key, found.get("error") or "the search returned no timing"))
+            if choice is not None and db.record_library(choice) is not None:
+                report.recorded += 1
+            report.statuses[status] += 1
+            report.shapes_done += 1
+    finally:
+        report.wall_s = time.monotonic() - start
+    return report
+
+
+def searched(choices: Iterable[LibraryChoice]) -> bool:
+    """Whether one of these choices came from the current search: its method, the noise of its
+    speedup and, if it would serve, its server-mode time (older choices are searched again)."""
+    from gemmgen.measure.library import SEARCH
+
+    return any(c.config.get("search") == SEARCH and c.noise is not None
+               and (c.server_ms is not None or not c.beats_torch()) for c in choices)
+
+
+def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -> Optional[LibraryChoice]:
+    """The record of a library search (gemmgen.measure.library's dict); None if it has nothing
+    to record (the search failed before an algorithm was chosen, or its timing failed)."""
+    if not found or "algorithm" not in found or found.get("error"):
+        return None
+    if found["check_passed"] and not (found.get("device_ms") and found.get("torch_ms")):
+        return None
+    # the search's dict names the record's fields; it also carries what the record leaves out
+    # (host times, clocks, the check's failures); `created` and `id` are the database's
+    recorded = {f.name: found[f.name] for f in fields(LibraryChoice)
+                if f.name in found and f.name not in ("problem", "device", "created", "id")}
+    return LibraryChoice(problem=problem, device=device, **recorded | {"check_passed": bool(found["check_passed"])})
+
+
+def split_library(backends: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
+    """(whether `LIBRARY` is asked for, the program backends) of a --backends list."""
+    from gemmgen.measure.library import LIBRARY
+
+    return LIBRARY in backends, tuple(b for b in backends if b != LIBRARY)
+
+
+def tune_backends(problems: Iterable[Problem], *, library: bool, proposer, builder: Builder,
+                  runner: Runner, db: Database, budget: int, time_budget_s: Optional[float] = None,
+                  seed: int = 0, progress: bool = True, announce=lambda line: None) -> dict[str, TuneReport]:
+    """The library search (if `library`), then the program loop (if a `proposer` is given)
+    with what is left of one time budget. Returns the reports by part: 'cublaslt', 'programs'."""
+    from gemmgen.measure.library import LIBRARY
+
+    problems = list(problems)
+    start, reports = time.monotonic(), {}
+    if library:
+        announce(f"searching cuBLASLt's algorithms for {len(problems)} shapes")
+        reports[LIBRARY] = tune_library(problems, runner=runner, db=db, time_budget_s=time_budget_s,
+                                        progress=progress)
+        announce(f"{LIBRARY}: {reports[LIBRARY].summary()}")
+    left = None if time_budget_s is None else time_budget_s - (time.monotonic() - start)
+    if proposer is not None and (left is None or left > 0):
+        names = ",".join(getattr(proposer, "backends", None) or ("all",))
+        announce(f"tuning {len(problems)} shapes: proposer {proposer.name} v{proposer.version}, "
+                 f"budget {budget}, backends {names}")
+        reports["programs"] = tune(problems, proposer=proposer, builder=builder, runner=runner, db=db,
+                                   budget=budget, time_budget_s=left, seed=seed, progress=progress)
+        announce(reports["programs"].summary())
+    return reports

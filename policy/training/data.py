@@ -1,0 +1,162 @@
+"""Which problems the policy trains on and which it is judged on, and the supervised examples.
+
+The held-out set is fixed: 20 % of `benchmarks/shapes/cudal2_1000.csv` chosen by a
+seeded hash of the shape, plus the off-grid `x @ W.T` problems M in {1, 7, 33, 1000,
+3000}, N = 11008, K = 4096. Nothing here ever yields a held-out problem for training.
+
+Supervised examples come from two sources, kept apart by name:
+- `database_examples`: the tuning database's fastest checked programs per problem, i.e.
+  programs *measured* on the GPU (winners over cuBLAS or not: what the policy is judged
+  against is the fastest program the database holds);
+- `heuristic_examples`: the HeuristicProposer's top programs, i.e. *imitation of the
+  roofline heuristic*, not measurements. They give the warm start something to learn
+  before any GPU tuning exists.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import random
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from gemmgen.dsl.ir import Epilogue, Problem, Program
+
+HELDOUT_SALT = "gemmgen-policy-heldout-v1"
+HELDOUT_PERCENT = 20
+OFFGRID_M = (1, 7, 33, 1000, 3000)
+OFFGRID_N, OFFGRID_K = 11008, 4096
+SHAPES_CSV = "benchmarks/shapes/cudal2_1000.csv"
+
+# Widths of common transformer layers: the off-grid training shapes draw N and K from these.
+MODEL_DIMS = (512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 8192, 11008,
+              12288, 13824, 14336, 16384, 28672)
+EPILOGUE_VARIANTS = (Epilogue(), Epilogue(bias="n"), Epilogue(bias="n", activation="gelu"),
+                     Epilogue(activation="silu"), Epilogue(residual=True), Epilogue(alpha=0.5, beta=1.0))
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def grid_shapes(path: Optional[str | Path] = None) -> list[tuple[int, int, int]]:
+    """The 1,000 (M, N, K) shapes of the CUDA-L2 set, in file order."""
+    path = Path(path) if path else repo_root() / SHAPES_CSV
+    if not path.is_file():
+        from gemmgen.errors import GemmgenError
+
+        raise GemmgenError(f"{path}: the shape list is missing; run from a gemmgen checkout")
+    with open(path, newline="") as f:
+        return [(int(r["M"]), int(r["N"]), int(r["K"])) for r in csv.DictReader(f)]
+
+
+def is_heldout_shape(m: int, n: int, k: int) -> bool:
+    """The fixed 20 % of grid shapes the policy never trains on (seeded hash)."""
+    digest = hashlib.sha256(f"{HELDOUT_SALT}:{m}x{n}x{k}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
+
+
+def is_offgrid_heldout(m: int, n: int, k: int) -> bool:
+    return m in OFFGRID_M and n == OFFGRID_N
+
+
+def heldout_problems(grid: Optional[Iterable[tuple[int, int, int]]] = None) -> list[Problem]:
+    """Held-out grid shapes (A, B row-major, as torch.matmul takes them), then the off-grid x @ W.T."""
+    grid = grid_shapes() if grid is None else grid
+    problems = [Problem(m, n, k) for m, n, k in grid if is_heldout_shape(m, n, k)]
+    problems += [Problem(m, OFFGRID_N, OFFGRID_K, b_major="col") for m in OFFGRID_M]
+    return problems
+
+
+def is_heldout(problem: Problem) -> bool:
+    m, n, k = problem.m, problem.n, problem.k
+    return is_heldout_shape(m, n, k) or is_offgrid_heldout(m, n, k)
+
+
+def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: float = 0.35) -> list[Problem]:
+    """Grid shapes outside the held-out 20 %, each row/row and x @ W.T (b=col), plus off-grid shapes.
+
+    A random `epilogue_fraction` of shapes also gets a third problem with a random
+    epilogue, so the prompt's epilogue line is seen with many shapes.
+    """
+    rng = random.Random(seed)
+    shapes = [s for s in grid_shapes() if not is_heldout_shape(*s)]
+    seen = set(shapes)
+    target = len(shapes) + offgrid
+    while len(shapes) < target:
+        m = int(round(2 ** rng.uniform(0, 14)))
+        n, k = rng.choice(MODEL_DIMS), rng.choice(MODEL_DIMS)
+        if rng.random() < 0.3:
+            n, k = rng.randint(1, 16384), rng.randint(16, 16384)
+        s = (m, n, k)
+        if s not in seen and not is_heldout_shape(*s) and not is_offgrid_heldout(*s):
+            seen.add(s)
+            shapes.append(s)
+    problems = []
+    for m, n, k in shapes:
+        for b_major in ("row", "col"):
+            problems.append(Problem(m, n, k, b_major=b_major))
+        if rng.random() < epilogue_fraction:
+            problems.append(Problem(m, n, k, b_major=rng.choice(("row", "col")),
+                                    epilogue=rng.choice(EPILOGUE_VARIANTS[1:])))
+    return problems
+
+
+def heuristic_examples(problems: Iterable[Problem], top: int = 4,
+                       cache: Optional[Path] = None) -> list[Program]:
+    """The HeuristicProposer's top `top` programs per problem (imitation data, not measured).
+
+    The list is cached as canonical text (JSON lines) because ranking costs ~60 ms a problem.
+    """
+    from gemmgen.dsl import parse, to_text
+    from gemmgen.policy.proposers import HeuristicProposer
+
+    problems = list(problems)
+    proposer = HeuristicProposer()
+    if cache and cache.is_file():
+        return [parse(json.loads(line)["program"]) for line in cache.read_text().splitlines() if line]
+    programs: list[Program] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for problem in problems:
+            programs.extend(proposer.propose(problem, top))
+    if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".partial")
+        tmp.write_text("".join(json.dumps({"program": to_text(p)}) + "\n" for p in programs))
+        tmp.rename(cache)
+    return programs
+
+
+def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> list[Program]:
+    """The `top` fastest checked programs of each problem the database tuned on this GPU
+    (measured), by speedup over the best baseline of their own run; held-out problems never."""
+    from gemmgen.dsl import ProgramError, parse
+    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME
+
+    ranked: dict[Problem, list] = {}
+    for trial in db.trials(device_name=device_name or DEFAULT_DEVICE_NAME):
+        if (trial.status == "ok" and trial.check_passed and trial.speedup
+                and trial.problem.is_bound and not is_heldout(trial.problem)):
+            ranked.setdefault(trial.problem, []).append(trial)
+    programs = []
+    for problem, trials in ranked.items():
+        trials.sort(key=lambda t: (-t.speedup, t.program))
+        for trial in trials[:top]:
+            try:
+                programs.append(replace(parse(trial.program).bind(problem), problem=problem))
+            except ProgramError:
+                continue
+    return programs
+
+
+def supervised_rows(programs: Iterable[Program]) -> Iterator[dict]:
+    """Prompt/completion rows for trl's SFTTrainer."""
+    from gemmgen.policy.prompt import example_text
+
+    for program in programs:
+        prompt, answer = example_text(program)
+        yield {"prompt": prompt, "completion": answer}

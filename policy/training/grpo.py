@@ -1,0 +1,182 @@
+"""GRPO with trl's GRPOTrainer: sample programs, measure them, push the policy toward the fast ones.
+
+Generation goes through trl's `rollout_func` hook (trl 1.16: "receives the
+per-process prompts and the trainer, returns prompt_ids, completion_ids and
+logprobs"), so every rollout is decoded under the DSL grammar (constrained.py);
+the extra field `complete` reaches the reward, which scores unfinished answers as
+invalid. The reward is `reward.SpeedupReward` on the GPU; tests pass a stub.
+
+Runs in chunks: `max_steps` or `minutes`, whichever first; trainer checkpoints
+under `<work>/trainer`, `resume=True` continues from the last one; the reward
+curve goes to `<work>/curves/grpo.{json,png}`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from gemmgen.dsl.ir import Problem
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    max_steps: int = 50
+    minutes: float = 3.0
+    prompts_per_step: int = 4
+    generations: int = 8
+    learning_rate: float = 3e-4
+    temperature: float = 1.0
+    max_new_tokens: int = 96
+    seed: int = 0
+    save_steps: int = 5
+    logging_steps: int = 1
+
+
+def grpo_dataset(problems: Sequence[Problem]):
+    """One row per problem: the prompt text and the problem (JSON) for the reward."""
+    from datasets import Dataset
+
+    from gemmgen.policy.prompt import prompt_text
+    from gemmgen.policy.training.reward import problem_to_json
+
+    return Dataset.from_list([{"prompt": prompt_text(p), "problem": problem_to_json(p)} for p in problems])
+
+
+def constrained_rollout(settings: GRPOSettings) -> Callable:
+    """trl's rollout_func: grammar-constrained samples of the trainer's current model."""
+    from gemmgen.policy.constrained import GrammarSampler, sample
+
+    samplers: dict[int, GrammarSampler] = {}
+
+    def rollout(prompts: list, trainer) -> dict:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tokenizer = trainer.processing_class
+        vocab = model.get_output_embeddings().weight.shape[0]
+        sampler = samplers.get(id(tokenizer))
+        if sampler is None:
+            sampler = samplers[id(tokenizer)] = GrammarSampler(tokenizer, vocab)
+        prompt_ids, completion_ids, logprobs, complete = [], [], [], []
+        # The sampler repeats each prompt `generations` times in a row: decode each run as one batch.
+        start = 0
+        while start < len(prompts):
+            end = start
+            while end < len(prompts) and prompts[end] == prompts[start]:
+                end += 1
+            seed = settings.seed * 1_000_003 + trainer.state.global_step * 1009 + start
+            samples = sample(model, tokenizer, sampler, prompts[start], end - start,
+                             temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=seed)
+            ids = tokenizer.encode(prompts[start], add_special_tokens=False)
+            for s in samples:
+                prompt_ids.append(ids)
+                completion_ids.append(list(s.token_ids))
+                logprobs.append(list(s.logprobs))
+                complete.append(s.complete)
+            start = end
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+                "complete": complete}
+
+    return rollout
+
+
+def _time_budget(minutes: float):
+    from gemmgen.policy.training.sft import _time_budget_callback
+
+    return _time_budget_callback(minutes)
+
+
+def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir: str | Path,
+             settings: GRPOSettings = GRPOSettings(), *, resume: bool = False, peft_config=None):
+    """One chunk of GRPO; returns the trainer (its model is updated in place)."""
+    import os
+
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    work_dir = Path(work_dir)
+    cuda = torch.cuda.is_available()
+    batch = settings.prompts_per_step * settings.generations
+    args = GRPOConfig(
+        output_dir=str(work_dir / "trainer"), max_steps=settings.max_steps, learning_rate=settings.learning_rate,
+        per_device_train_batch_size=batch, num_generations=settings.generations,
+        max_completion_length=settings.max_new_tokens, temperature=settings.temperature, beta=0.0,
+        logging_steps=settings.logging_steps, save_steps=settings.save_steps, save_total_limit=2,
+        report_to="none", seed=settings.seed, use_cpu=not cuda, bf16=False, disable_tqdm=True,
+        gradient_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=grpo_dataset(problems),
+                          processing_class=tokenizer, rollout_func=constrained_rollout(settings),
+                          callbacks=[_time_budget(settings.minutes)], peft_config=peft_config)
+    from gemmgen.policy.training.sft import last_checkpoint
+
+    trainer.train(resume_from_checkpoint=last_checkpoint(work_dir / "trainer") if resume else None)
+    from gemmgen.policy.training.curves import write_curves
+
+    name = getattr(reward_fn, "__name__", "reward")
+    write_curves(trainer.state.log_history, work_dir / "curves", "grpo",
+                 ["reward", f"rewards/{name}/mean", "reward_std", "completions/mean_length", "loss"])
+    return trainer
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """A GRPO chunk on this GPU: see benchmarks/policy_grpo.py, which calls this."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="One GRPO chunk of the gemmgen policy on the GPU.")
+    parser.add_argument("--checkpoint", help="policy to start from (default: the shipped one)")
+    parser.add_argument("--out", required=True, help="folder for the trained policy, trainer state and curves")
+    parser.add_argument("--db", help="tuning database (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)")
+    parser.add_argument("--problems", type=int, default=32, help="training problems to draw prompts from")
+    parser.add_argument("--minutes", type=float, default=GRPOSettings.minutes)
+    parser.add_argument("--max-steps", type=int, default=GRPOSettings.max_steps)
+    parser.add_argument("--prompts-per-step", type=int, default=GRPOSettings.prompts_per_step)
+    parser.add_argument("--generations", type=int, default=GRPOSettings.generations)
+    parser.add_argument("--lr", type=float, default=GRPOSettings.learning_rate)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backends", default="triton", help="backends measured for the reward (others: no reward)")
+    args = parser.parse_args(argv)
+    args.backends = tuple(b for b in args.backends.split(",") if b)
+    return grpo_chunk(args)
+
+
+def grpo_chunk(args) -> int:
+    import json
+    import random
+
+    from gemmgen.policy.training import data
+    from gemmgen.policy import model as pm
+    from gemmgen.policy.training.reward import SpeedupReward
+    from gemmgen.policy.training.sft import weights_digest
+    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
+    from gemmgen.tuning_db import Database, default_db_path
+
+    started = time.monotonic()
+    out = Path(args.out)
+    model, tokenizer = pm.load_policy(out if args.resume and (out / "config.json").is_file() else args.checkpoint)
+    rng = random.Random(args.seed)
+    pool = [p for p in data.training_problems() if p.epilogue == data.EPILOGUE_VARIANTS[0]]
+    problems = rng.sample(pool, min(args.problems, len(pool)))
+    settings = GRPOSettings(max_steps=args.max_steps, minutes=args.minutes, prompts_per_step=args.prompts_per_step,
+                            generations=args.generations, learning_rate=args.lr, seed=args.seed)
+    reward_log: list = []
+    with Database(args.db or default_db_path()) as db, WorkerRunner() as runner:
+        reward = SpeedupReward(PoolBuilder(), runner, db, proposer_version="grpo", log=reward_log,
+                               backends=getattr(args, "backends", None))
+        trainer = run_grpo(model, tokenizer, problems, reward, out / "work", settings, resume=args.resume)
+    meta = {**pm.read_meta(args.checkpoint or pm.CHECKPOINT_DIR), "stage": "grpo"}
+    pm.save_policy(trainer.model, tokenizer, out, meta={})
+    meta["grpo"] = {"steps": trainer.state.global_step, "wall_minutes": round((time.monotonic() - started) / 60, 2),
+                    "problems": len(problems), "measured_pairs": reward.measured, "reused_pairs": reward.reused,
+                    "prompts_per_step": settings.prompts_per_step, "generations": settings.generations,
+                    "backends": list(getattr(args, "backends", None) or [])}
+    meta["weights_sha256"] = weights_digest(out)
+    pm.save_policy(trainer.model, tokenizer, out, meta=meta)
+    (out / "work" / "curves" / "reward_batches.json").write_text(json.dumps(reward_log) + "\n")
+    print(json.dumps(meta["grpo"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
