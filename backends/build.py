@@ -14,6 +14,7 @@ Layout under the cache root (env GEMMGEN_CACHE_DIR, default ~/.cache/gemmgen):
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import os
 import pickle
 import tempfile
@@ -22,7 +23,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
 from gemmgen.backends.base import Artifact, BackendError, Source
+
+from gemmgen import backends
 from gemmgen.cache import cache_root as shared_cache_root
+from gemmgen.errors import GemmgenError
 
 # Bump when the pickled layout of artifacts changes.
 CACHE_FORMAT = "1"
@@ -106,8 +110,6 @@ BuildResult = Union[Artifact, BackendError]
 
 def build_one(source: Source, arch: str = "sm_90a") -> BuildResult:
     """Build through the source's backend; every failure comes back as a BackendError value."""
-    from gemmgen import backends
-    from gemmgen.errors import GemmgenError
 
     try:
         return backends.get(source.backend).build(source, arch)
@@ -151,7 +153,6 @@ def build_many(sources: Sequence[Source], jobs: Optional[int] = None, arch: str 
         for i in unique:
             finish(i, build_one(sources[i], arch))
     else:
-        import multiprocessing as mp
 
         # spawn, not fork: the parent may hold a CUDA context, which a forked child must not touch.
         with ProcessPoolExecutor(max_workers=min(jobs, len(unique)), mp_context=mp.get_context("spawn")) as pool:

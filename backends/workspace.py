@@ -27,6 +27,7 @@ def _allocator() -> ThreadPoolExecutor:
 def persistent_buffer(numel: int, dtype, device, zero: bool = False):
     """`numel` elements of `dtype` on `device` (zero-filled, and the fill finished, when `zero`),
     for use on the caller's current stream."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     device = torch.device(device)

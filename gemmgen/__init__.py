@@ -2,6 +2,8 @@
 
 `gemmgen.compile` and `gemmgen.Kernel` load on first use, so `import gemmgen` stays light.
 """
+import importlib
+
 from gemmgen.dsl.ir import Epilogue, Problem, Program
 from gemmgen.errors import GemmgenError
 
@@ -12,7 +14,6 @@ _LAZY = {"compile": ("gemmgen.compile", "compile"), "Kernel": ("gemmgen.kernel",
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
 
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)

@@ -163,8 +163,6 @@ def device_name(device=None) -> str:
 
 
 def _resolve_device_name(device) -> str:
-    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME
-
     if isinstance(device, str) and not (device == "cuda" or device.startswith("cuda:")):
         return device
     try:
@@ -179,7 +177,6 @@ def _resolve_device_name(device) -> str:
 
 def _db_token(db):
     if db is None:
-        from gemmgen.tuning_db import default_db_path
 
         return ("path", str(default_db_path()))
     if isinstance(db, (str, Path)):
@@ -188,8 +185,6 @@ def _db_token(db):
 
 
 def _index(token, db, gpu: str):
-    from gemmgen.tuning_db import Database, WinnerIndex, open_layers, shipped_database
-
     index = _INDEXES.get((token, gpu))
     if index is None:
         if isinstance(db, Database):
@@ -219,7 +214,6 @@ def _smaller_or_equal(problem: Problem, tuned: Problem) -> bool:
 def _torch_speedup(trial) -> float:
     """A winner's speedup over torch.matmul, timed in its own session where it was (the library
     choice it competes with was timed that way too)."""
-    from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 
     speedups = trial.speedups()
     return speedups.get(SAME_SESSION_BASELINE, speedups.get("torch", 0.0))
@@ -234,10 +228,6 @@ def _library_speedups(choice) -> dict[str, float]:
 
 
 def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -> Kernel:
-    from gemmgen.dsl import parse
-    from gemmgen.backends import validate
-    from gemmgen.dsl.diagnostics import ProgramError
-
     found = index.lookup(problem)
     served = index.library_choice(problem)
     if found is not None:
@@ -303,8 +293,6 @@ def prebuild(problems, *, device=None, db=None, jobs: Optional[int] = None) -> d
     """Build, in parallel on every core, the artifacts of the kernels compile() picks for
     `problems` into the on-disk cache, so that first calls load instead of compiling.
     Returns counts: kernels, baselines (nothing to build), built, failed."""
-    from gemmgen import backends
-    from gemmgen.backends.build import build_many
 
     kernels = [compile(p, device=device, db=db) for p in problems]
     tuned = [k for k in kernels if k.ir is not None]
@@ -347,5 +335,20 @@ def bench_candidate_notes(problem) -> dict:
 
 
 import sys as _sys  # noqa: E402
+
+from gemmgen import backends
+from gemmgen.backends import validate
+from gemmgen.backends.build import build_many
+from gemmgen.dsl import parse
+from gemmgen.dsl.diagnostics import ProgramError
+from gemmgen.tuning_db import (
+    DEFAULT_DEVICE_NAME,
+    Database,
+    WinnerIndex,
+    default_db_path,
+    open_layers,
+    shipped_database,
+)
+from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 
 _sys.modules[__name__].__class__ = _CallableModule

@@ -12,6 +12,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+from gemmgen import backends
+from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
 
@@ -101,7 +103,6 @@ class Kernel:
         if self.ir is None:
             return None
         if self._text is None:
-            from gemmgen.dsl import to_text
 
             self._text = to_text(self.ir)
         return self._text
@@ -124,7 +125,6 @@ class Kernel:
 
                 self._source = torch_call_source(self.problem)
             else:
-                from gemmgen import backends
 
                 self._source = backends.get(self.ir.backend).lower(self.ir).text
         return self._source
@@ -203,6 +203,7 @@ class Kernel:
     def _load(self):
         """Build (through the on-disk artifact cache) and load the launcher, once."""
         if self.library is not None:
+            # Deferred: torch (optional, heavy to import).
             from gemmgen.runtime.cublaslt import library_launcher
 
             try:

@@ -18,12 +18,16 @@ untrained model still finishes every sample.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
+from gemmgen.dsl.parser import grammar_text
+from gemmgen.policy.prompt import answer_statements
+from gemmgen.policy.tokenizer import LEXEME_PATTERN, is_dsl_tokenizer
 
 MAX_DIGITS = 4
 _WS, _NL, _DIGIT, _LETTER, _OTHER, _NONE = range(6)
@@ -32,8 +36,6 @@ _WS, _NL, _DIGIT, _LETTER, _OTHER, _NONE = range(6)
 @lru_cache(maxsize=1)
 def decoding_grammar() -> str:
     """gemm.lark with the two narrowings of the module docstring (lark syntax)."""
-    from gemmgen.dsl.parser import grammar_text
-    from gemmgen.policy.prompt import answer_statements
 
     text = grammar_text()
     start = "start: " + " _NL ".join(answer_statements()) + " _NL"
@@ -103,7 +105,6 @@ def token_bytes(tokenizer, vocab_size: int) -> list[bytes]:
     `<0xNN>` byte-fallback pieces are that byte; `▁` (SentencePiece) is a space; otherwise the
     token's text. Ids past the vocabulary (padded embedding rows) are empty.
     """
-    import json
 
     spec = json.dumps(json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder"))
     byte_level = '"ByteLevel"' in spec
@@ -123,14 +124,10 @@ def token_bytes(tokenizer, vocab_size: int) -> list[bytes]:
 
 
 def _answer_words() -> set[str]:
-    from gemmgen.dsl.parser import grammar_text
-
     return set(re.findall(r'"([^"\\]+)"', grammar_text()))
 
 
 def build_token_table(tokenizer, vocab_size: int) -> TokenTable:
-    from gemmgen.policy.tokenizer import LEXEME_PATTERN, is_dsl_tokenizer
-
     texts = [b.decode("utf-8", "replace") for b in token_bytes(tokenizer, vocab_size)]
     special = set(tokenizer.all_special_ids)
     eos = tuple(i for i in {tokenizer.eos_token_id} if i is not None)
@@ -199,6 +196,7 @@ class GrammarSampler:
     """llguidance matchers plus canonical form, one pair per sample row."""
 
     def __init__(self, tokenizer, vocab_size: int):
+        # Deferred: llguidance (optional, heavy to import).
         import llguidance
 
         self.tokenizer = tokenizer
@@ -267,6 +265,7 @@ def _lltokenizer(tokenizer, vocab_size: int):
     """An llguidance tokenizer over `token_bytes`: one path for the DSL tokenizer and any
     pretrained one (llguidance.hf reads only some decoder layouts; a GGUF-converted SmolLM2's
     is not among them, and its tokens would be taken for their `Ġ`-spelled text)."""
+    # Deferred: llguidance (optional, heavy to import).
     import llguidance
 
     class _Vocabulary:
@@ -295,6 +294,7 @@ def sample(model, tokenizer, sampler: GrammarSampler, prompt: str, n: int, *,
            max_new_tokens: int = 96, temperature: float = 1.0, top_p: float = 1.0,
            seed: Optional[int] = None, greedy: bool = False) -> list[Sample]:
     """`n` grammar-constrained answers to one prompt, batched with the KV cache."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     if n <= 0:
@@ -351,6 +351,7 @@ def sample(model, tokenizer, sampler: GrammarSampler, prompt: str, n: int, *,
 
 
 def _top_p(probs, top_p: float):
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     if top_p >= 1.0:

@@ -13,7 +13,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from gemmgen.backends import validate
+from gemmgen.dsl import ProgramError
 from gemmgen.dsl.ir import Problem, Program
+from gemmgen.policy import model as policy_model
+from gemmgen.policy.constrained import GrammarSampler, sample
+from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
+from gemmgen.policy.prompt import program_from_answer, prompt_text
+from gemmgen.policy.tokenizer import is_dsl_tokenizer
+
 from gemmgen.errors import GemmgenError
 
 
@@ -40,7 +48,6 @@ class PolicyProposer:
     # -- loading ------------------------------------------------------------------
     def _load(self):
         if self._model is None:
-            from gemmgen.policy import model as policy_model
 
             if self.base_model and not self.checkpoint:
                 self._model, self._tokenizer = policy_model.load_base_model(self.base_model)
@@ -49,15 +56,12 @@ class PolicyProposer:
             if self.device:
                 self._model.to(self.device)
         if self._sampler is None:
-            from gemmgen.policy.constrained import GrammarSampler
-
             self._sampler = GrammarSampler(self._tokenizer, self._model.get_output_embeddings().weight.shape[0])
         return self._model, self._tokenizer, self._sampler
 
     @property
     def version(self) -> str:
         """Which weights: the checkpoint's recorded digest, else the path."""
-        from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
 
         source = Path(self.checkpoint) if self.checkpoint else (None if self.base_model else CHECKPOINT_DIR)
         if source is not None:
@@ -68,8 +72,6 @@ class PolicyProposer:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def _default_max_new_tokens(self) -> int:
-        from gemmgen.policy.tokenizer import is_dsl_tokenizer
-
         return 96 if is_dsl_tokenizer(self._tokenizer) else 192
 
     # -- proposing -----------------------------------------------------------------
@@ -78,9 +80,6 @@ class PolicyProposer:
             return []
         if not problem.is_bound:
             raise GemmgenError("the policy proposes for a concrete shape; bind M, N and K first")
-        from gemmgen.policy.constrained import sample
-        from gemmgen.policy.prompt import prompt_text
-
         model, tokenizer, sampler = self._load()
         prompt = prompt_text(problem)
         max_new = self.max_new_tokens or self._default_max_new_tokens()
@@ -115,9 +114,6 @@ class PolicyProposer:
 
 def judge(problem: Problem, s, backends: Optional[Sequence[str]] = None) -> tuple[str, Optional[Program]]:
     """('ok', program) or (why not, None): incomplete, unparsed, invalid, other_backend."""
-    from gemmgen.dsl import ProgramError
-    from gemmgen.backends import validate
-    from gemmgen.policy.prompt import program_from_answer
 
     if not s.complete:
         return "incomplete", None

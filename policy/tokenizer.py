@@ -10,11 +10,16 @@ number or word still encodes, as pieces. The decoder concatenates pieces, so
 """
 from __future__ import annotations
 
+import json
 import re
 import string
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
+
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.dsl.parser import grammar_text
+from gemmgen.policy.prompt import prompt_text
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, UNK)
@@ -32,7 +37,6 @@ COMMON_SIZES = (768, 1000, 1024, 1536, 2000, 2048, 3000, 3072, 4096, 5120, 6144,
 
 def grammar_words() -> list[str]:
     """Every keyword and enumerated value of the DSL, read from its grammar file."""
-    from gemmgen.dsl.parser import grammar_text
 
     text = grammar_text()
     words = set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', text))
@@ -41,8 +45,6 @@ def grammar_words() -> list[str]:
 
 def seed_corpus(extra_texts: Iterable[str] = ()) -> list[str]:
     """What the BPE merges are learned from: the language's words, numbers, and texts."""
-    from gemmgen.dsl.ir import Epilogue, Problem
-    from gemmgen.policy.prompt import prompt_text
 
     numbers = [str(n) for n in sorted(set(DECISION_NUMBERS + COMMON_SIZES))]
     words = grammar_words()
@@ -55,6 +57,7 @@ def seed_corpus(extra_texts: Iterable[str] = ()) -> list[str]:
 
 def train_tokenizer(extra_texts: Iterable[str] = ()):
     """A fresh DSL tokenizer as a transformers `PreTrainedTokenizerFast`."""
+    # Deferred: tokenizers (optional, heavy to import).
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     core = Tokenizer(models.BPE(unk_token=UNK))
@@ -69,6 +72,7 @@ def train_tokenizer(extra_texts: Iterable[str] = ()):
 
 
 def wrap(core):
+    # Deferred: transformers (optional, heavy to import).
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
@@ -79,6 +83,7 @@ def wrap(core):
 @lru_cache(maxsize=4)
 def load_tokenizer(path: str):
     """The tokenizer saved beside a checkpoint (tokenizer.json)."""
+    # Deferred: transformers (optional, heavy to import).
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(str(Path(path)), clean_up_tokenization_spaces=False)
@@ -86,7 +91,6 @@ def load_tokenizer(path: str):
 
 def is_dsl_tokenizer(tokenizer) -> bool:
     """True for a tokenizer built here (numbers are whole tokens, lexemes never merge)."""
-    import json
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:

@@ -3,6 +3,7 @@ read from the source, and checked for cycles between rooms and within them."""
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -135,6 +136,44 @@ def test_no_cycle_between_modules(graph):
     assert cycle(modules_graph) == []
 
 
+def deferred_imports_without_a_reason(path: Path) -> list[str]:
+    """Imports inside functions that do not say why they are deferred. An import is deferred only
+    to put off an optional heavy dependency (torch, triton, ...), and a comment line above its
+    group (or on it) says so; an import in a `try` probes for an optional package and is its own
+    reason. The standard library is never deferred."""
+    lines = path.read_text().split("\n")
+    tree = ast.parse("\n".join(lines))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def enclosing(node, kinds):
+        node = parents.get(node)
+        while node is not None and not isinstance(node, kinds):
+            node = parents.get(node)
+        return node
+
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        function = enclosing(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if function is None or isinstance(enclosing(node, (ast.Try, ast.FunctionDef, ast.AsyncFunctionDef)), ast.Try):
+            continue
+        root = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name or "").split(".")[0]
+        line = node.lineno
+        while line > 1 and lines[line - 2].strip().startswith(("import ", "from ")):
+            line -= 1           # the first import of this group
+        said = "deferred" in lines[line - 2].lower() or "deferred" in lines[node.lineno - 1].lower()
+        if root in sys.stdlib_module_names or not said:
+            bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return bad
+
+
+def test_imports_inside_functions_only_defer_heavy_dependencies(graph):
+    mods, _ = graph
+    bad = [b for path in mods.values() for b in deferred_imports_without_a_reason(path)]
+    assert bad == []
+
+
 def test_the_checker_sees_a_cycle_and_imports_inside_functions(tmp_path):
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": {"c"}}) == []
@@ -143,3 +182,13 @@ def test_the_checker_sees_a_cycle_and_imports_inside_functions(tmp_path):
     mods["gemmgen.backends"] = tmp_path / "y.py"
     mods["gemmgen.backends"].write_text("")
     assert imports(mods) == [("gemmgen.dsl.x", "gemmgen.backends", 2)]
+    global REPO
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    import json\n\n\ndef g():\n    # Deferred: torch is optional.\n"
+                      "    import torch\n    from gemmgen import x\n\n\ndef h():\n    from gemmgen import y\n")
+    saved, REPO = REPO, tmp_path
+    try:
+        assert [b.split(": ")[1] for b in deferred_imports_without_a_reason(module)] == [
+            "import json", "from gemmgen import y"]
+    finally:
+        REPO = saved

@@ -271,7 +271,8 @@ def stub_timer(monkeypatch):
         calls.append([name for name, _, _ in kernels])
         return {name: timing.Timing(mode, TIMES[name], TIMES[name], TIMES[name], 0.0, 2 * TIMES[name],
                                     0, 0, 30, problem.floor_s * 1e3, ("k",)) for name, _, problem in kernels}
-    monkeypatch.setattr(timing, "time_many", fake_time_many)
+    from gemmgen.measure import bench
+    monkeypatch.setattr(bench, "time_many", fake_time_many)
     return calls
 
 

@@ -73,7 +73,7 @@ def test_reference_is_timed_in_the_same_session_as_the_kernel(monkeypatch):
         sessions.append(([name for name, _, _ in kernels], mode))
         return answers.pop(0)
 
-    monkeypatch.setattr(timing, "time_many", fake_time_many)
+    monkeypatch.setattr(worker, "time_many", fake_time_many)
     job = Job("k", _planted_kernel, problem=Problem(256, 256, 256), check=False, mode="server", reference="torch")
     answers = [{"kernel": _Timing(1.0), "reference": _Timing(1.5)},
                {"kernel": _Timing(1.0), "reference": MeasureError("torch: no kernel was recorded")},

@@ -268,20 +268,20 @@ def _stub_search(monkeypatch, *, neighbours=(), session=None, failing=()):
 
     heuristic = [_Algo(tag=b"\x01"), _Algo(tag=b"\x02")]
     checked = []
-    monkeypatch.setattr(baselines, "autotune_lt", lambda problem, options: (
+    monkeypatch.setattr(library, "autotune_lt", lambda problem, options: (
         None, heuristic, 1, {"algo0": _Timed(1.0), "algo1": _Timed(0.9)}))
     monkeypatch.setattr(library, "LtMatmul", Plan)
     monkeypatch.setattr(library, "cublaslt_version", lambda: "130100")
     monkeypatch.setattr(library, "neighbours", lambda lt, base, k: list(neighbours) if base is heuristic[1] else [])
     monkeypatch.setattr(library, "library_launcher", lambda p, text, version: checked.append(text) or text)
-    monkeypatch.setattr(checking, "check", lambda fn, problem, seed=None: CheckResult(
+    monkeypatch.setattr(library, "check", lambda fn, problem, seed=None: CheckResult(
         passed=fn not in failing, max_rel_err=1e-4, bound=2e-3, seed=9, failures=("planted",) if fn in failing else ()))
 
     def time_many(kernels, mode, options=None):
         if kernels[0][0] == "library":
             return {"library": _Timed(0.8), "torch": _Timed(1.0)}
         return {name: _Timed(session[int(name)]) for name, _, _ in kernels}
-    monkeypatch.setattr(timing, "time_many", time_many)
+    monkeypatch.setattr(library, "time_many", time_many)
     return checked
 
 
@@ -345,7 +345,7 @@ def test_neighbours_meet_in_sessions_then_the_finalists_and_bases_together(monke
         return {name: _Timed(1.0 / (1 + int(name))) for name, _, _ in kernels}   # later entries are faster
 
     monkeypatch.setattr(library, "LtMatmul", Plan)
-    monkeypatch.setattr(timing, "time_many", time_many)
+    monkeypatch.setattr(library, "time_many", time_many)
     size, n = library.SESSION_SIZE, library.SESSION_SIZE * 2 + 5
     entries = [(f"e{i}", i) for i in range(n)]
     planned, times = library._tournament(P, entries, 2, None)

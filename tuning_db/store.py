@@ -18,10 +18,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from gemmgen.cache import cache_root
 from gemmgen.dsl.ir import Problem
 from gemmgen.tuning_db.database import SCHEMA_VERSION, Database
+from gemmgen.tuning_db.exchange import read_jsonl
 from gemmgen.tuning_db.records import LibraryChoice, Trial
+
+from gemmgen.cache import cache_root
 
 SHIPPED_FILES = ("h200.jsonl.gz",)
 
@@ -41,7 +43,6 @@ def shipped_database(*, fresh: bool = False) -> Database:
     (`shipped_cache_path`), keyed by the files' bytes and the schema version; a later process
     copies it into memory in milliseconds. Without a writable cache directory it is parsed each time.
     """
-    from gemmgen.tuning_db.exchange import read_jsonl
 
     if _SHIPPED and not fresh:
         return _SHIPPED[0]

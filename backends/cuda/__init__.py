@@ -9,10 +9,21 @@ the CPU (NVRTC, else nvcc) and caches it on disk, load() needs the GPU.
 """
 from __future__ import annotations
 
+import importlib
 
 from gemmgen.backends.base import Artifact, BackendError, Source, Support
+from gemmgen.backends.build import cached_build
+from gemmgen.backends.cuda.compile import (
+    NVCC_FLAGS,
+    compile_cubin,
+    sass,
+    sass_summary,
+    toolchain,
+)
 from gemmgen.backends.cuda.search_space import space
-from gemmgen.dsl.ir import Program, Problem
+from gemmgen.dsl.ir import Problem, Program
+
+from gemmgen.errors import NoGPUError
 
 NAME = "cuda"
 
@@ -22,7 +33,6 @@ _FAMILIES = {"multistage": "gemmgen.backends.cuda.multistage",
 
 
 def _family(program: Program):
-    import importlib
     try:
         return importlib.import_module(_FAMILIES[program.mainloop])
     except KeyError:
@@ -75,8 +85,6 @@ def lower(program: Program) -> Source:
 
 def build(source: Source, arch: str = "sm_90a") -> Artifact:
     """Compile to an sm_90a cubin on the CPU, through the shared disk cache (backends/build.py)."""
-    from gemmgen.backends.build import cached_build
-    from gemmgen.backends.cuda.compile import NVCC_FLAGS, compile_cubin, toolchain
 
     def compile_fn(key: str, work_dir) -> Artifact:
         name = f"gemmgen_{source.digest}.cu"
@@ -99,7 +107,6 @@ def load(artifact: Artifact, program: Program):
     except ImportError:
         has_gpu = False
     if not has_gpu:
-        from gemmgen.errors import NoGPUError
         raise NoGPUError("loading a cuda-backend kernel")
     if artifact.data is None:
         with open(artifact.path, "rb") as f:
@@ -117,7 +124,6 @@ def compile_program(program: Program, arch: str = "sm_90a") -> Artifact:
 
 def kernel_report(artifact: Artifact) -> dict:
     """Per-kernel registers/stack/spills (from ptxas) and SASS opcode counts of a built program."""
-    from gemmgen.backends.cuda.compile import sass, sass_summary
     return {"resources": artifact.meta.get("resources", {}), "sass": sass_summary(sass(artifact.data))}
 
 

@@ -54,6 +54,7 @@ def nvrtc_usable() -> bool:
 def toolchain() -> str:
     """Which compiler builds here, with its version: part of the cache key."""
     if os.environ.get("GEMMGEN_CUDA_COMPILER", "") != "nvcc" and nvrtc_usable():
+        # Deferred: cuda (optional, heavy to import).
         from cuda.bindings import nvrtc
         _, major, minor = nvrtc.nvrtcVersion()
         return f"nvrtc-{major}.{minor}"
@@ -77,6 +78,7 @@ def compile_cubin(text: str, arch: str = "sm_90a", name: str = "gemm.cu") -> Com
 
 
 def _nvrtc(text: str, arch: str, name: str) -> tuple[str, bytes]:
+    # Deferred: cuda (optional, heavy to import).
     from cuda.bindings import nvrtc
 
     def ok(result):

@@ -14,10 +14,16 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from gemmgen.backends.cuda import launch as L
+from gemmgen.backends.cuda.launch import check
+from gemmgen.backends.cuda.source import (
+    assemble,
+    epilogue_defines,
+    layout_defines,
+    with_wgmma,
+)
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
-from gemmgen.backends.cuda import launch as L
-from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines, with_wgmma
 
 MAX_SMEM = SM90A.max_smem_per_block
 SMS = SM90A.sms
@@ -192,8 +198,8 @@ def encode_tensor_map(dest: TensorMap, ptr: int, mn: int, k: int, ld: int, rows:
     K-contiguous: inner dimension K, box BK x `rows`. MN-contiguous: inner dimension
     MN, box 64 x BK (the kernel issues `rows`/64 of them).
     """
+    # Deferred: cuda (optional, heavy to import).
     from cuda.bindings import driver
-    from gemmgen.backends.cuda.launch import check
     dims, box = ([k, mn], [BK, rows]) if k_contiguous else ([mn, k], [64, BK])
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t  # older cuda-bindings (13.3) take no plain ints
     tmap = check(driver.cuTensorMapEncodeTiled(
@@ -210,6 +216,7 @@ class HopperLauncher(L.FamilyLauncher):
     """Runs one ws_cooperative / ws_pingpong program: fn(a, b, out, *, bias, residual, c, alpha, beta)."""
 
     def __init__(self, artifact, program: Program):
+        # Deferred: torch (optional, heavy to import).
         import torch
         super().__init__(artifact, program, geometry(program), (ENTRY,))
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count

@@ -19,6 +19,7 @@ _LOCK = threading.Lock()
 
 def check(result, what: str):
     """Unwrap a cuda-bindings result tuple, raising BackendError on any error code."""
+    # Deferred: cuda (optional, heavy to import).
     from cuda.bindings import driver
     err, *rest = result if isinstance(result, tuple) else (result,)
     if err != driver.CUresult.CUDA_SUCCESS:
@@ -31,6 +32,7 @@ def check(result, what: str):
 
 def ensure_context(device_index: int) -> None:
     """Make torch's primary context current on this thread for driver-API calls."""
+    # Deferred: cuda, torch (optional, heavy to import).
     import torch
     from cuda.bindings import driver
     torch.cuda.init()
@@ -45,6 +47,7 @@ def ensure_context(device_index: int) -> None:
 
 def load_functions(key: str, cubin: bytes, names: tuple[str, ...], device_index: int, smem: int) -> dict[str, Any]:
     """CUfunction handles of `names` in `cubin`, loaded once per device; dynamic smem raised once."""
+    # Deferred: cuda (optional, heavy to import).
     from cuda.bindings import driver
     with _LOCK:
         module = _MODULES.get((key, device_index))
@@ -83,6 +86,7 @@ class ArgPack:
 
 def resident_ctas(fn, threads: int, smem: int) -> int:
     """CTAs of `fn` one SM holds at once (the driver's occupancy calculator)."""
+    # Deferred: cuda (optional, heavy to import).
     from cuda.bindings import driver
     return check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, smem),
                  "cuOccupancyMaxActiveBlocksPerMultiprocessor")
@@ -91,6 +95,7 @@ def resident_ctas(fn, threads: int, smem: int) -> int:
 def launch(fn, grid: tuple[int, int, int], block: int, smem: int, stream: int, args: ArgPack,
            cluster: tuple[int, int, int] | None = None) -> None:
     """One launch on `stream` (torch's current stream handle); raises if the driver refuses it."""
+    # Deferred: cuda (optional, heavy to import).
     from cuda.bindings import driver
     if cluster is None or cluster == (1, 1, 1):
         check(driver.cuLaunchKernel(fn, *grid, block, 1, 1, smem, driver.CUstream(stream), args.address, 0),
@@ -130,6 +135,7 @@ _TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
 
 
 def torch_dtype(name: str):
+    # Deferred: torch (optional, heavy to import).
     import torch
     return getattr(torch, _TORCH_DTYPES[name])
 
@@ -229,6 +235,7 @@ class FamilyLauncher:
     current stream. A family fills its own kernel arguments (`_set_operands`) and launches (`_launch`)."""
 
     def __init__(self, artifact, program, geo, names: tuple[str, ...]):
+        # Deferred: torch (optional, heavy to import).
         import torch
         self.program = program
         self.geo = geo
@@ -244,6 +251,7 @@ class FamilyLauncher:
         raise NotImplementedError
 
     def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+        # Deferred: torch (optional, heavy to import).
         import torch
         M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
         if M == 0 or N == 0:

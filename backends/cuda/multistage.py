@@ -259,6 +259,7 @@ class MultistageLauncher(L.FamilyLauncher):
         self._workspaces: dict = {}
         self.wave = None
         if self.geo.persistent or self.geo.stream_k:
+            # Deferred: torch (optional, heavy to import).
             import torch
             sms = torch.cuda.get_device_properties(self.device).multi_processor_count
             self.wave = L.resident_ctas(self.funcs[ENTRY], self.geo.threads, self.geo.smem) * sms
@@ -266,6 +267,7 @@ class MultistageLauncher(L.FamilyLauncher):
     def _workspace(self, M: int, N: int, device):
         """fp32 partials (and arrival counters when atomic), made once per output shape; for
         stream-K a partial tile and a flag per CTA of the wave, made once."""
+        # Deferred: torch (optional, heavy to import).
         import torch
         key = (None, None, device) if self.geo.stream_k else (M, N, device)
         ws = self._workspaces.get(key)

@@ -11,6 +11,8 @@ import itertools
 import math
 from dataclasses import replace
 
+from gemmgen.backends.cuda import multistage as ms
+from gemmgen.backends.cuda.multistage import stream_k_grid
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Instr, Problem, Program, Tile
 
@@ -57,7 +59,6 @@ def _bound(problem: Problem) -> Problem:
 
 
 def _multistage(problem: Problem) -> list[Program]:
-    from gemmgen.backends.cuda import multistage as ms
     p = _bound(problem)
     out = []
     k_tiles_64 = math.ceil(p.k / 64)
@@ -131,7 +132,6 @@ def _resident(program: Program) -> int:
     """Multistage CTAs an SM holds at once, from shared memory and a register guess (1.5 a
     fp32 accumulator plus 56: 64x128 on 2x2 warps measured 120-182, 128x128 236-255; the
     driver decides at launch). CTAs resident together overlap their loads' latency."""
-    from gemmgen.backends.cuda import multistage as ms
     if program.mainloop != "multistage":
         return 1
     t = program.tile
@@ -145,7 +145,6 @@ def _resident(program: Program) -> int:
 def _wgmma_ring(program: Program) -> bool:
     """A multistage program whose cp.async ring wgmma reads (the TMA families' rings are
     ranked as before session 26)."""
-    from gemmgen.backends.cuda import multistage as ms
     return program.mainloop == "multistage" and ms.wgmma(program)
 
 
@@ -171,7 +170,6 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     rate_per_sm = (WGMMA_RATE if ws or _wgmma_ring(program) else MMA_SYNC_RATE) * eff / SMS
     stream_k = program.scheduler == "stream_k"
     if stream_k:
-        from gemmgen.backends.cuda.multistage import stream_k_grid
         ctas = stream_k_grid(tiles * k_iters, SMS * _resident(program))
     if ws:   # persistent: tiles spread over the SMs, the last partial wave costs what it holds
         waves = tiles / SMS

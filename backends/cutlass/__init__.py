@@ -22,8 +22,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from gemmgen.backends.base import Artifact, BackendError, Source
-from gemmgen.backends.cutlass.emit import WRAPPER_ENTRY, emit_source, instance_spec, runtime_args
+from gemmgen.backends.build import cache_root, cached_build
+from gemmgen.backends.cuda.compile import parse_resources
+from gemmgen.backends.cutlass.emit import (
+    WRAPPER_ENTRY,
+    emit_source,
+    instance_spec,
+    runtime_args,
+)
 from gemmgen.backends.cutlass.rules import SUPPORT
+from gemmgen.backends.cutlass.runtime import CutlassLauncher, describe, open_library
 from gemmgen.backends.cutlass.search_space import library, space  # noqa: F401  (the backend contract)
 from gemmgen.dsl.ir import Program
 
@@ -82,8 +90,6 @@ def nvcc_command(source_path: Path, library_path: Path, arch: str = ARCH) -> lis
 
 def compile_library(source: Source, key: str, work: Path, arch: str = ARCH) -> Artifact:
     """nvcc one instance to work/instance.so; the log is kept beside it."""
-    from gemmgen.backends.cuda.compile import parse_resources
-    from gemmgen.backends.cutlass.runtime import describe, open_library
 
     cu, so = work / "instance.cu", work / "instance.so"
     cu.write_text(source.text)
@@ -107,7 +113,6 @@ def compile_library(source: Source, key: str, work: Path, arch: str = ARCH) -> A
 
 def build(source: Source, arch: str = ARCH) -> Artifact:
     """The shared library for `source`, from the disk cache or nvcc (30-40 s per instance on 2 cores)."""
-    from gemmgen.backends.build import cached_build
 
     if source.backend != NAME:
         raise BackendError(f"the CUTLASS backend cannot build a {source.backend} source")
@@ -117,7 +122,6 @@ def build(source: Source, arch: str = ARCH) -> Artifact:
 
 def load(artifact: Artifact, program: Program):
     """A Launcher for `program` on `artifact` (built from any program with the same build key)."""
-    from gemmgen.backends.cutlass.runtime import CutlassLauncher
 
     spec = instance_spec(program)
     if artifact.meta.get("spec", spec.as_meta) != spec.as_meta:
@@ -128,7 +132,6 @@ def load(artifact: Artifact, program: Program):
 
 def library_path(artifact: Artifact) -> str:
     """The artifact's library; found by key under this machine's cache root if the cache moved."""
-    from gemmgen.backends.build import cache_root
 
     if artifact.path and os.path.exists(artifact.path):
         return artifact.path

@@ -23,7 +23,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from gemmgen.backends.cutlass.rules import on_stream_k_scheduler, sliced_split_k, stream_k_split
+from gemmgen.backends.cuda.source import epilogue_flags, template
+from gemmgen.backends.cutlass.rules import (
+    on_stream_k_scheduler,
+    sliced_split_k,
+    stream_k_split,
+)
 from gemmgen.dsl.ir import Program
 
 # DSL activation -> the CUTLASS functor (GELU is the exact erf form, as in dsl/ir.py).
@@ -169,6 +174,7 @@ class _FusionDeclaration:
 
 
 def _gemm_operation(spec: InstanceSpec, fusion):
+    # Deferred: cutlass_library (optional, heavy to import).
     from cutlass_library import library as L
     from cutlass_library.gemm_operation import GemmOperation
 
@@ -230,6 +236,7 @@ def _fusion(spec: InstanceSpec):
     activation. act(alpha * acc + bias) + residual has no fusion operation, so it
     is a tree: plus(act(alpha * acc [+ bias]), C) with C = residual.
     """
+    # Deferred: cutlass_library (optional, heavy to import).
     from cutlass_library import library as L
 
     out = ELEMENT_TYPES[spec.out_dtype]
@@ -273,6 +280,7 @@ def _fusion(spec: InstanceSpec):
 
 def kernel_type_source(spec: InstanceSpec) -> tuple[str, str, str]:
     """(includes, type definitions, kernel type name) from cutlass_library's 3.x emitter."""
+    # Deferred: cutlass_library (optional, heavy to import).
     from cutlass_library.gemm_operation import EmitGemmUniversal3xInstance
 
     functor, _ = _fusion(spec)
@@ -512,7 +520,6 @@ extern "C" int gg_grid_sms(int m, int n, int k, int swizzle, int splits, int gri
 
 def _reduce_defines(spec: InstanceSpec) -> str:
     """The constants common.cuh's epilogue reads, from the instance's epilogue."""
-    from gemmgen.backends.cuda.source import epilogue_flags
 
     values = {**epilogue_flags(beta=spec.source == "c", residual=spec.source == "residual", bias=spec.bias,
                                activation=spec.activation, out_dtype=spec.out_dtype),
@@ -564,7 +571,6 @@ def emit_source(spec: InstanceSpec) -> str:
         + (_GRID_ENTRY if spec.tile_scheduler == "persistent" else ""),
     }
     if spec.partials:
-        from gemmgen.backends.cuda.source import template
 
         source = "static_cast<const gg_reduce::out_t*>(c)"
         values.update(reduce_defines=_reduce_defines(spec), common=template("common.cuh"),

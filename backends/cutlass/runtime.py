@@ -15,6 +15,8 @@ from gemmgen.backends.base import BackendError
 from gemmgen.backends.cutlass.emit import InstanceSpec, RuntimeArgs
 from gemmgen.backends.workspace import persistent_buffer
 
+from gemmgen.errors import NoGPUError
+
 _INIT_ERRORS = {
     1: "cudaSetDevice failed (no such CUDA device?)",
     2: "could not read the SM count",
@@ -65,10 +67,10 @@ class CutlassLauncher:
     """fn(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0) on the current stream."""
 
     def __init__(self, path: str, spec: InstanceSpec, runtime: RuntimeArgs):
+        # Deferred: torch (optional, heavy to import).
         import torch
 
         if not torch.cuda.is_available():
-            from gemmgen.errors import NoGPUError
             raise NoGPUError("running a CUTLASS kernel")
         self._torch = torch
         self.spec = spec

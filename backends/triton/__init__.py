@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import os
 
+from gemmgen.backends.base import Artifact
 from gemmgen.backends.triton.compiler import ARCH, NAME, TARGET, build, toolchain
+from gemmgen.backends.triton.launch import JitLauncher, TritonLauncher
 from gemmgen.backends.triton.lowering import lower
 from gemmgen.backends.triton.rules import SUPPORT, tma_misaligned
 from gemmgen.backends.triton.search_space import space
 from gemmgen.dsl.ir import Program
-from gemmgen.backends.base import Artifact
 
 __all__ = ["ARCH", "NAME", "SUPPORT", "TARGET", "build", "load", "lower", "space", "tma_misaligned", "toolchain"]
 
@@ -38,7 +39,6 @@ def load(artifact: Artifact, program: Program):
     GEMMGEN_TRITON_LAUNCH=jit swaps in the JIT fallback (same kernels, Triton's own dispatch).
     """
     # Deferred: the launchers import torch and triton's driver.
-    from gemmgen.backends.triton.launch import JitLauncher, TritonLauncher
 
     if os.environ.get("GEMMGEN_TRITON_LAUNCH", "aot") == "jit":
         return JitLauncher(artifact, program)

@@ -18,6 +18,7 @@ TARGET = ("cuda", 90, 32)   # triton's GPUTarget for sm_90a; compiles without a 
 
 
 def toolchain() -> str:
+    # Deferred: triton (optional, heavy to import).
     import triton
 
     return f"triton-{triton.__version__}"
@@ -49,6 +50,7 @@ def compile_kernels(source: Source, directory: Path, hinted: bool = True) -> lis
     falls back to when called with unaligned strides).
     """
     os.environ.setdefault("TRITON_CACHE_DIR", str(directory.parent.parent / "triton-cache"))
+    # Deferred: triton (optional, heavy to import).
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -15,15 +15,23 @@ need and cached like any other.
 """
 from __future__ import annotations
 
+import importlib.util
+import multiprocessing as mp
+import os
+import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from gemmgen.backends import build as builds
 from gemmgen.backends.base import Artifact, BackendError
+from gemmgen.backends.triton.compiler import compile_kernels, import_text, toolchain
 from gemmgen.backends.triton.lowering import grid_size
 from gemmgen.backends.workspace import persistent_buffer
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
+
+from gemmgen.errors import NoGPUError
 
 TORCH_DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
 DESC_CACHE_LIMIT = 64
@@ -36,6 +44,7 @@ class _LoadedKernel:
     """One cubin loaded on one device, with its generated C launcher."""
 
     def __init__(self, built: dict, kernel: dict, device: int):
+        # Deferred: triton (optional, heavy to import).
         from triton.backends.nvidia import driver as nv
         from triton.runtime import driver
         from triton.runtime.build import compile_module_from_src
@@ -100,12 +109,12 @@ class TritonLauncher:
     """
 
     def __init__(self, artifact: Artifact, program: Program):
+        # Deferred: torch (optional, heavy to import).
         import torch
 
         if artifact.backend != "triton":
             raise BackendError(f"the triton backend cannot load a {artifact.backend} artifact")
         if not torch.cuda.is_available():
-            from gemmgen.errors import NoGPUError
             raise NoGPUError("loading a Triton kernel")
         self.artifact = artifact
         self.program = program
@@ -139,8 +148,6 @@ class TritonLauncher:
 
     def _unhinted_build(self) -> list:
         if self._unhinted is None:
-            from gemmgen.backends import build as builds
-            from gemmgen.backends.triton.compiler import compile_kernels, toolchain
 
             def compile_fn(key: str, directory: Path) -> Artifact:
                 return Artifact(backend="triton", key=key, path=str(directory),
@@ -345,6 +352,7 @@ def _desc_operand(role: str) -> str:
 
 def tensor_descriptor(meta: dict, operand: str, t):
     """The host TMA descriptor of "a", "b" or "out": its storage as it lies in memory, in the kernel's box."""
+    # Deferred: triton (optional, heavy to import).
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     if t.data_ptr() % 16:
@@ -378,11 +386,9 @@ def interpret_many(cases: list) -> list:
     Triton must be imported in interpreter mode, so unless this process started with
     TRITON_INTERPRET=1 the cases run in one fresh child process (seconds to start).
     """
-    import os
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         return [_interpret_here(*case) for case in cases]
-    import multiprocessing as mp
 
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"     # inherited by the spawned child at start
@@ -399,6 +405,7 @@ def interpret_many(cases: list) -> list:
 def _numpy2_scalars() -> None:
     """Triton 3.6's interpreter keeps scalars as 1-element arrays and calls int() on them, which
     numpy >= 2.4 refuses; read the element instead (only loop bounds and branches need this)."""
+    # Deferred: triton (optional, heavy to import).
     from triton.runtime import interpreter
 
     if getattr(interpreter, "_gemmgen_patched", False):
@@ -416,10 +423,6 @@ def _numpy2_scalars() -> None:
 
 
 def _interpret_here(source, program, tensors, alpha, beta):
-    import importlib.util
-    import os
-    import tempfile
-
     _numpy2_scalars()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -440,6 +443,7 @@ def _interpret_module(module, meta, program, a, b, out, bias, residual, c, alpha
 def _run_module(module, meta, program, tensors: dict, alpha, beta, workspace=None, options=None) -> None:
     """Launch the module's kernels through Triton's own front door (`kernel[grid](...)`): the
     interpreter's path and the JIT fallback's. `workspace(elements, zeroed)` supplies split-K buffers."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     e = program.problem.epilogue
@@ -475,9 +479,7 @@ class JitLauncher:
     """
 
     def __init__(self, artifact: Artifact, program: Program):
-        import tempfile
 
-        from gemmgen.backends.triton.compiler import import_text
 
         self.source = artifact.meta["source"]
         self.program = program
@@ -486,6 +488,7 @@ class JitLauncher:
         self._workspaces: dict = {}
 
     def _workspace(self, a):
+        # Deferred: torch (optional, heavy to import).
         import torch
 
         def get(size: int, zeroed: bool):

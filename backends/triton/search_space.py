@@ -27,6 +27,7 @@ import math
 from dataclasses import replace
 from typing import Iterable
 
+from gemmgen.backends.triton.rules import SUPPORT, tma_misaligned
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Problem, Program, Tile
 
@@ -123,7 +124,6 @@ def _tile_fits(size: int, dim: int) -> bool:
 
 
 def _base_candidates(pr: Problem) -> Iterable[Program]:
-    from gemmgen.backends.triton.rules import SUPPORT, tma_misaligned
     m, n, k = pr.m, pr.n, pr.k
     schedulers = ("tile",) if tma_misaligned(pr) else ("tile", "persistent")
     for bm, bn, bk in itertools.product(TILE_MN, TILE_MN, TILE_K):

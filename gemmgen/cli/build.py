@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
+
+from gemmgen import backends, dsl
+from gemmgen.backends.base import BackendError
+from gemmgen.backends.build import build_many, cache_root, default_jobs
+from gemmgen.errors import GemmgenError
+from gemmgen.measure.shapes import read_shapes
 
 
 def register(subparsers) -> None:
@@ -33,8 +40,6 @@ def register(subparsers) -> None:
 
 
 def _program_files(paths: list[str]) -> list[Path]:
-    from gemmgen.errors import GemmgenError
-
     files: list[Path] = []
     for text in paths:
         path = Path(text)
@@ -50,9 +55,7 @@ def _program_files(paths: list[str]) -> list[Path]:
 
 
 def programs_from_files(paths: list[str], backend: str) -> list:
-    from dataclasses import replace
 
-    from gemmgen import backends, dsl
 
     out = []
     for path in _program_files(paths):
@@ -64,10 +67,7 @@ def programs_from_files(paths: list[str], backend: str) -> list:
 
 
 def programs_from_space(space: str, shapes_csv: str, backend: str, top: int) -> list:
-    from dataclasses import replace
 
-    from gemmgen import backends, dsl
-    from gemmgen.measure.shapes import read_shapes
 
     enumerate_space = backends.get(space).space
     out = []
@@ -78,11 +78,6 @@ def programs_from_space(space: str, shapes_csv: str, backend: str, top: int) -> 
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from gemmgen import backends
-    from gemmgen.backends.base import BackendError
-    from gemmgen.backends.build import build_many, cache_root, default_jobs
-    from gemmgen.errors import GemmgenError
-
     module = backends.get(args.backend)
     if args.space:
         if not args.shapes:

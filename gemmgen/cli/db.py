@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+
+from gemmgen.compile import as_problem
+from gemmgen.errors import GemmgenError
+from gemmgen.tuning_db import Database, default_db_path, shipped_database
+from gemmgen.tuning_db.exchange import export, merge
 
 
 def register(subparsers) -> None:
@@ -45,10 +51,7 @@ def register(subparsers) -> None:
 
 
 def _open(args: argparse.Namespace, *, create: bool = False):
-    from pathlib import Path
 
-    from gemmgen.errors import GemmgenError
-    from gemmgen.tuning_db import Database, default_db_path, shipped_database
 
     if getattr(args, "shipped", False):
         return shipped_database(fresh=True)
@@ -81,8 +84,6 @@ def _stats(args) -> int:
 
 
 def _show(args) -> int:
-    from gemmgen.compile import as_problem
-
     problem = as_problem((args.m, args.n, args.k), a_major=args.a_major, b_major=args.b_major,
                          epilogue=args.epilogue)
     with _open(args) as db:
@@ -128,8 +129,6 @@ def _show(args) -> int:
 
 
 def _export(args) -> int:
-    from gemmgen.tuning_db.exchange import export
-
     with _open(args) as db:
         count = export(db, args.file, winners_only=args.winners_only)
     print(f"wrote {count} records to {args.file}")
@@ -137,8 +136,6 @@ def _export(args) -> int:
 
 
 def _merge(args) -> int:
-    from gemmgen.tuning_db.exchange import merge
-
     with _open(args, create=True) as db:
         new, seen = merge(db, args.file)
         path = db.path

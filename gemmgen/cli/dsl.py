@@ -8,9 +8,16 @@ import argparse
 import functools
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
+from gemmgen import backends
+from gemmgen.backends import diagnose
+from gemmgen.dsl.diagnostics import ProgramError
+from gemmgen.dsl.facts import facts
+from gemmgen.dsl.parser import parse, parse_with_comments
+from gemmgen.dsl.printer import to_text, to_text_with_comments
 from gemmgen.errors import GemmgenError
 
 
@@ -78,7 +85,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def _load(path: str, shape: Optional[str]):
     """Parse `path`, bind it if a shape is given; ProgramError for a bad program."""
-    from gemmgen.dsl.parser import parse
 
     program = parse(_read(path), filename=path)
     if shape:
@@ -88,9 +94,6 @@ def _load(path: str, shape: Optional[str]):
 
 @_reporting_warnings
 def run_check(args: argparse.Namespace) -> int:
-    from gemmgen.dsl.diagnostics import ProgramError
-    from gemmgen.backends import diagnose
-
     bad = 0
     for path in args.files:
         try:
@@ -116,10 +119,6 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_fmt(args: argparse.Namespace) -> int:
-    from gemmgen.dsl.diagnostics import ProgramError
-    from gemmgen.dsl.parser import parse_with_comments
-    from gemmgen.dsl.printer import to_text_with_comments
-
     failed, not_canonical = 0, []
     for path in args.files:
         try:
@@ -154,11 +153,6 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 @_reporting_warnings
 def run_inspect(args: argparse.Namespace) -> int:
-    from gemmgen.dsl.diagnostics import ProgramError
-    from gemmgen.dsl.facts import facts
-    from gemmgen.dsl.printer import to_text
-    from gemmgen.backends import diagnose
-
     try:
         program = _load(args.file, args.shape)
     except ProgramError as exc:
@@ -191,10 +185,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def _lower(program, backend: str) -> str:
-    from dataclasses import replace
 
-    from gemmgen import backends
-    from gemmgen.backends import diagnose
 
     if backend not in backends.names():
         raise CommandError(f"--lower {backend}: unknown backend; choose one of {', '.join(backends.names())}")

@@ -8,6 +8,11 @@ import argparse
 import shlex
 import sys
 
+from gemmgen.errors import GemmgenError
+from gemmgen.measure import results as results_io
+from gemmgen.measure.plots import plot_all
+from gemmgen.measure.timing import TimingOptions
+
 
 def _names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -55,10 +60,8 @@ def register(subparsers) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from gemmgen.errors import GemmgenError
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.bench import BenchConfig, run, table
-    from gemmgen.measure.plots import plot_all
-    from gemmgen.measure.timing import TimingOptions
 
     if not args.shapes or not args.out:
         raise GemmgenError("gemmgen bench needs --shapes FILE and --out DIR (or a subcommand: merge, report)")
@@ -80,9 +83,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def merge_command(args: argparse.Namespace) -> int:
-    from gemmgen.measure import results as results_io
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.bench import table
-    from gemmgen.measure.plots import plot_all
 
     meta, rows = results_io.merge([results_io.load(d) for d in args.dirs])
     doc = results_io.save(args.merge_out, meta, rows)
@@ -92,9 +94,8 @@ def merge_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from gemmgen.measure import results as results_io
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.bench import table
-    from gemmgen.measure.plots import plot_all
 
     doc = results_io.refresh(args.dir)   # summary recomputed
     made = plot_all(doc, args.dir)

@@ -1,6 +1,16 @@
 """`gemmgen propose`: the policy's k programs for a shape, printed as DSL text (CPU is enough)."""
 from __future__ import annotations
 
+import warnings
+from dataclasses import replace
+
+from gemmgen.cli.tune import parse_shape
+from gemmgen.compile import parse_epilogue
+from gemmgen.dsl import to_text
+from gemmgen.dsl.ir import Problem
+from gemmgen.errors import GemmgenError
+from gemmgen.policy.proposers import proposer_for
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -28,26 +38,18 @@ def register(subparsers) -> None:
 
 
 def _problem(args):
-    from dataclasses import replace
 
-    from gemmgen.dsl.ir import Problem
-    from gemmgen.cli.tune import parse_shape
 
     m, n, k = parse_shape(args.shape)
     problem = Problem(m, n, k, a_major=args.a_major, b_major=args.b_major, c_major=args.c_major)
     if args.epilogue:
-        from gemmgen.compile import parse_epilogue
 
         problem = replace(problem, epilogue=parse_epilogue(args.epilogue))
     return problem
 
 
 def _propose(args) -> int:
-    import warnings
 
-    from gemmgen.dsl import to_text
-    from gemmgen.errors import GemmgenError
-    from gemmgen.policy.proposers import proposer_for
 
     if args.k <= 0:
         raise GemmgenError("-k must be at least 1")

@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
 from gemmgen.backends import registry as backend_registry
+from gemmgen.compile import clear_cache, compile, parse_epilogue
 from gemmgen.errors import GemmgenError
+from gemmgen.measure.shapes import read_shapes, shard
+from gemmgen.policy.proposers import proposer_for
+from gemmgen.tune import split_library, tune_backends
+from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
+from gemmgen.tuning_db import Database, default_db_path
 
 
 def register(subparsers) -> None:
@@ -68,10 +76,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str | None = None) -> list:
     """The problems of a shapes CSV (the bench's format and parser), optionally one shard."""
-    from dataclasses import replace
 
-    from gemmgen.compile import parse_epilogue
-    from gemmgen.measure.shapes import read_shapes, shard
 
     epi = parse_epilogue(epilogue) if epilogue else None
     problems = [s.problem() for s in shard(read_shapes(shapes_file), shard_spec)]
@@ -79,13 +84,7 @@ def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str
 
 
 def _tune(args) -> int:
-    from pathlib import Path
 
-    from gemmgen.compile import clear_cache
-    from gemmgen.policy.proposers import proposer_for
-    from gemmgen.tune import split_library, tune_backends
-    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
-    from gemmgen.tuning_db import Database, default_db_path
 
     library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
     problems = tune_problems(args.shapes, args.shard, args.epilogue)
@@ -108,8 +107,6 @@ def _tune(args) -> int:
 
 
 def _compile(args) -> int:
-    from gemmgen.compile import compile
-
     kernel = compile(parse_shape(args.shape), a_major=args.a_major, b_major=args.b_major,
                      epilogue=args.epilogue, device=args.device, db=args.db,
                      deterministic=True if args.deterministic else None)
@@ -128,7 +125,6 @@ def _compile(args) -> int:
         print("\n(no GPU here: not checked or timed; on an H200 this command also checks the kernel "
               "and times it against torch.matmul)")
         return 0
-    from gemmgen.tune.adapters import compare_with_torch
 
     print()
     print(compare_with_torch(kernel))

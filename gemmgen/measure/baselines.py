@@ -27,8 +27,14 @@ from typing import Any, Callable, Mapping, Optional
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.measure.errors import MeasureError, UnknownName
-from gemmgen.runtime.cublaslt import (LtMatmul, algorithm_config, algorithm_from_hex, algorithm_to_hex,
-                                      cublaslt_version)
+from gemmgen.measure.timing import time_many
+from gemmgen.runtime.cublaslt import (
+    LtMatmul,
+    algorithm_config,
+    algorithm_from_hex,
+    algorithm_to_hex,
+    cublaslt_version,
+)
 from gemmgen.runtime.torch_call import torch_call
 
 AUTOTUNE_LIMIT = 100
@@ -64,7 +70,6 @@ def make_lt_heuristic(problem: Problem, **_) -> Kernel:
 def autotune_lt(problem: Problem, timing_options=None) -> tuple[LtMatmul, list, int, dict]:
     """Time every algorithm cuBLASLt's heuristic offers (up to AUTOTUNE_LIMIT) with our device
     timer (cold L2): (the planned matmul, its algorithms, the fastest one's index, the timings)."""
-    from gemmgen.measure.timing import time_many
 
     lt = LtMatmul(problem, limit=AUTOTUNE_LIMIT)
     algos = list(lt.algorithms)

@@ -18,13 +18,19 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gemmgen.dsl.ir import Problem
-from gemmgen.errors import GemmgenError
+from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.measure import baselines as baseline_registry
 from gemmgen.measure import candidates as candidate_registry
 from gemmgen.measure import results as results_io
+from gemmgen.measure.baselines import Kernel
+from gemmgen.measure.cases import fresh_seed, make_cases
+from gemmgen.measure.checking import check
+from gemmgen.measure.env import environment, gpu_record
+from gemmgen.measure.errors import UnknownName
 from gemmgen.measure.numerics import bucket_of, tflops
 from gemmgen.measure.shapes import Shape, read_shapes, shard
-from gemmgen.measure.timing import MODES, TimingOptions
+from gemmgen.measure.timing import MODES, TimingOptions, time_many
+from gemmgen.measure.worker import Job, Runner, load_named
 
 
 @dataclass
@@ -86,8 +92,6 @@ def make_row(name: str, kind: str, shape: Shape, problem: Problem, *, check: Opt
 
 def _measure_kernels(kernels: list, shape: Shape, cases, cfg: BenchConfig, kind: str) -> list[dict]:
     """Check each kernel on the shared cases, then time those that passed, together."""
-    from gemmgen.measure.checking import check
-    from gemmgen.measure.timing import time_many
 
     checked: dict[str, dict] = {}
     for k in kernels:
@@ -147,9 +151,6 @@ def _selection_options(cfg: BenchConfig) -> TimingOptions:
 
 
 def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, runner) -> list[dict]:
-    from gemmgen.measure.baselines import Kernel
-    from gemmgen.measure.worker import Job, load_named
-
     rows = []
     for name in cfg.candidates:
         spec = candidate_registry.spec_of(name)
@@ -180,9 +181,9 @@ def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, run
 
 
 def measure_shape(shape: Shape, cfg: BenchConfig, measured: list[str], runner=None) -> list[dict]:
+    # Deferred: torch (optional, heavy to import).
     import torch
 
-    from gemmgen.measure.cases import fresh_seed, make_cases
 
     problem = shape.problem()
     seed = fresh_seed() if cfg.seed is None else cfg.seed
@@ -200,15 +201,14 @@ def _preflight(cfg: BenchConfig) -> list[str]:
         raise GemmgenError(f"--mode {cfg.mode!r}: use offline, server or warm")
     measured = baseline_registry.expand(cfg.baselines)
     if cfg.reference not in baseline_registry.BASELINES:
-        from gemmgen.measure.errors import UnknownName
         raise UnknownName(f"--same-session-reference {cfg.reference!r}: choose one of "
                           f"{', '.join(baseline_registry.BASELINES)}")
     for name in cfg.candidates:
         candidate_registry.spec_of(name)
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     if cfg.device == "cuda" and not torch.cuda.is_available():  # the first thing to fix, so said first
-        from gemmgen.errors import NoGPUError
         raise NoGPUError("gemmgen bench")
     if any(n.startswith("lt_") for n in measured) and importlib.util.find_spec("nvmath") is None:
         raise GemmgenError("lt_heuristic and lt_autotune need nvmath-python (pip install nvmath-python); "
@@ -218,7 +218,6 @@ def _preflight(cfg: BenchConfig) -> list[str]:
 
 def run(cfg: BenchConfig) -> dict:
     """Measure, saving after every shape; returns the final results document."""
-    from gemmgen.measure.env import environment
 
     measured = _preflight(cfg)
     shapes = shard(read_shapes(cfg.shapes), cfg.shard)
@@ -242,7 +241,6 @@ def run(cfg: BenchConfig) -> dict:
     start = _clock.monotonic()
     runner = None
     if cfg.candidates and cfg.isolate:
-        from gemmgen.measure.worker import Runner
         runner = Runner(timeout_s=cfg.trial_timeout_s)
     bar = _progress(todo, cfg.progress)
     try:
@@ -267,8 +265,6 @@ def run(cfg: BenchConfig) -> dict:
 
 
 def _gpu_after() -> Any:
-    from gemmgen.measure.env import gpu_record
-
     return gpu_record()
 
 

@@ -33,8 +33,15 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from gemmgen.dsl.ir import Problem
+from gemmgen.errors import NoGPUError
 from gemmgen.measure.cases import (
-    BITS_DTYPES, TORCH_DTYPES, Case, bits, empty_laid_out, fresh_seed, make_cases,
+    BITS_DTYPES,
+    TORCH_DTYPES,
+    Case,
+    bits,
+    empty_laid_out,
+    fresh_seed,
+    make_cases,
 )
 from gemmgen.measure.errors import MeasureError
 
@@ -238,7 +245,6 @@ def check(fn: Callable, problem: Problem, *, seed: Optional[int] = None,
     if not problem.is_bound:
         raise MeasureError(f"problem {problem.key} is shape-generic; bind M, N and K before checking")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        from gemmgen.errors import NoGPUError
         raise NoGPUError("check()")
     if cases is None:
         seed = fresh_seed() if seed is None else int(seed)

@@ -27,9 +27,22 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from gemmgen.dsl.ir import Problem
-from gemmgen.measure.timing import TimingOptions
-from gemmgen.runtime.cublaslt import LtMatmul, cublaslt_version, library_launcher
+from gemmgen.measure.baselines import autotune_lt, make_torch
+from gemmgen.measure.checking import check
+from gemmgen.measure.comparison import speedup_noise
+from gemmgen.measure.errors import MeasureError
+from gemmgen.measure.timing import TimingOptions, time_many
+from gemmgen.runtime.cublaslt import (
+    WORKSPACE_BYTES,
+    LtMatmul,
+    algorithm_config,
+    algorithm_to_hex,
+    cublaslt_version,
+    library_launcher,
+)
 
 LIBRARY = "cublaslt"
 #: calls per algorithm while choosing (the median of 10 separates algorithms a few % apart;
@@ -61,10 +74,6 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
 
     The chosen algorithm is checked and timed through its recorded text form and the
     launcher that `gemmgen.compile` serves, so what is recorded is what runs later."""
-    from gemmgen.measure.baselines import make_torch
-    from gemmgen.measure.checking import check
-    from gemmgen.measure.comparison import speedup_noise
-    from gemmgen.measure.timing import time_many
 
     options = timing_options or TimingOptions()
     # selection among many algorithms: fewer calls each; the chosen one is timed in full below
@@ -109,9 +118,6 @@ def search_cublaslt(problem: Problem, seed: Optional[int] = None, timing_options
 def _select(problem: Problem, selection) -> list[tuple[str, dict[str, Any]]]:
     """Steps 1 and 2 of the search: the fastest algorithm as text with its config (what it is,
     where it came from, the selection's times), then the heuristic's fastest if that differs."""
-    from gemmgen.measure.baselines import autotune_lt
-    from gemmgen.runtime.cublaslt import algorithm_config, algorithm_to_hex
-    from gemmgen.measure.errors import MeasureError
 
     lt, algos, _, timed = autotune_lt(problem, selection)
     ranked = sorted(timed, key=lambda name: timed[name].device_ms)[:NEIGHBOUR_BASES]
@@ -143,8 +149,6 @@ def _tournament(problem: Problem, entries: list, n_bases: int, selection) -> tup
     """Time (label, algorithm) entries in sessions of SESSION_SIZE, then the bases (the first
     `n_bases`) and each session's FINALISTS together: (the entries as planned, index -> device ms
     of that final session)."""
-    from gemmgen.measure.errors import MeasureError
-    from gemmgen.measure.timing import time_many
 
     plan = LtMatmul(problem, algorithms=[a for _, a in entries])
     fns = [plan.fn(a) for a in plan.algorithms]
@@ -208,11 +212,10 @@ def neighbours(lt, algorithm, k: int) -> list[tuple[dict[str, Any], Any]]:
 def checked_variant(lt, algorithm, changes: dict[str, Any]):
     """`algorithm` with `changes` applied, if cublasLtMatmulAlgoCheck accepts it for `lt`'s
     descriptors; its workspace size is the check's (a split-K reduction may need more)."""
-    import numpy as np
+    # Deferred: nvmath (optional, heavy to import).
     from nvmath.bindings import cublasLt
     from nvmath.linalg.advanced import Algorithm
 
-    from gemmgen.runtime.cublaslt import WORKSPACE_BYTES
 
     variant = Algorithm.from_numpy(algorithm.as_numpy())
     result = cublasLt.MatmulHeuristicResult(1)

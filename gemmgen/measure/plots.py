@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from gemmgen.measure.numerics import bucket_names
+from gemmgen.measure.numerics import bucket_names, bucket_of, geomean
 from gemmgen.measure.results import _ratios, _usable, shape_key, summarize
 
 REFERENCE = "torch"
@@ -24,14 +24,17 @@ def _reference(doc: dict) -> Optional[str]:
 
 
 def _pyplot():
+    # Deferred: matplotlib (optional, heavy to import).
     import matplotlib
     matplotlib.use("Agg")
+    # Deferred: matplotlib (optional, heavy to import).
     import matplotlib.pyplot as plt
     return plt
 
 
 def _save(fig, ax, path: Path) -> Path:
     """Legend, layout, write, close: how every plot here ends."""
+    # Deferred: matplotlib (optional, heavy to import).
     import matplotlib.pyplot as plt
 
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, over no point
@@ -71,6 +74,7 @@ def plot_speedup(doc: dict, path: Path) -> Optional[Path]:
     ax.set_xscale("log")
     if every and max(every) / min(every) > 4:      # wide: log, else linear reads better
         ax.set_yscale("log")
+        # Deferred: matplotlib (optional, heavy to import).
         from matplotlib.ticker import FuncFormatter
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("GFLOP (2MNK / 1e9)")
@@ -86,7 +90,6 @@ def plot_buckets(doc: dict, path: Path) -> Optional[Path]:
     ref = _reference(doc)
     if ref is None:
         return None
-    from gemmgen.measure.numerics import bucket_of, geomean
 
     names = [n for n in summarize(rows)["names"] if n != ref]
     buckets = [b for b in bucket_names()

@@ -119,6 +119,7 @@ class _Entry:
 
 
 def _flusher(options: TimingOptions, device) -> Callable[[], None]:
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     size = options.flush_bytes
@@ -145,6 +146,7 @@ def _gap(rng: random.Random, options: TimingOptions) -> None:
 
 def _estimate_reps(entry: _Entry, mode: str, options: TimingOptions, flush) -> int:
     """Warm up, and size the run: short kernels get more calls, none gets fewer than min_reps."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     for _ in range(options.warmup):
@@ -205,6 +207,7 @@ def attribute_activities(events) -> dict[int, list[list[tuple[str, int]]]]:
     the profiler's own) is neither counted nor taken for a marker.
     Pure over the raw kineto events, so it is tested with stand-ins on CPU.
     """
+    # Deferred: torch (optional, heavy to import).
     from torch.autograd import DeviceType
 
     op_start: dict[int, int] = {}
@@ -274,8 +277,10 @@ def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, t
     """The timed loop: per rep, every kernel once in a shuffled order, each call preceded
     by its flush (warm mode: a 1-element fill, so every call still has its marker);
     `on_round` after each round's last launch, before anything waits for the GPU."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
+    # Deferred: torch (optional, heavy to import).
     from torch.profiler import record_function
 
     rng = random.Random(options.seed)
@@ -301,6 +306,7 @@ def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, t
 def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flush, on_round) -> None:
     """Fallback timer: CUDA events around each call on the calling stream. It cannot see
     work on other streams (the check rejects such kernels before they are timed)."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     pending = []
@@ -318,6 +324,7 @@ def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flu
 
 
 def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, flush, on_round) -> None:
+    # Deferred: torch (optional, heavy to import).
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def timed_call(i: int) -> None:
@@ -348,6 +355,7 @@ def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, fl
 
 
 def _time_host(entry: _Entry, mode: str, options: TimingOptions, flush, rng: random.Random) -> None:
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     if options.host_reps <= 0:
@@ -410,6 +418,7 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
     # Deferred: torch (and the runtime's tensors, which import it) only where a GPU times.
     import torch
 
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.runtime.tensors import operands as random_operands
 
     if mode not in MODES:
@@ -463,6 +472,7 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
 
 def _nvml_index(device) -> int:
     """The NVML index of a CUDA device, so a session's clocks are read from the GPU it ran on."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     dev = torch.device(device)

@@ -21,10 +21,14 @@ import statistics
 from dataclasses import replace
 from typing import Callable, Iterator, Sequence
 
+from gemmgen.measure.comparison import median_interval
+from gemmgen.measure.timing import TimingOptions, time_many
+
 
 def loop_ms(call: Callable[[int], object], iters: int, sampler=None) -> float:
     """Mean ms a call over `iters` back-to-back calls `call(0)`, `call(1)`, ...; `sampler.sample()`
     (a `gemmgen.measure.clocks.ClockSampler`) runs while the GPU still runs the loop's tail."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,7 +74,6 @@ def in_turns(items: Sequence, repeats: int) -> Iterator[tuple[int, object]]:
 
 def pair_ms(fn, torch_fn, problem, seed: int) -> tuple[float, float]:
     """(variant, torch.matmul) device ms from one offline session of the two: the bench's protocol."""
-    from gemmgen.measure.timing import TimingOptions, time_many
 
     options = replace(TimingOptions(), host_reps=0, seed=seed)
     timed = time_many([("variant", fn, problem), ("torch", torch_fn, problem)], "offline", options=options)
@@ -84,6 +87,7 @@ def checked_variants(problem, named: list[tuple[str, object, dict]], seed: int, 
     """{name: fn}: torch.matmul (the benches' own call) and its control, then every (name, fn, row)
     whose fn passes the harness's check on random inputs; each row gets the verdict and goes
     into `rows`."""
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.baselines import make
     from gemmgen.measure.cases import make_cases
     from gemmgen.measure.checking import check
@@ -106,7 +110,6 @@ def in_pairs(problem, variants: dict, rows: dict, repeats: int, seed: int) -> di
     variants["torch"], in the orders of `turn_orders`. A variant whose timing fails keeps
     its row with the failure and is timed no more. Rows gain the median ms, TFLOP/s, the
     per-repeat times and the per-repeat speedup over torch.matmul (median and 95 % interval)."""
-    from gemmgen.measure.comparison import median_interval
 
     names = [n for n in variants if n != "torch"]
     times: dict = {n: [] for n in names}

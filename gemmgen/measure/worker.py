@@ -24,9 +24,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from gemmgen import backends, dsl
 from gemmgen.dsl.ir import Problem
+from gemmgen.measure.candidates import resolve
+from gemmgen.measure.comparison import speedup_noise
 from gemmgen.measure.errors import MeasureError
-from gemmgen.measure.timing import TimingOptions
+from gemmgen.measure.timing import TimingOptions, time_many
 
 STATUSES = ("ok", "failed_check", "timeout", "crash", "error")
 
@@ -69,14 +72,12 @@ class TrialResult:
 
 def load_backend(backend: str, artifact, program_text: str) -> Callable:
     """A built kernel: gemmgen.backends.get(backend).load(artifact, gemmgen.dsl.parse(text))."""
-    from gemmgen import backends, dsl
 
     return backends.get(backend).load(artifact, dsl.parse(program_text))
 
 
 def load_named(spec: str, problem: Problem) -> Callable:
     """A kernel from a 'module:function' factory called with the problem."""
-    from gemmgen.measure.candidates import resolve
 
     made = resolve(spec)(problem)
     return getattr(made, "fn", made)
@@ -112,6 +113,7 @@ def _execute(job: Job) -> TrialResult:
             except Exception as exc:  # noqa: BLE001 - the job ran; only its answer cannot travel
                 return done("ok", f"the returned value cannot be sent back ({type(exc).__name__})")
             return done("ok", value=value)
+        # Deferred: torch (optional, heavy to import).
         from gemmgen.measure.checking import check
         from gemmgen.measure.timing import time as time_kernel
 
@@ -131,9 +133,8 @@ def _execute(job: Job) -> TrialResult:
 
 def _time_with_reference(kernel, job: Job) -> tuple[dict, dict]:
     """The kernel's Timing and its reference's, from one interleaved session."""
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure import baselines
-    from gemmgen.measure.comparison import speedup_noise
-    from gemmgen.measure.timing import time_many
 
     ref = baselines.make(job.reference, job.problem)
     got = time_many([("kernel", kernel, job.problem), ("reference", ref.fn, job.problem)], job.mode,
@@ -149,6 +150,7 @@ def _time_with_reference(kernel, job: Job) -> tuple[dict, dict]:
 
 def _serve(conn, gpu: bool) -> None:
     if gpu:
+        # Deferred: torch (optional, heavy to import).
         import torch
 
         torch.cuda.init()

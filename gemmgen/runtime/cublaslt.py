@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from gemmgen.dsl.ir import Problem
@@ -24,7 +25,13 @@ class LtMatmul:
 
     def __init__(self, problem: Problem, limit: int = 1, algorithms: Optional[list] = None):
         """Plan with cuBLASLt's heuristic (up to `limit` algorithms), or with the given ones."""
-        from nvmath.linalg.advanced import Matmul, MatmulComputeType, MatmulOptions, MatmulPlanPreferences
+        # Deferred: nvmath (optional, heavy to import).
+        from nvmath.linalg.advanced import (
+            Matmul,
+            MatmulComputeType,
+            MatmulOptions,
+            MatmulPlanPreferences,
+        )
 
         self.problem = problem
         (a, b, out), kwargs = operands(problem, seed=0, device="cuda")
@@ -79,7 +86,7 @@ def algorithm_to_hex(algorithm) -> str:
 
 def algorithm_from_hex(text: str):
     """The nvmath Algorithm `algorithm_to_hex` wrote (valid for the same cuBLASLt version)."""
-    import numpy as np
+    # Deferred: nvmath (optional, heavy to import).
     from nvmath.bindings.cublasLt import matmul_heuristic_result_dtype
     from nvmath.linalg.advanced import Algorithm
 
@@ -128,6 +135,7 @@ class DirectLt:
     the operands' pointers, on torch's current stream, with a workspace allocated once."""
 
     def __init__(self, problem: Problem, algorithm_hex: str):
+        # Deferred: nvmath (optional, heavy to import).
         from nvmath.bindings import cublasLt
 
         self.problem = problem

@@ -28,7 +28,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from gemmgen.errors import GemmgenError
-from gemmgen.torch_compile.graph_pass import OP_KINDS, PassOptions, missing_keys, reset_stats, stats
+from gemmgen.torch_compile import graph_pass as torch_pass
+from gemmgen.torch_compile import ops as torch_ops
+from gemmgen.torch_compile.graph_pass import (
+    OP_KINDS,
+    GemmgenPass,
+    PassOptions,
+    missing_keys,
+    reset_stats,
+    stats,
+)
 from gemmgen.torch_compile.tuning import tune_keys
 
 __all__ = ["TorchBackendError", "gemmgen_backend", "make_backend", "missing_keys", "reset_stats", "stats",
@@ -101,12 +110,11 @@ def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Opt
 def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optional[str] = None,
                       inductor: Optional[Mapping[str, Any]] = None):
     """Inductor's compile_fx with the gemmgen pass patched in (forward and backward graphs)."""
+    # Deferred: torch (optional, heavy to import).
     import torch._inductor
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    from gemmgen.torch_compile import ops as torch_ops, graph_pass as torch_pass
-    from gemmgen.torch_compile.graph_pass import GemmgenPass
 
     torch_ops.set_lookup_db(options.db)
     patches: dict = {}

@@ -34,8 +34,10 @@ import torch
 import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from gemmgen.torch_compile import joins as torch_join, ops as torch_ops
+from gemmgen.torch_compile import joins as torch_join
+from gemmgen.torch_compile import ops as torch_ops
 from gemmgen.torch_compile.tuning import tune_keys
+from gemmgen.tuning_db import default_db_path
 
 log = logging.getLogger("gemmgen.torch")
 
@@ -375,7 +377,6 @@ def _fmt(counts: Counter) -> str:
 
 def _database_state(db) -> tuple:
     """What a lookup would read: the database path and its modification stamp."""
-    from gemmgen.tuning_db import default_db_path
 
     path = str(db) if db is not None else str(default_db_path())
     try:
@@ -418,6 +419,7 @@ _ACT_GRAPHS: dict = {}
 def _act_graph(name: str) -> fx.Graph:
     graph = _ACT_GRAPHS.get(name)
     if graph is None:
+        # Deferred: torch (optional, heavy to import).
         from torch._inductor.pattern_matcher import fwd_only
 
         fn = {"relu": torch.relu, "silu": torch.nn.functional.silu,

@@ -23,7 +23,9 @@ import weakref
 
 import torch
 
-from gemmgen.dsl.ir import Epilogue
+from gemmgen.compile import compile as gemmgen_compile
+from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.kernel import check_major
 from gemmgen.runtime.epilogue import ACTIVATIONS as EPILOGUE_ACTIVATIONS
 from gemmgen.runtime.epilogue import reference as epilogue_reference
 
@@ -54,7 +56,6 @@ def kernel_key(m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, be
 
 def problem_of(key: tuple):
     """The gemmgen Problem an op key stands for."""
-    from gemmgen.dsl.ir import Problem
 
     m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, _device = key
     return Problem(m, n, k, a_major, b_major, epilogue=epilogue_of(has_bias, has_c, activation, alpha, beta))
@@ -70,7 +71,6 @@ def resolve(key: tuple, db=None):
     kernel = _KERNELS.get(key)
     if kernel is not None:
         return kernel
-    from gemmgen.compile import compile as gemmgen_compile
 
     m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device = key
     epilogue = epilogue_of(has_bias, has_c, activation, alpha, beta)
@@ -103,6 +103,7 @@ def pin_input_strides(node) -> None:
     the traced value was column-major, and the op would get operands of another major than
     its arguments say (`(x.t() + y) @ w.t()` did, on torch 2.13). With the traced values here,
     inductor copies such an operand to the strides the pass saw."""
+    # Deferred: torch (optional, heavy to import).
     from torch.fx.node import map_arg
 
     node.meta["eager_input_vals"] = (map_arg(node.args, lambda n: n.meta["val"]), {})
@@ -141,7 +142,6 @@ def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta):
 def gemm_cpu(a, b, bias, c, a_major, b_major, activation, alpha, beta):
     """The fp32 torch reference: lets CPU-only CI run rewritten models (devices=("cuda", "cpu")).
     It checks the operands' majors as the CUDA kernel does, so CI sees the strides inductor hands over."""
-    from gemmgen.kernel import check_major
 
     check_major("a", a, tuple(a.shape), a_major)
     check_major("b", b, tuple(b.shape), b_major)

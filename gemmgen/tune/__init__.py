@@ -23,11 +23,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
+from gemmgen.backends import validate
+from gemmgen.dsl import to_text
+from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
 from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
-
-
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,11 @@ def shape_seed(seed: int, problem: Problem) -> int:
 
 
 def program_text(program: Program) -> str:
-    from gemmgen.dsl import to_text
-
     return to_text(program)
 
 
 def plan_shape(problem: Problem, proposer, budget: int, db: Database, device_name: str, seed: int) -> _Plan:
     """Propose, drop what this GPU already measured, and validate the rest."""
-    from gemmgen.backends import validate
-    from gemmgen.dsl.diagnostics import ProgramError
 
     tried = db.measured_programs(problem, device_name)
     proposed = proposer.propose(problem, budget, seed=shape_seed(seed, problem))[:budget]
@@ -158,6 +155,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     next chunk building while this one is measured. `time_budget_s` stops new trials.
     `on_shape(problem)` runs once a shape's trials are all recorded (a report written as it goes).
     """
+    # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
 
     problems = list(dict.fromkeys(problems))
@@ -256,6 +254,7 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
 
     `runner.library(problem)` selects, checks and times it beside torch.matmul
     (gemmgen.measure.library); a search that fails is reported, not recorded."""
+    # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
 
     problems = list(dict.fromkeys(problems))
@@ -287,6 +286,7 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
 def searched(choices: Iterable[LibraryChoice]) -> bool:
     """Whether one of these choices came from the current search: its method, the noise of its
     speedup and, if it would serve, its server-mode time (older choices are searched again)."""
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import SEARCH
 
     return any(c.config.get("search") == SEARCH and c.noise is not None
@@ -309,6 +309,7 @@ def library_choice(found: Mapping[str, Any], problem: Problem, device: Device) -
 
 def split_library(backends: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
     """(whether `LIBRARY` is asked for, the program backends) of a --backends list."""
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import LIBRARY
 
     return LIBRARY in backends, tuple(b for b in backends if b != LIBRARY)
@@ -319,6 +320,7 @@ def tune_backends(problems: Iterable[Problem], *, library: bool, proposer, build
                   seed: int = 0, progress: bool = True, announce=lambda line: None) -> dict[str, TuneReport]:
     """The library search (if `library`), then the program loop (if a `proposer` is given)
     with what is left of one time budget. Returns the reports by part: 'cublaslt', 'programs'."""
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import LIBRARY
 
     problems = list(problems)

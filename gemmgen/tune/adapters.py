@@ -2,12 +2,19 @@
 measurement harness's isolated worker. The loop (tune.py) sees only their protocols."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Mapping, Optional, Sequence
 
+from gemmgen import backends
+from gemmgen.backends.build import build_many
+from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
-from gemmgen.errors import GemmgenError
+from gemmgen.errors import GemmgenError, NoGPUError
+from gemmgen.measure import Runner, TimingOptions, time_many
+from gemmgen.measure.env import gpu_record, package_versions
+from gemmgen.measure.worker import Job, load_backend
 from gemmgen.tune import BuildOutcome, Measurement
 from gemmgen.tuning_db import BaselineTime, Device
 
@@ -20,9 +27,6 @@ class PoolBuilder:
         self.arch = arch
 
     def build_many(self, programs: Sequence[Program]) -> list[BuildOutcome]:
-        from gemmgen import backends
-        from gemmgen.backends.build import build_many
-
         outcomes: list[Optional[BuildOutcome]] = [None] * len(programs)
         sources, where = [], []
         for i, program in enumerate(programs):
@@ -48,9 +52,9 @@ DEFAULT_BASELINES = ("torch", "cublas_nn", "cublas_tn", "lt_heuristic", "lt_auto
 
 def this_device() -> Device:
     """The GPU of this process, as the database records it (torch's name, like gemmgen.compile)."""
+    # Deferred: torch (optional, heavy to import).
     import torch
 
-    from gemmgen.measure.env import gpu_record, package_versions
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     driver = (gpu_record() or {}).get("driver", "")
@@ -68,10 +72,9 @@ class WorkerRunner:
 
     def __init__(self, *, mode: str = "offline", timeout_s: float = 60.0,
                  baselines: Sequence[str] = DEFAULT_BASELINES, timing=None):
+        # Deferred: torch (optional, heavy to import).
         import torch
 
-        from gemmgen.errors import NoGPUError
-        from gemmgen.measure import Runner, TimingOptions
 
         if not torch.cuda.is_available():
             raise NoGPUError("gemmgen tune")
@@ -94,8 +97,8 @@ class WorkerRunner:
         self._runner.close()
 
     def baselines(self, problem: Problem) -> Mapping[str, BaselineTime]:
+        # Deferred: torch (optional, heavy to import).
         from gemmgen.measure import baselines as registry
-        from gemmgen.measure import time_many
 
         kernels = []
         for name in self.baseline_names:
@@ -117,9 +120,6 @@ class WorkerRunner:
         return out
 
     def measure(self, program: Program, artifact, *, seed: Optional[int] = None) -> Measurement:
-        from gemmgen.dsl import to_text
-        from gemmgen.measure.worker import Job, load_backend
-
         args = (program.backend, artifact, to_text(program))
         name = f"{program.backend}:{program.problem.key}"
         result = self._runner.run(Job(name, load_backend, args, program.problem, seed=seed, mode="offline",
@@ -135,8 +135,8 @@ class WorkerRunner:
     def library(self, problem: Problem) -> dict:
         """cuBLASLt's fastest algorithm for `problem`, searched in the isolated worker
         (gemmgen.measure.library); {"error": why} when the search failed."""
+        # Deferred: torch (optional, heavy to import).
         from gemmgen.measure.library import library_job
-        from gemmgen.measure.worker import Job
 
         # cuBLASLt may offer 100 algorithms; each is timed, so allow for more than one trial
         result = self._runner.run(Job(f"cublaslt:{problem.key}", library_job, (problem, None, self.timing),
@@ -166,13 +166,12 @@ def measurement_from(result) -> Measurement:
 
 
 def _finite(x):
-    import math
-
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
 def compare_with_torch(kernel, *, seed: Optional[int] = None) -> str:
     """Check a compiled kernel and time it against torch.matmul (offline, cold L2): a short table."""
+    # Deferred: torch (optional, heavy to import).
     from gemmgen.measure import baselines as registry
     from gemmgen.measure import check, time_many
 

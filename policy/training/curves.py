@@ -16,9 +16,11 @@ def write_curves(log_history: Sequence[dict], out_dir: str | Path, name: str, ke
     paths = {"json": str(out / f"{name}.json")}
     if not present:
         return paths
+    # Deferred: matplotlib (optional, heavy to import).
     import matplotlib
 
     matplotlib.use("Agg")
+    # Deferred: matplotlib (optional, heavy to import).
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.6 * len(present)), squeeze=False)

@@ -23,7 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
+from gemmgen.dsl import ProgramError, parse, to_text
 from gemmgen.dsl.ir import Epilogue, Problem, Program
+from gemmgen.policy.prompt import example_text
+from gemmgen.policy.proposers import HeuristicProposer
+from gemmgen.tuning_db import DEFAULT_DEVICE_NAME
+
+from gemmgen.errors import GemmgenError
 
 HELDOUT_SALT = "gemmgen-policy-heldout-v1"
 HELDOUT_PERCENT = 20
@@ -46,7 +52,6 @@ def grid_shapes(path: Optional[str | Path] = None) -> list[tuple[int, int, int]]
     """The 1,000 (M, N, K) shapes of the CUDA-L2 set, in file order."""
     path = Path(path) if path else repo_root() / SHAPES_CSV
     if not path.is_file():
-        from gemmgen.errors import GemmgenError
 
         raise GemmgenError(f"{path}: the shape list is missing; run from a gemmgen checkout")
     with open(path, newline="") as f:
@@ -111,8 +116,6 @@ def heuristic_examples(problems: Iterable[Problem], top: int = 4,
 
     The list is cached as canonical text (JSON lines) because ranking costs ~60 ms a problem.
     """
-    from gemmgen.dsl import parse, to_text
-    from gemmgen.policy.proposers import HeuristicProposer
 
     problems = list(problems)
     proposer = HeuristicProposer()
@@ -134,8 +137,6 @@ def heuristic_examples(problems: Iterable[Problem], top: int = 4,
 def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> list[Program]:
     """The `top` fastest checked programs of each problem the database tuned on this GPU
     (measured), by speedup over the best baseline of their own run; held-out problems never."""
-    from gemmgen.dsl import ProgramError, parse
-    from gemmgen.tuning_db import DEFAULT_DEVICE_NAME
 
     ranked: dict[Problem, list] = {}
     for trial in db.trials(device_name=device_name or DEFAULT_DEVICE_NAME):
@@ -155,7 +156,6 @@ def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> li
 
 def supervised_rows(programs: Iterable[Program]) -> Iterator[dict]:
     """Prompt/completion rows for trl's SFTTrainer."""
-    from gemmgen.policy.prompt import example_text
 
     for program in programs:
         prompt, answer = example_text(program)

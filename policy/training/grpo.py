@@ -12,12 +12,30 @@ curve goes to `<work>/curves/grpo.{json,png}`.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from gemmgen.dsl.ir import Problem
+from gemmgen.policy import model as pm
+from gemmgen.policy.constrained import GrammarSampler, sample
+from gemmgen.policy.prompt import prompt_text
+from gemmgen.policy.training import data
+from gemmgen.policy.training.curves import write_curves
+from gemmgen.policy.training.reward import SpeedupReward, problem_to_json
+from gemmgen.policy.training.sft import (
+    _time_budget_callback,
+    last_checkpoint,
+    weights_digest,
+)
+from gemmgen.tuning_db import Database, default_db_path
+
+from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
 
 
 @dataclass(frozen=True)
@@ -36,18 +54,15 @@ class GRPOSettings:
 
 def grpo_dataset(problems: Sequence[Problem]):
     """One row per problem: the prompt text and the problem (JSON) for the reward."""
+    # Deferred: datasets (optional, heavy to import).
     from datasets import Dataset
 
-    from gemmgen.policy.prompt import prompt_text
-    from gemmgen.policy.training.reward import problem_to_json
 
     return Dataset.from_list([{"prompt": prompt_text(p), "problem": problem_to_json(p)} for p in problems])
 
 
 def constrained_rollout(settings: GRPOSettings) -> Callable:
     """trl's rollout_func: grammar-constrained samples of the trainer's current model."""
-    from gemmgen.policy.constrained import GrammarSampler, sample
-
     samplers: dict[int, GrammarSampler] = {}
 
     def rollout(prompts: list, trainer) -> dict:
@@ -81,16 +96,14 @@ def constrained_rollout(settings: GRPOSettings) -> Callable:
 
 
 def _time_budget(minutes: float):
-    from gemmgen.policy.training.sft import _time_budget_callback
-
     return _time_budget_callback(minutes)
 
 
 def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir: str | Path,
              settings: GRPOSettings = GRPOSettings(), *, resume: bool = False, peft_config=None):
     """One chunk of GRPO; returns the trainer (its model is updated in place)."""
-    import os
 
+    # Deferred: torch, trl (optional, heavy to import).
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
@@ -108,10 +121,8 @@ def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir:
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=grpo_dataset(problems),
                           processing_class=tokenizer, rollout_func=constrained_rollout(settings),
                           callbacks=[_time_budget(settings.minutes)], peft_config=peft_config)
-    from gemmgen.policy.training.sft import last_checkpoint
 
     trainer.train(resume_from_checkpoint=last_checkpoint(work_dir / "trainer") if resume else None)
-    from gemmgen.policy.training.curves import write_curves
 
     name = getattr(reward_fn, "__name__", "reward")
     write_curves(trainer.state.log_history, work_dir / "curves", "grpo",
@@ -121,7 +132,6 @@ def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """A GRPO chunk on this GPU: see benchmarks/policy_grpo.py, which calls this."""
-    import argparse
 
     parser = argparse.ArgumentParser(description="One GRPO chunk of the gemmgen policy on the GPU.")
     parser.add_argument("--checkpoint", help="policy to start from (default: the shipped one)")
@@ -142,15 +152,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def grpo_chunk(args) -> int:
-    import json
-    import random
 
-    from gemmgen.policy.training import data
-    from gemmgen.policy import model as pm
-    from gemmgen.policy.training.reward import SpeedupReward
-    from gemmgen.policy.training.sft import weights_digest
-    from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
-    from gemmgen.tuning_db import Database, default_db_path
 
     started = time.monotonic()
     out = Path(args.out)

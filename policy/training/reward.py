@@ -21,7 +21,12 @@ import math
 from dataclasses import asdict
 from typing import Mapping, Optional, Sequence
 
+from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Epilogue, Problem, Program
+from gemmgen.policy.constrained import Sample
+from gemmgen.policy.lm_proposer import judge
+
+from gemmgen.tune import tune
 
 INVALID_REWARD = -2.0
 FAILED_REWARD = -2.0
@@ -95,9 +100,6 @@ class SpeedupReward:
 
     def _judge(self, problem: Problem, text: str, done: bool) -> tuple[Optional[Program], bool]:
         """(valid program or None, whether this run scores it at all)."""
-        from gemmgen.policy.constrained import Sample
-        from gemmgen.policy.lm_proposer import judge
-
         outcome, program = judge(problem, Sample(text, (), (), bool(done)))
         if program is not None and self.backends and program.backend not in self.backends:
             return None, False
@@ -105,8 +107,6 @@ class SpeedupReward:
 
     def score(self, items: Sequence[tuple[Problem, str, bool]]) -> list[Optional[float]]:
         """Rewards of (problem, answer, finished) items; new pairs measured in one tuning-loop call."""
-        from gemmgen.dsl import to_text
-        from gemmgen.tune import tune
 
         judged = [self._judge(problem, text, done) for problem, text, done in items]
         problems = list(dict.fromkeys(problem for problem, _, _ in items))

@@ -12,12 +12,21 @@ after `minutes`, whichever comes first, keeps trainer checkpoints under
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+
+from gemmgen.dsl import parse, to_text
+from gemmgen.policy import model as pm
+from gemmgen.policy.proposers import HeuristicProposer, present_backends
+from gemmgen.policy.tokenizer import train_tokenizer
+from gemmgen.policy.training import data
+from gemmgen.policy.training.curves import write_curves
+from gemmgen.tuning_db import Database
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class SFTSettings:
 
 
 def _time_budget_callback(minutes: float):
+    # Deferred: transformers (optional, heavy to import).
     from transformers import TrainerCallback
 
     class TimeBudget(TrainerCallback):
@@ -52,6 +62,7 @@ def _time_budget_callback(minutes: float):
 
 
 def last_checkpoint(folder: Path) -> Optional[str]:
+    # Deferred: transformers (optional, heavy to import).
     from transformers.trainer_utils import get_last_checkpoint
 
     return get_last_checkpoint(str(folder)) if folder.is_dir() else None
@@ -60,6 +71,7 @@ def last_checkpoint(folder: Path) -> Optional[str]:
 def run_sft(model, tokenizer, rows: Sequence[dict], out_dir: str | Path, settings: SFTSettings = SFTSettings(),
             *, resume: bool = False, peft_config=None):
     """Train `model` on prompt/completion `rows`; returns the trainer (its model is trained)."""
+    # Deferred: datasets, torch, trl (optional, heavy to import).
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -78,7 +90,6 @@ def run_sft(model, tokenizer, rows: Sequence[dict], out_dir: str | Path, setting
                          processing_class=tokenizer, callbacks=[_time_budget_callback(settings.minutes)],
                          peft_config=peft_config)
     trainer.train(resume_from_checkpoint=last_checkpoint(out_dir / "trainer") if resume else None)
-    from gemmgen.policy.training.curves import write_curves
 
     write_curves(trainer.state.log_history, out_dir / "curves", "sft", ["loss", "mean_token_accuracy", "learning_rate"])
     return trainer
@@ -93,9 +104,7 @@ def weights_digest(folder: Path) -> str:
 
 def read_programs(path: str | Path) -> list:
     """Programs from a JSON-lines file ({"program": text} per line), gzipped or not."""
-    import gzip
 
-    from gemmgen.dsl import parse
 
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -104,9 +113,7 @@ def read_programs(path: str | Path) -> list:
 
 
 def write_programs(programs, path: str | Path) -> None:
-    import gzip
 
-    from gemmgen.dsl import to_text
 
     with gzip.open(path, "wt") as f:
         for p in programs:
@@ -117,11 +124,9 @@ def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_d
                data_path: Optional[str] = None) -> tuple[list[dict], dict, list]:
     """Supervised rows from the database (if any) and the heuristic (or a saved snapshot of it);
     the counts of each; and the heuristic programs."""
-    from gemmgen.policy.training import data
 
     programs_db = []
     if db_path:
-        from gemmgen.tuning_db import Database
 
         with Database(db_path, readonly=True) as db:
             programs_db = data.database_examples(db)
@@ -129,7 +134,6 @@ def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_d
         programs_h = [p for p in read_programs(data_path) if not data.is_heldout(p.problem)]
         n_problems = len({p.problem for p in programs_h})
     else:
-        from gemmgen.policy.proposers import HeuristicProposer, present_backends
 
         problems = data.training_problems(offgrid=offgrid)
         teacher = [HeuristicProposer.version, heuristic_top] + [m.NAME for m in present_backends()]
@@ -161,8 +165,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the last trainer checkpoint in --out")
     args = parser.parse_args(argv)
 
-    from gemmgen.policy import model as pm
-    from gemmgen.policy.tokenizer import train_tokenizer
 
     out = Path(args.out)
     work = Path(args.work) if args.work else pm.cache_root() / "policy" / "runs" / f"sft-{out.resolve().name}"
@@ -171,6 +173,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           args.data)
     peft_config = None
     if args.base_model:
+        # Deferred: peft (optional, heavy to import).
         from peft import LoraConfig
 
         model, tokenizer = pm.load_base_model(args.base_model)
