@@ -13,7 +13,7 @@
            beside torch.matmul as step 3 times it, once per --modes mode; the best of their
            worse speedup over the modes wins. A long session of 16 candidates runs at the power
            cap, where they rank otherwise than alone, and a hot offline pair otherwise than a
-           server pair, which has gaps (8192^3, session 19: ping-pong 128x128 1.038x of
+           server pair, which has gaps (8192^3: ping-pong 128x128 1.038x of
            torch.matmul beside it offline, 0.907x in the server bench).
 3. measure the selected programs against torch.matmul with `gemmgen bench`'s own
            runner (gemmgen.measure.bench), offline and server mode, each saving as it goes.
@@ -43,7 +43,7 @@ import search_common as common  # noqa: E402 - from this script's folder
 SELECTION_ENV = "GEMMGEN_CUTLASS_SELECTION"
 # From here a group session reads its programs slower than the bench does: the group's best over
 # the selected program's bench time, median 1.01x at 0.01-0.15 ms, 1.07x at 0.15-0.25 ms and
-# 1.04x (to 1.17x) above (session 19, 111 shapes).
+# 1.04x (to 1.17x) above (111 shapes, H200).
 ALONE_FROM_MS = 0.15
 FINALIST_GAP = 0.05      # within 5 % of the group's best: a tie at the cap
 
@@ -147,7 +147,7 @@ def with_anchors(shapes: list, path: Path, skip: bool) -> list:
     """The anchors the CSV lacks (nn), then the CSV's shapes, written to `path` for the bench to read.
 
     Anchors first: a selection or bench cut short by --time-budget then never drops the two shapes
-    the targets name (session 21's sample run lost both that way, selecting them last)."""
+    the targets name (a sample run that selected them last lost both that way)."""
     if not skip:
         shapes = common.anchors_missing(shapes, ["nn"]) + shapes
     path.write_text("M,N,K,layout\n" + "".join(f"{s.m},{s.n},{s.k},{s.layout}\n" for s in shapes))
@@ -251,7 +251,7 @@ def bucket_table(docs: dict) -> str:
     `x torch` divides torch.matmul's time from its own session by the CUTLASS program's from
     the program's worker session; `same sess.` divides by torch.matmul timed in that worker
     session, interleaved with the program. A session of two kernels does twice the work of
-    torch's own, so on long kernels it runs further into the power cap (8192^3 in session 15:
+    torch's own, so on long kernels it runs further into the power cap (8192^3 on the H200:
     torch.matmul 1.46 ms alone, 1.67 ms beside the program); the second figure shares it."""
     from gemmgen.measure.numerics import bucket_names, geomean
 

@@ -6,8 +6,7 @@ tried the heuristic's neighbours (`gemmgen.measure.library`), how much the neigh
 over the heuristic's best in the selection session, and which knobs the winners changed.
 Writes --out/library_report.json and library_report.png.
 
-    python benchmarks/library_report.py benchmarks/results/library_search/sample100_neighbours.jsonl \\
-        --out benchmarks/results/library_search/neighbours
+    python3 benchmarks/library_report.py tuning_db/shipped/h200.jsonl.gz --out benchmarks/results/library_search
 """
 from __future__ import annotations
 

@@ -73,8 +73,8 @@ def parse_args(argv=None):
                         "takes about a minute, and with 40 s to tune, a run with all backends recorded nothing); "
                         "add cublaslt to search cuBLASLt's own algorithms first")
     p.add_argument("--no-warm", action="store_true",
-                   help="time each loop straight after the previous variant's (before session 23: the "
-                        "power cap then carries one variant's draw into the next one's clock)")
+                   help="time each loop straight after the previous variant's, with no untimed loop of its "
+                        "own first (the power cap then carries one variant's draw into the next one's clock)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--trace", action="store_true", help="also write each profiled loop's Chrome trace (gzipped)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",

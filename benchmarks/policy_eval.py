@@ -15,8 +15,8 @@ best checked time among its own candidates:
   db_best        the best checked program the database holds for the problem (prior tuning runs
                  and this run together); db_prior is the same before this run
 Speedup = torch.matmul time / kernel time, both from the same run (offline, cold L2); each method
-scores its program with the best speedup (until session 10: its fastest kernel time, which let a
-method read above db_best where trials came from sessions at other clocks).
+scores its program with the best speedup, not its fastest kernel time, which would let a method
+read above db_best where trials came from sessions at other clocks.
 
     python benchmarks/policy_eval.py --out benchmarks/results/policy_eval --time-budget 150
 

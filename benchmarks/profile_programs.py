@@ -6,7 +6,7 @@ checks each result against an fp64 reference so a profile of a wrong kernel is n
 
     ncu --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight \\
         --section WarpStateStats python3 benchmarks/profile_programs.py \\
-        benchmarks/results/profile_s12/programs/*.gemm --torch
+        dsl/examples/cuda_*.gemm --torch
 
 Prints one line per launch, in launch order (ncu's report lists the kernels in that order).
 """

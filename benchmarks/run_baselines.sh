@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3's baseline runs on the H200: the 100-shape CUDA-L2 sample, offline then server mode,
+# The baseline runs on the H200: the 100-shape CUDA-L2 sample, offline then server mode,
 # baselines torch, cuBLAS NN/TN (and the better of the two), cuBLASLt heuristic and autotuning.
 #
 #   benchmarks/run_baselines.sh [OUT_ROOT] [SECONDS_PER_MODE] [extra gemmgen bench flags, e.g. --resume]

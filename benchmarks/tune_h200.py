@@ -73,7 +73,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     resumed = {}
     for source in (out / "trials.jsonl", Path(args.ship) if args.ship else None):
         if source is not None and source.is_file():
-            resumed[_shown(source)] = merge(db, source)[0]
+            # The run's own export and the project's shipped records: measured by this script.
+            resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
     problems = tune_problems(args.shapes, args.shard)
     proposer = get_proposer(args.proposer, backends=backends)

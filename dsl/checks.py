@@ -60,8 +60,9 @@ def check_values(p: Program, hw: Hardware) -> Iterator[Finding]:
 
 def check_dtypes(p: Program, hw: Hardware) -> Iterator[Finding]:
     pr = p.problem
-    if pr.in_dtype != "f16":
-        yield "gemm", f"in={pr.in_dtype}: gemmgen generates fp16-input GEMMs only for now; write in=f16"
+    if pr.in_dtype not in ir.INPUT_DTYPES:
+        yield "gemm", (f"in={pr.in_dtype}: gemmgen generates GEMMs with {', '.join(ir.INPUT_DTYPES)} inputs; "
+                       f"write in={ir.INPUT_DTYPES[0]}")
     if pr.acc_dtype != "f32":
         yield "gemm", (f"acc={pr.acc_dtype}: gemmgen never accumulates in anything but fp32 "
                        "(fp16 accumulation fails the accuracy check as K grows); write acc=f32")

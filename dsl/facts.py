@@ -53,11 +53,12 @@ class Facts:
                     ("CTAs", str(self.ctas)),
                     ("CTAs launched", str(self.grid)),
                     ("k-tiles per output tile", str(self.k_tiles)),
-                    ("waves on 132 SMs", f"{self.waves:.2f}"),
+                    (f"waves on {SM90A.sms} SMs", f"{self.waves:.2f}"),
                     ("wave efficiency", f"{100 * self.wave_efficiency:.1f} %"),
                     ("work", f"{self.flops / 1e9:.3f} GFLOP, {self.bytes / 1e6:.3f} MB moved at least"),
                     ("arithmetic intensity", f"{self.arithmetic_intensity:.1f} FLOP/B"),
-                    ("roofline floor", f"{self.floor_s * 1e6:.2f} us (989 TFLOP/s, 4.8 TB/s)")]
+                    ("roofline floor", f"{self.floor_s * 1e6:.2f} us ({SM90A.peak_flops_f16 / 1e12:.0f} TFLOP/s, "
+                                       f"{SM90A.peak_bytes_per_s / 1e12:.1f} TB/s)")]
         return out
 
 

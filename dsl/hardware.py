@@ -1,8 +1,11 @@
-"""The hardware model the validator and the derived facts read: one sm_90a GPU.
+"""The hardware model every reader of hardware numbers uses: one sm_90a GPU.
 
-Numbers are NVIDIA's published limits for compute capability 9.0 (CUDA C
-Programming Guide, "Technical Specifications per Compute Capability"; Hopper
-tuning guide; PTX ISA for wgmma / mma.sync shapes) and the H200 datasheet.
+The validator, the derived facts, the physical floor (`Problem.floor_s`) and every cost model
+read `SM90A`; a cost model that assumes less than a rate here says so with a named efficiency
+factor of it. Limits are NVIDIA's published ones for compute capability 9.0 (CUDA C
+Programming Guide, "Technical Specifications per Compute Capability"; Hopper tuning guide;
+PTX ISA for wgmma / mma.sync shapes) and the H200 datasheet; measured rates are from one
+H200 SXM (docs/design/cuda_kernels.md, "Reference numbers").
 """
 from __future__ import annotations
 
@@ -11,17 +14,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Hardware:
-    """What a kernel for this GPU may use; every field is a hard limit or a peak rate."""
+    """What a kernel for this GPU may use: hard limits, peak rates, measured rates, and the
+    few rates the cost models share that were not measured here (marked as estimates)."""
 
     name: str
     arch: str
     sms: int
     max_smem_per_block: int          # bytes of dynamic shared memory one CTA may opt into
     smem_per_sm: int                 # bytes of shared memory per SM
+    smem_reserved_per_block: int     # bytes of an SM's shared memory the driver keeps per CTA
     regs_per_sm: int                 # 32-bit registers
     regs_per_block: int
     max_regs_per_thread: int
     max_threads_per_block: int
+    max_threads_per_sm: int
     warp_size: int
     warps_per_warpgroup: int
     max_cluster_size: int            # portable limit, in CTAs
@@ -31,8 +37,13 @@ class Hardware:
     mma_shapes_f16: tuple[tuple[int, int, int], ...]  # mma.sync shapes (M, N, K)
     copy_alignment_bytes: int        # TMA boxes and 16-byte cp.async need this alignment
     smem_swizzle_bytes: tuple[int, ...]
-    peak_flops_f16: float            # dense fp16 tensor-core peak, FLOP/s
-    peak_bytes_per_s: float          # DRAM bandwidth, datasheet
+    peak_flops_f16: float            # dense fp16 tensor-core peak (wgmma), FLOP/s, datasheet
+    mma_sync_flops_f16: float        # mma.sync m16n8k16 with fp32 accumulators, FLOP/s, measured
+    peak_bytes_per_s: float          # DRAM bandwidth, datasheet: the physical floor's rate
+    dram_read_bytes_per_s: float     # sustained DRAM read, measured
+    l2_bytes_per_s: float            # operand bytes L2 feeds all SMs together
+    sm_load_bytes_per_s: float       # operand bytes one SM pulls on its own, at most
+    dram_latency_s: float            # a DRAM round trip under load
     l2_bytes: int
 
     @property
@@ -58,10 +69,12 @@ SM90A = Hardware(
     sms=132,
     max_smem_per_block=227 * 1024,   # 232448 B
     smem_per_sm=228 * 1024,          # 233472 B
+    smem_reserved_per_block=1024,
     regs_per_sm=64 * 1024,
     regs_per_block=64 * 1024,
     max_regs_per_thread=255,
     max_threads_per_block=1024,
+    max_threads_per_sm=2048,
     warp_size=32,
     warps_per_warpgroup=4,
     max_cluster_size=8,
@@ -72,7 +85,14 @@ SM90A = Hardware(
     copy_alignment_bytes=16,
     smem_swizzle_bytes=(0, 32, 64, 128),
     peak_flops_f16=989e12,
+    # one instruction every 6.0 cycles per SM sub-partition at 1,980 MHz: about 60 % of
+    # wgmma's nominal rate at that clock (1,070 TFLOP/s)
+    mma_sync_flops_f16=646e12,
     peak_bytes_per_s=4.8e12,
+    dram_read_bytes_per_s=4.24e12,   # 4.24-4.30 TB/s measured on the H200
+    l2_bytes_per_s=10e12,            # estimate, not measured here
+    sm_load_bytes_per_s=150e9,       # estimate, not measured here
+    dram_latency_s=0.8e-6,           # estimate, not measured here
     l2_bytes=60 * 1024 * 1024,       # H200 as measured; an H100 has 50 MiB
 )
 

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping, Optional
 
+from gemmgen.dsl.hardware import SM90A
+
 Major = Literal["row", "col"]
 DType = Literal["f16", "bf16", "f32"]
 Backend = Literal["triton", "cutlass", "cuda"]
@@ -24,6 +26,8 @@ SplitKReduce = Literal["workspace", "atomic", "unordered"]
 
 MAJORS: tuple[str, ...] = ("row", "col")
 DTYPES: tuple[str, ...] = ("f16", "bf16", "f32")
+#: The input types gemmgen generates GEMMs for (fp16 A and B); every backend's SUPPORT agrees.
+INPUT_DTYPES: tuple[str, ...] = ("f16",)
 BACKENDS: tuple[str, ...] = ("triton", "cutlass", "cuda")
 MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong")
 SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
@@ -32,12 +36,7 @@ SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered")
 #: Split-K reductions that add partials in arrival order (not bit-reproducible run to run):
 #: `atomic` into the output itself, `unordered` into an fp32 buffer the epilogue then reads.
 ARRIVAL_ORDER_REDUCES = frozenset({"atomic", "unordered"})
-SMEM_SWIZZLES: tuple[int, ...] = (0, 32, 64, 128)
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
-
-# Physical ceilings of one H200 SXM used for the floor time (design.md).
-PEAK_FLOPS = 989e12
-PEAK_BYTES_PER_S = 4.8e12
 
 
 @dataclass(frozen=True)
@@ -125,8 +124,8 @@ class Problem:
 
     @property
     def floor_s(self) -> float:
-        """Physical floor: max of compute time at peak and bytes at peak bandwidth."""
-        return max(self.flops / PEAK_FLOPS, self.bytes / PEAK_BYTES_PER_S)
+        """Physical floor on one SM90A: max of compute time at peak and bytes at peak bandwidth."""
+        return max(self.flops / SM90A.peak_flops_f16, self.bytes / SM90A.peak_bytes_per_s)
 
     @property
     def arithmetic_intensity(self) -> float:

@@ -1,17 +1,17 @@
 """gemmgen.compile: the fastest known kernel for a problem, found in the tuning database.
 
 Lookup, in order:
-1. the winner for this exact problem on this GPU (by GPU name), unless determinism is asked
+1. the winner for this exact problem on the GPU looked up (by GPU name), unless determinism is asked
    for (`deterministic=True`, or torch's deterministic mode) and its split-K adds partials in
    arrival order;
-2. a recorded library choice for this exact problem on this GPU: cuBLASLt's fastest
+2. a recorded library choice for this exact problem on that GPU: cuBLASLt's fastest
    algorithm, checked and timed beside torch.matmul, served only if it beat it by more
    than its noise (`library_winners`: the noise of the paired comparison,
    `gemmgen.measure.comparison`, or for older choices the spread of its time) and not
    slower in server mode beyond that mode's noise; where both a winner and a library
    choice exist, the one with the larger speedup over torch.matmul (each timed beside
    it) serves;
-   then, for a problem tuned on this GPU that nothing won: the baseline (the measurement
+   then, for a problem tuned on that GPU that nothing won: the baseline (the measurement
    said so; a neighbour's program is not a better guess than that);
 3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the
    same majors, dtypes and epilogue signature (Euclidean distance of log M, log N, log K,
@@ -30,15 +30,35 @@ built artifacts are cached on disk by the backends' builder.
 """
 from __future__ import annotations
 
+import math
+import operator
+import re
+import sys
 import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Union
 
+from gemmgen import backends
+from gemmgen.backends import validate
+from gemmgen.backends.build import build_many
+from gemmgen.backends.base import INT32_LIMIT
+from gemmgen.dsl import parse
+from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError
 from gemmgen.kernel import Kernel, Provenance
+from gemmgen.tuning_db import (
+    DEFAULT_DEVICE_NAME,
+    Database,
+    WinnerIndex,
+    default_db_path,
+    open_layers,
+    shipped_database,
+)
+from gemmgen.tuning_db.records import SAME_SESSION_BASELINE, toolchain_of
+from gemmgen.tune.adapters import this_device
 
 #: Beyond this log-space distance the nearest problem is too unlike to reuse: e ~ 2.7x in one
 #: dimension, or ~1.8x in all three.
@@ -61,8 +81,22 @@ _DEVICE_NAMES: dict = {}     # device argument -> GPU name
 _LOCK = threading.Lock()
 
 
+#: Every dimension and every operand's element count stays below this: the kernels index with
+#: signed 32-bit integers (the CUDA launchers pass M, N and K as C `int`; Triton's offsets are
+#: int32). The backends' own limit, so that compile refuses what no kernel could serve.
+INDEX_LIMIT = INT32_LIMIT
+_ALLOWED = (f"M, N and K must each be a whole number from 1 to {INDEX_LIMIT - 1:,} "
+            "(the kernels index with 32-bit integers)")
+_EXAMPLE = "write MxNxK, e.g. 4096x4096x4096"
+_DIMENSION = re.compile(r"[+-]?\d+")
+
+
 class CompileError(GemmgenError):
     """Arguments of gemmgen.compile that do not describe a problem."""
+
+
+class ShapeError(CompileError):
+    """A shape that is not three whole numbers within the kernels' limits."""
 
 
 def clear_cache() -> None:
@@ -79,6 +113,9 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
             deterministic: Optional[bool] = None) -> Kernel:
     """The kernel for `problem` (a Problem, or an (M, N, K) tuple with the keywords).
 
+    M, N and K are integers (int or numpy's) within the kernels' 32-bit limits (`check_shape`);
+    alpha and beta are finite. Anything else raises a CompileError that names it.
+
     device: None (the current CUDA device, or 'NVIDIA H200' without a GPU), a CUDA
     device (index, 'cuda:1', torch.device) or a GPU name to look records up for.
     db: a tuning database path or `Database` laid over the shipped records
@@ -89,11 +126,13 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
     """
     if deterministic is None:
         deterministic = _torch_deterministic()
-    try:
-        key = (problem, a_major, b_major, epilogue, device, db, deterministic)
-        return _KERNELS[key]
-    except (KeyError, TypeError):
-        pass
+    key = (problem, a_major, b_major, epilogue, device, db, deterministic)
+    warm = _exact_ints(problem)
+    if warm:
+        try:
+            return _KERNELS[key]
+        except (KeyError, TypeError):
+            pass
     prob = as_problem(problem, a_major=a_major, b_major=b_major, epilogue=epilogue)
     gpu = device_name(device)
     token = _db_token(db)
@@ -103,23 +142,81 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
             kernel = _lookup(prob, gpu, _index(token, db, gpu), deterministic=deterministic)
             _BY_PROBLEM[(prob, gpu, token, deterministic)] = kernel
         try:
-            _KERNELS[key] = kernel
+            if warm:
+                _KERNELS[key] = kernel
         except TypeError:  # unhashable argument: no warm path for it
             pass
     return kernel
 
 
+def _exact_ints(problem) -> bool:
+    """Whether equal warm keys mean equal shapes: 4096.0 == 4096 and True == 1 hash alike, so
+    other number types take the checked path every time."""
+    dims = (problem.m, problem.n, problem.k) if type(problem) is Problem else problem
+    return type(dims) is tuple and len(dims) == 3 and all(type(d) is int for d in dims)
+
+
+def check_shape(shape, shown=None) -> tuple[int, int, int]:
+    """(M, N, K) as Python ints, or ShapeError naming the bad dimension and what is allowed.
+
+    The one check of a shape, for gemmgen.compile and every command's MxNxK: integers only
+    (not 4096.5, True or "64"), each from 1 to INDEX_LIMIT - 1, and no operand (A: M x K,
+    B: K x N, C: M x N) with INDEX_LIMIT elements or more. `shown` is how the user wrote it."""
+    written = isinstance(shown, str)      # as typed: show its parts as typed, unquoted
+    shown = repr(shape) if shown is None else repr(shown)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = ()
+    if len(dims) != 3:
+        raise ShapeError(f"shape {shown}: give three dimensions M, N and K; {_EXAMPLE}")
+    values = []
+    for name, dim in zip("MNK", dims):
+        try:
+            value = None if isinstance(dim, bool) else operator.index(dim)
+        except TypeError:
+            value = None
+        if value is None or not 1 <= value < INDEX_LIMIT:
+            raise ShapeError(f"shape {shown}: {name} = {dim if written else repr(dim)} is not allowed; {_ALLOWED}")
+        values.append(value)
+    m, n, k = values
+    for operand, rows, cols, size in (("A", "M", "K", m * k), ("B", "K", "N", k * n), ("C", "M", "N", m * n)):
+        if size >= INDEX_LIMIT:
+            raise ShapeError(f"shape {shown}: {operand} ({rows} x {cols}) would have {size:,} elements; each "
+                             f"operand must have fewer than {INDEX_LIMIT:,} (the kernels index with 32-bit "
+                             "integers): split the problem")
+    return m, n, k
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'MxNxK' (x, X or commas between) -> checked (M, N, K), by `check_shape`."""
+    parts = [part.strip() for part in re.split(r"[xX,]", text.strip())]
+    dims = [int(part) if _DIMENSION.fullmatch(part) else part for part in parts]
+    return check_shape(dims, shown=text)
+
+
+def check_epilogue(epilogue: Epilogue) -> Epilogue:
+    """The epilogue's alpha and beta must be finite numbers (NaN or infinity poisons every output)."""
+    for name in ("alpha", "beta"):
+        value = getattr(epilogue, name)
+        if not math.isfinite(value):
+            raise CompileError(f"{name}={value}: {name} must be a finite number, e.g. {name}=0.5")
+    return epilogue
+
+
 def as_problem(problem, *, a_major="row", b_major="row", epilogue=None) -> Problem:
+    """The checked Problem for gemmgen.compile's arguments (a Problem is checked as it is)."""
     if isinstance(problem, Problem):
         if not problem.is_bound:
             raise CompileError(f"problem {problem.key} is shape-generic; give M, N and K")
-        return problem
-    try:
-        m, n, k = (int(d) for d in problem)
-    except (TypeError, ValueError):
-        raise CompileError(f"expected a Problem or an (M, N, K) tuple of integers, got {problem!r}") from None
-    if min(m, n, k) < 1:
-        raise CompileError(f"M, N and K must be positive, got {m}x{n}x{k}")
+        dims = (problem.m, problem.n, problem.k)
+        check_epilogue(problem.epilogue)
+        shape = check_shape(dims)
+        return problem if all(type(d) is int for d in dims) else problem.with_shape(*shape)
+    if isinstance(problem, (str, bytes)):
+        raise ShapeError(f"shape {problem!r}: give a Problem or an (M, N, K) tuple of integers, "
+                         "e.g. gemmgen.compile((4096, 4096, 4096))")
+    m, n, k = check_shape(problem)
     for name, major in (("a_major", a_major), ("b_major", b_major)):
         if major not in ("row", "col"):
             raise CompileError(f"{name} must be 'row' or 'col', got {major!r}")
@@ -127,7 +224,7 @@ def as_problem(problem, *, a_major="row", b_major="row", epilogue=None) -> Probl
         epilogue = parse_epilogue(epilogue)
     elif epilogue is not None and not isinstance(epilogue, Epilogue):
         raise CompileError(f"epilogue must be an Epilogue or text like 'bias=n gelu', got {epilogue!r}")
-    return Problem(m, n, k, a_major, b_major, epilogue=epilogue or Epilogue())
+    return Problem(m, n, k, a_major, b_major, epilogue=check_epilogue(epilogue or Epilogue()))
 
 
 def parse_epilogue(text: str) -> Epilogue:
@@ -191,16 +288,34 @@ def _index(token, db, gpu: str):
             layers = [("user", db), ("shipped", shipped_database())]
         else:
             layers = open_layers(token[1])
-        index = _INDEXES[(token, gpu)] = WinnerIndex(layers, gpu)
+        index = _INDEXES[(token, gpu)] = WinnerIndex(layers, gpu, current=_current_device(gpu))
     return index
 
 
-def _torch_deterministic() -> bool:
+def _current_device(gpu: str):
+    """This machine's GPU with its driver and toolchain, where it is the model the records are
+    read for, so that winners measured under other versions do not serve; None without one
+    (nothing to run here, so nothing to compare)."""
+    torch = _torch()
+    if torch is None or not torch.cuda.is_available():
+        return None
+    here = this_device()
+    return here if here.name == gpu else None
+
+
+def _torch():
+    """torch, or None where it is not installed (compile and inspect work without it)."""
     try:
+        # Deferred: torch (optional, heavy to import).
         import torch
     except ImportError:
-        return False
-    return bool(torch.are_deterministic_algorithms_enabled())
+        return None
+    return torch
+
+
+def _torch_deterministic() -> bool:
+    torch = _torch()
+    return bool(torch and torch.are_deterministic_algorithms_enabled())
 
 
 def _smaller_or_equal(problem: Problem, tuned: Problem) -> bool:
@@ -230,11 +345,13 @@ def _library_speedups(choice) -> dict[str, float]:
 def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -> Kernel:
     found = index.lookup(problem)
     served = index.library_choice(problem)
+    skipped = ""           # why the winner does not serve, where that decides
     if found is not None:
         try:
             program = parse(found.trial.program).bind(problem)
-            if (program.deterministic or not deterministic) and (
-                    served is None or _torch_speedup(found.trial) >= served[1].speedup):
+            if deterministic and not program.deterministic:
+                skipped = f"the program measured fastest here on {gpu} adds split-K partials in arrival order"
+            elif served is None or _torch_speedup(found.trial) >= served[1].speedup:
                 return Kernel(problem, program, _provenance(found, gpu, "exact", "measured at this shape"))
         except ProgramError as exc:  # written by an older DSL: say so, then look further
             warnings.warn(f"gemmgen: the tuned program of trial #{found.trial.id} ({found.layer} database) "
@@ -247,11 +364,22 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
             best_baseline="torch", best_baseline_ms=choice.torch_ms, date=choice.created,
             note=f"cuBLASLt {choice.version}: the fastest of {choice.candidates} algorithms, "
                  "timed beside torch.matmul"), library=choice)
+    if skipped:
+        return Kernel(problem, None, Provenance(
+            "baseline", gpu, best_baseline_ms=found.trial.best_baseline[1].device_ms if found.trial.best_baseline
+            else None, note=f"{skipped}, and determinism was asked for; serving torch.matmul (cuBLAS)"))
+    stale = index.stale_winner(problem)
+    if stale is not None:
+        here = toolchain_of(index.current, stale.trial.backend)
+        return Kernel(problem, None, Provenance(
+            "baseline", gpu, best_baseline_ms=index.tuned.get(problem.key),
+            note=f"the fastest program for this shape (record #{stale.trial.id}) was measured under "
+                 f"{stale.trial.toolchain}, and this machine has {here}: re-tune the shape to serve it; "
+                 "serving torch.matmul (cuBLAS)"))
     if problem.key in index.tuned:
         return Kernel(problem, None, Provenance(
             "baseline", gpu, best_baseline_ms=index.tuned[problem.key],
-            note="tuned on this GPU and no program beat the best baseline by more than "
-            "its noise; torch.matmul (cuBLAS) with the epilogue in torch"))
+            note=f"no program beat cuBLAS when this shape was tuned on {gpu}; serving torch.matmul (cuBLAS)"))
     small = 2 * problem.m * problem.n * problem.k < NEAREST_MAX_GFLOP * 1e9
     candidates = (near for near in (index.nearest(problem) if small else ())
                   if near.trial.best_baseline is not None and
@@ -271,11 +399,11 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
             # served only where it was checked: such programs failed the check at some shapes
             # (Triton, 8-warp 128x256 tiles, cause not found: docs/backends.md)
             continue
-        note = (f"program of {near.trial.problem.key} re-bound, distance {near.distance:.2f};"
-                " not measured at this shape")
+        note = (f"its tile and stages were chosen for {near.trial.problem.key.split(':')[0]}, a log-shape "
+                f"distance of {near.distance:.2f} from this one")
         return Kernel(problem, program, _provenance(near, gpu, "nearest", note))
-    return Kernel(problem, None, Provenance("baseline", gpu, note="no tuned program for this problem on "
-                                            "this GPU; torch.matmul (cuBLAS) with the epilogue in torch"))
+    return Kernel(problem, None, Provenance("baseline", gpu, note=f"no tuned kernel for this shape on {gpu}; "
+                                            "serving torch.matmul (cuBLAS)"))
 
 
 def _provenance(found, gpu: str, how: str, note: str) -> Provenance:
@@ -286,7 +414,7 @@ def _provenance(found, gpu: str, how: str, note: str) -> Provenance:
         distance=found.distance, speedups=t.speedups(), device_ms=t.device_ms, spread=t.spread,
         noise=t.noise, best_baseline=best[0] if best else None,
         best_baseline_ms=best[1].device_ms if best else None,
-        proposer=f"{t.proposer} {t.proposer_version}".strip(), date=t.created, note=note)
+        proposer=f"{t.proposer} {t.proposer_version}".strip(), date=t.created, note=note, backend=t.backend)
 
 
 def prebuild(problems, *, device=None, db=None, jobs: Optional[int] = None) -> dict:
@@ -334,21 +462,4 @@ def bench_candidate_notes(problem) -> dict:
     return notes
 
 
-import sys as _sys  # noqa: E402
-
-from gemmgen import backends
-from gemmgen.backends import validate
-from gemmgen.backends.build import build_many
-from gemmgen.dsl import parse
-from gemmgen.dsl.diagnostics import ProgramError
-from gemmgen.tuning_db import (
-    DEFAULT_DEVICE_NAME,
-    Database,
-    WinnerIndex,
-    default_db_path,
-    open_layers,
-    shipped_database,
-)
-from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
-
-_sys.modules[__name__].__class__ = _CallableModule
+sys.modules[__name__].__class__ = _CallableModule

@@ -3,11 +3,13 @@
 A kernel holds the program chosen for one problem (or none: a recorded cuBLASLt algorithm,
 `library`, or the torch.matmul baseline), where that choice came from (`Provenance`), and,
 once first called on a GPU, the loaded launcher. Calls check the operands against the
-compiled problem (dtype, device, shape, major-ness, epilogue operands) and raise
+compiled problem (dtype, device, shape, major-ness, epilogue operands, finite alpha and beta,
+an `out` that overlaps no input, 16-byte aligned operands for a tuned kernel) and raise
 `KernelCallError` with what to change.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -16,6 +18,7 @@ from gemmgen import backends
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
+from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 
 _TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32"}
 
@@ -24,13 +27,19 @@ class KernelCallError(GemmgenError):
     """A kernel was called with operands that do not match the problem it was compiled for."""
 
 
+#: Backends and databases as a user calls them.
+_BACKEND_NAMES = {"triton": "Triton", "cutlass": "CUTLASS", "cuda": "CUDA C"}
+_LAYERS = {"user": "your tuning database", "shipped": "the records shipped with gemmgen"}
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a kernel's program came from.
 
     how: 'exact' (the winner for this problem), 'nearest' (the winner of the nearest
     tuned problem, re-bound: not measured at this shape), 'library' (a vendor library's
-    fastest algorithm for this problem, measured beside torch.matmul) or 'baseline'.
+    fastest algorithm for this problem, measured beside torch.matmul) or 'baseline'
+    (torch.matmul; `note` says why). `summary` and `describe()` say the same in words.
     """
 
     how: str
@@ -48,34 +57,64 @@ class Provenance:
     proposer: str = ""
     date: str = ""
     note: str = ""
+    backend: str = ""                      # the program's backend (exact and nearest)
 
     @property
     def baseline_ms_here(self) -> Optional[float]:
         """The best baseline's device time measured at this very problem (None: never measured)."""
         return self.best_baseline_ms if self.how in ("exact", "library", "baseline") else None
 
+    @property
+    def torch_speedup(self) -> Optional[float]:
+        """Over torch.matmul: timed beside it in the same session where it was, else in the same run."""
+        return self.speedups.get(SAME_SESSION_BASELINE, self.speedups.get("torch"))
+
+    @property
+    def summary(self) -> str:
+        """Why this kernel serves, in one line."""
+        program = f"{_BACKEND_NAMES.get(self.backend, self.backend or 'a')} program"
+        versus = (f"{self.torch_speedup:.2f}x torch.matmul" if self.torch_speedup
+                  else f"{self.best_baseline_ms / self.device_ms:.2f}x {self.best_baseline}"
+                  if self.device_ms and self.best_baseline_ms else "")
+        if self.how == "exact":
+            return f"measured fastest for this shape on {self.gpu}: {program}" + (f", {versus}" if versus else "")
+        if self.how == "nearest":
+            shape = (self.tuned_problem or "another shape").split(":")[0]
+            return (f"{program} measured fastest at {shape} on {self.gpu}" + (f" ({versus} there)" if versus else "")
+                    + "; re-bound to this shape, where it was not measured")
+        if self.how == "library":
+            return f"cuBLASLt algorithm measured {versus or 'faster than torch.matmul'} for this shape on {self.gpu}"
+        return self.note or f"serving torch.matmul (cuBLAS): no tuned kernel for this shape on {self.gpu}"
+
     def describe(self) -> str:
-        lines = [f"provenance: {self.how} ({self.note})" if self.note else f"provenance: {self.how}",
-                 f"  gpu: {self.gpu}"]
+        lines = [f"provenance: {self.summary}"]
+        where = _LAYERS.get(self.layer or "", f"the {self.layer} database")
         if self.trial_id is not None:
-            lines.append(f"  trial: #{self.trial_id} in the {self.layer} database, measured {self.date}"
-                         f" on {self.tuned_problem}")
+            at = "" if self.how == "exact" else f" at {(self.tuned_problem or '').split(':')[0]}"
+            lines.append(f"  measured {self.date or '(no date)'}{at}: record #{self.trial_id} of {where}")
+            if self.how == "nearest" and self.note:
+                lines.append(f"  {self.note}")
             lines.append(f"  device time: {self.device_ms:.4f} ms (spread {100 * (self.spread or 0):.1f} %"
-                         + (f", speedup noise {100 * self.noise:.1f} %" if self.noise is not None else "")
-                         + f"); best baseline {self.best_baseline} {self.best_baseline_ms:.4f} ms")
+                         + (f", speedup noise {100 * self.noise:.1f} %" if self.noise is not None else "") + ")"
+                         + (f"; the fastest library call in that run, {self.best_baseline}: {self.best_baseline_ms:.4f} ms"
+                            if self.best_baseline_ms is not None else ""))
             if self.speedups:
                 lines.append("  speedup over: " + ", ".join(f"{n} {s:.3f}x" for n, s in self.speedups.items()))
             if self.proposer:
                 lines.append(f"  proposed by: {self.proposer}")
         elif self.how == "library" and self.device_ms and self.best_baseline_ms:
-            lines.append(f"  measured {self.date} ({self.layer} database): {self.device_ms:.4f} ms (spread "
+            lines.append(f"  {self.note}" if self.note else "")
+            lines.append(f"  measured {self.date} ({where}): {self.device_ms:.4f} ms (spread "
                          f"{100 * (self.spread or 0):.1f} %) against torch.matmul {self.best_baseline_ms:.4f} ms "
                          f"in the same session, {self.best_baseline_ms / self.device_ms:.3f}x"
                          + (f" (noise {100 * self.noise:.1f} %)" if self.noise is not None else ""))
             if "torch, server mode" in self.speedups:
                 lines.append(f"  server mode (idle gaps before each call): "
                              f"{self.speedups['torch, server mode']:.3f}x torch.matmul")
-        return "\n".join(lines)
+        return "\n".join(line for line in lines if line)
+
+    def __str__(self) -> str:
+        return self.summary
 
 
 class Kernel:
@@ -173,10 +212,14 @@ class Kernel:
             _operand("c", c, (m, n), p.c_major, out_dtype, torch, device)
         elif c is not None:
             raise KernelCallError("c given, but beta is 0; compile with epilogue beta=... to add c")
+        inputs = {"a": a, "b": b, "bias": bias, "residual": residual, "c": c}
         if out is None:
             out = torch.empty((m, n), dtype=out_dtype, device=device)
         else:
             _operand("out", out, (m, n), p.c_major, out_dtype, torch, device)
+            check_no_alias(out, inputs)
+        if self.ir is not None or self.library is not None:
+            check_aligned({**inputs, "out": out})
         self.launcher(a, b, out, bias=bias, residual=residual, c=c, alpha=alpha, beta=beta)
         return out
 
@@ -217,8 +260,6 @@ class Kernel:
             self._launch = baseline_launcher(self.problem)
             return self._launch
         try:
-            from gemmgen import backends
-
             module = backends.get(self.ir.backend)
             # build() goes through the backends' on-disk artifact cache (backends/build.py)
             self._launch = module.load(module.build(module.lower(self.ir)), self.ir)
@@ -265,13 +306,55 @@ def check_major(name, t, shape, major) -> None:
                               f"{name if name in ('a', 'b') else 'c'}_major={major!r} (strides {want}); {fix}")
 
 
+def _span(t) -> tuple[int, int]:
+    """The bytes [start, end) that a tensor's elements lie in."""
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def check_no_alias(out, inputs: Mapping[str, Any]) -> None:
+    """Refuse an `out` whose storage overlaps an input's: the kernel would read what it already
+    overwrote (tiles finish in no fixed order), so the result would depend on timing."""
+    start, end = _span(out)
+    for name, t in inputs.items():
+        if t is None or t.device != out.device or t.numel() == 0:
+            continue
+        other_start, other_end = _span(t)
+        if start < other_end and other_start < end:
+            raise KernelCallError(f"out overlaps {name} in memory; the kernel reads {name} while it writes out: "
+                                  f"pass a separate out (or none: the kernel allocates one)")
+
+
+#: Where generated kernels and library algorithms load and store 16-byte vectors (cp.async, TMA,
+#: vectorized epilogues), an operand must start on a 16-byte boundary.
+ALIGN_BYTES = 16
+
+
+def check_aligned(operands: Mapping[str, Any]) -> None:
+    """Refuse an operand that does not start 16-byte aligned (an offset view such as x[1:])."""
+    for name, t in operands.items():
+        if t is not None and t.data_ptr() % ALIGN_BYTES:
+            raise KernelCallError(f"{name} starts at an address that is not a multiple of {ALIGN_BYTES} bytes "
+                                  f"(an offset view?); the kernel moves {ALIGN_BYTES}-byte vectors: "
+                                  f"pass {name}.clone() or an aligned tensor")
+
+
 def _scalar(name: str, given, compiled: float, runtime: bool) -> float:
-    if given is None or float(given) == compiled:
+    if given is None:
+        return compiled
+    try:
+        value = float(given)
+    except (TypeError, ValueError):
+        raise KernelCallError(f"{name}={given!r} is not a number") from None
+    if not math.isfinite(value):
+        raise KernelCallError(f"{name}={given}: {name} must be a finite number (NaN or infinity would "
+                              "poison every output element)")
+    if value == compiled:
         return compiled
     if not runtime:
         raise KernelCallError(f"{name}={given} differs from the compiled {name}={compiled}; compile with "
                               f"epilogue {name}=... so that {name} is a runtime argument")
-    return float(given)
+    return value
 
 
 # -- the sources shown for a library kernel and for the baseline -----------------------

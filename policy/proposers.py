@@ -28,10 +28,9 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence, runtime_che
 from gemmgen.backends import registry, validate
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
+from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import (
     MAINLOOPS,
-    PEAK_BYTES_PER_S,
-    PEAK_FLOPS,
     SCHEDULERS,
     SPLIT_K_REDUCES,
     Instr,
@@ -42,8 +41,10 @@ from gemmgen.dsl.ir import (
 
 from gemmgen.errors import GemmgenError
 
-SMS = 132
-L2_BYTES_PER_S = 10e12
+SMS = SM90A.sms
+PEAK_FLOPS = SM90A.peak_flops_f16
+PEAK_BYTES_PER_S = SM90A.peak_bytes_per_s
+L2_BYTES_PER_S = SM90A.l2_bytes_per_s
 LAUNCH_S = 3e-6
 #: what a persistent kernel costs more than a one-CTA-per-tile one when there is little work:
 #: ~0.5 us on the H200 (`gemmgen.backends.triton.search_space.PERSISTENT_START_US`)

@@ -1,5 +1,40 @@
-"""GPU tests are marked `gpu` and skip cleanly where no CUDA device is present."""
+"""GPU tests are marked `gpu` and skip cleanly where no CUDA device is present. Every test,
+and every process a test starts, keeps gemmgen's caches and databases in a temporary folder,
+never the user's ~/.cache/gemmgen (GEMMGEN_TEST_CACHE_DIR names a folder to reuse instead, so
+that a GPU run can keep its built kernels between sessions)."""
+import os
+import shutil
+import tempfile
+
 import pytest
+
+from gemmgen.cache import CACHE_ENV
+
+DB_ENV = "GEMMGEN_DB"
+_SAVED = pytest.StashKey[dict]()
+
+
+def pytest_configure(config):
+    # Before collection, so that nothing imported or started by a test sees the user's folders.
+    reuse = os.environ.get("GEMMGEN_TEST_CACHE_DIR")
+    root = reuse or tempfile.mkdtemp(prefix="gemmgen-tests-")
+    config.stash[_SAVED] = {"made": None if reuse else root,
+                            "env": {name: os.environ.get(name) for name in (CACHE_ENV, DB_ENV)}}
+    os.environ[CACHE_ENV] = root
+    os.environ[DB_ENV] = os.path.join(root, "tuning.sqlite")
+
+
+def pytest_unconfigure(config):
+    saved = config.stash.get(_SAVED, None)
+    if saved is None:
+        return
+    for name, value in saved["env"].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if saved["made"]:
+        shutil.rmtree(saved["made"], ignore_errors=True)
 
 
 def _has_gpu() -> bool:

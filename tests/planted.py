@@ -28,6 +28,19 @@ def raises(message: str = "planted failure") -> Callable[[], None]:
     return kernel
 
 
+def spawns_and_hangs(pid_file: str) -> Callable[[], None]:
+    """Starts a grandchild that sleeps (its pid written to `pid_file`), then hangs itself."""
+    import subprocess
+    import sys
+
+    def kernel() -> None:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])
+        with open(pid_file, "w") as f:
+            f.write(str(child.pid))
+        time.sleep(1e6)
+    return kernel
+
+
 def returns() -> Callable[[], None]:
     return lambda: None
 

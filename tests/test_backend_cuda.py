@@ -114,7 +114,7 @@ def _k_loop(sass_text: str) -> list[str]:
 def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
     """The copies unroll into straight-line code with addresses worked out before the loop:
     a 128x128x64 tile on 2x4 warps issues 64 HMMA, 24 LDSM and 8 LDGSTS per k tile, and at
-    most 100 other instructions (before session 12: 789 static instructions, with the
+    most 100 other instructions (before the fix: 789 static instructions, with the
     copies in inner loops)."""
     from gemmgen.backends.cuda.compile import sass
     program = multistage(Problem(128, 12288, 4096), tile=(128, 128, 64), warps=(2, 4), stages=4, swizzle=8)
@@ -128,7 +128,7 @@ def test_multistage_k_loop_is_mostly_tensor_and_copy_instructions():
 
 
 def test_space_tries_square_warp_tiles_first_among_ties():
-    """Warp layouts of one tile and ring tie in the cost model; session 12 timed them side by
+    """Warp layouts of one tile and ring tie in the cost model; they were timed side by
     side, and square warp tiles (the wider in N among equals) were fastest. (wgmma's warpgroups
     stack along M: no layouts to choose between.)"""
     def order(shape, tile):

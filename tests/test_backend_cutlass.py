@@ -351,18 +351,6 @@ def test_one_nvcc_build_gives_a_loadable_library(tmp_path, monkeypatch, program,
     assert cutlass.build(cutlass.lower(program)).path == artifact.path
 
 
-def test_a_moved_cache_still_finds_its_library(tmp_path, monkeypatch):
-    from gemmgen.backends.base import Artifact, BackendError
-
-    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
-    so = tmp_path / "work" / "cutlass" / "k123" / "instance.so"
-    so.parent.mkdir(parents=True)
-    so.write_bytes(b"")
-    assert cutlass.library_path(Artifact("cutlass", "k123", path="/elsewhere/instance.so")) == str(so)
-    with pytest.raises(BackendError, match="rebuild"):
-        cutlass.library_path(Artifact("cutlass", "other", path="/elsewhere/instance.so"))
-
-
 def test_unordered_split_k_is_a_runtime_reduction_mode_of_the_stream_k_build():
     """`split_k N unordered` asks CUTLASS's stream-K scheduler for its nondeterministic
     reduction; the split count is a runtime argument of the stream-K build, and any epilogue

@@ -241,7 +241,7 @@ def test_narrow_tiles_and_one_tile_per_cta(index, shape, narrow_artifacts, runne
     _check(NARROW_CASES[index].bind(shape), narrow_artifacts, runner)
 
 
-# The 128x192 cooperative tile (session 14): persistent and stream-K builds of the sample's
+# The 128x192 cooperative tile: persistent and stream-K builds of the sample's
 # layout, on one full wave (256 x 12288: 128 tiles), partial tiles in M and N, and split-K.
 WIDE_N_CASES = [
     (_program(Problem(None, None, None, "row", "row"), tile=(128, 192, 64)), (256, 12288, 2048)),
@@ -262,7 +262,7 @@ def test_wide_n_tile_192(index, wide_n_artifacts, runner):
     _check(program.bind(shape), wide_n_artifacts, runner)
 
 
-# `tile ... epilogue=MxN` (session 20): every wide-epilogue build the space offers, at short-K
+# `tile ... epilogue=MxN`: every wide-epilogue build the space offers, at short-K
 # shapes with partial tiles in M, N and K, and two fused epilogues through the wider sub-tile.
 def _wide_epilogue_cases():
     from gemmgen.backends.cutlass.search_space import WIDE_EPILOGUE
@@ -290,7 +290,7 @@ def test_epilogue_tile(index, wide_epilogue_artifacts, runner):
     _check(program.bind(shape), wide_epilogue_artifacts, runner)
 
 
-# `split_k N workspace` (session 14): K slices of a batched GEMM into fp32 partials and a reduce
+# `split_k N workspace`: K slices of a batched GEMM into fp32 partials and a reduce
 # kernel with the epilogue; every epilogue kind, three majors, partial tiles, slice counts that
 # leave a partial last k-tile (1000 / 5 = 200), and three tile widths.
 def _sliced(problem, tile=(64, 64, 64)):

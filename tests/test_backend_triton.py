@@ -132,7 +132,7 @@ def test_split_k_lowers_a_second_kernel_that_reduces_in_order():
     lowered = tb.lower(unordered)
     assert "tl.atomic_add" in lowered.text and lowered.meta["split_k_reduce"] == "unordered"
     # the finalize takes each sum with an atomic exchange: a plain load read sums the atomics
-    # had not yet added in, on the H200 (docs/backends.md, "Split-K in arrival order")
+    # had not yet added in, on the H200 (docs/backends.md, "Split-K")
     assert "tl.atomic_xchg(ws.to(tl.pointer_type(tl.int32))" in lowered.text and "tl.load(ws" not in lowered.text
     with pytest.raises(Exception, match="gelu would see partial sums"):
         backends.validate(replace(unordered, split_k_reduce="atomic"))

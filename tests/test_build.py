@@ -1,7 +1,7 @@
 """The shared build machinery: the disk cache and the parallel pool (no compiler needed)."""
 from __future__ import annotations
 
-import pickle
+import json
 
 import pytest
 
@@ -33,7 +33,10 @@ def test_cached_build_compiles_once_then_hits(cache_dir):
     assert len(calls) == 1
     assert first == second
     assert builds.artifact_path("triton", first.key).is_relative_to(cache_dir)
-    assert (calls[0][1] / "out.bin").exists()
+    # The compiler wrote into a temporary folder that was renamed into place whole.
+    assert not calls[0][1].exists()
+    assert first.path == str(builds.entry_dir("triton", first.key))
+    assert (builds.entry_dir("triton", first.key) / "out.bin").read_bytes() == b"\x00cubin"
 
 
 @pytest.mark.parametrize("change", ["text", "arch", "toolchain", "flags"])
@@ -51,10 +54,13 @@ def test_corrupt_cache_entry_is_a_miss(cache_dir):
     key = builds.artifact_key(src, "sm_90a", "t", ())
     path = builds.artifact_path("triton", key)
     path.parent.mkdir(parents=True)
-    path.write_bytes(b"not a pickle")
-    assert builds.lookup("triton", key) is None
-    made = builds.cached_build(src, "sm_90a", "t", (), lambda k, w: Artifact("triton", k, data=b"x"))
-    assert pickle.loads(path.read_bytes()) == made
+    path.write_bytes(b"not json")
+    with pytest.warns(builds.CacheWarning, match="failed its check"):
+        assert builds.lookup("triton", key) is None
+    with pytest.warns(builds.CacheWarning):
+        made = builds.cached_build(src, "sm_90a", "t", (), lambda k, w: Artifact("triton", k, data=b"x"))
+    assert json.loads(path.read_text())["key"] == key
+    assert builds.lookup("triton", key, src.digest) == made
 
 
 def test_compile_fn_must_return_its_key():

@@ -124,7 +124,7 @@ def test_inspect_of_an_invalid_program_lists_problems(capsys, files):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["inspect", "{good}", "--shape", "12x12"], "--shape '12x12': write three positive whole numbers"),
+    (["inspect", "{good}", "--shape", "12x12"], "shape '12x12': give three dimensions M, N and K; write MxNxK"),
     (["inspect", "{good}", "--lower", "tvm"], "--lower tvm: unknown backend"),
     (["inspect", "{absent}"], "no such file"),
 ])

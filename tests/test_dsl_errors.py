@@ -92,7 +92,7 @@ ILLEGAL = [
     # (statement lines replaced, statement at fault, expected substring)
     ({"stages": "stages 6"}, "stages",
      "tile 128x256x64 with stages 6 needs 294912 B of shared memory; the limit is 232448 B: use stages <= 4"),
-    ({"gemm": "gemm 64x64x64 in=bf16"}, "gemm", "fp16-input GEMMs only for now; write in=f16"),
+    ({"gemm": "gemm 64x64x64 in=bf16"}, "gemm", "GEMMs with f16 inputs; write in=f16"),
     ({"gemm": "gemm 64x64x64 acc=f16"}, "gemm", "never accumulates in anything but fp32"),
     ({"tile": "tile 128x256x24"}, "tile", "tile_k must be a multiple of 16"),
     ({"warps": "warps 3x4"}, "warps", "warps 3x4 do not divide tile 128x256x64"),
@@ -228,7 +228,7 @@ def test_a_failing_backend_rule_refuses_the_program(fake_support):
 
 def test_a_backend_that_does_not_import_refuses_the_program(monkeypatch):
     def missing(name):
-        raise ModuleNotFoundError(f"No module named 'cutlass_library'", name="cutlass_library")
+        raise ModuleNotFoundError("No module named 'cutlass_library'", name="cutlass_library")
 
     monkeypatch.setattr(registry, "get", missing)
     with pytest.raises(support_module.BackendUnavailable, match="cutlass_library"):
@@ -289,3 +289,11 @@ def test_mangled_programs_never_crash(at, cut, insert):
         assert err.line >= 1 and err.column >= 1
     else:
         diagnose(program)
+
+
+def test_every_backend_reads_the_inputs_the_language_accepts():
+    """The language refuses inputs other than fp16; no backend's table says otherwise."""
+    for name in registry.NAMES:
+        assert registry.get(name).SUPPORT.in_dtypes == frozenset(ir.INPUT_DTYPES), name
+    found = diagnose(parse(text().replace("in=f16", "in=bf16")))
+    assert found and {d.statement for d in found} == {"gemm"} and any("write in=f16" in d.message for d in found)

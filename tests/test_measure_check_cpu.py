@@ -25,7 +25,7 @@ def test_correct_kernel_passes_and_records_its_seed():
     r = run(honest(P))
     assert r.passed, r.failures
     assert r.seed == 1234 and 0 < r.max_rel_err < r.bound
-    assert [c.name for c in r.cases] == ["main", "precision", "second"]
+    assert [c.name for c in r.cases] == ["main", "precision", "mantissa", "second"]
 
 
 @pytest.mark.parametrize("problem", [

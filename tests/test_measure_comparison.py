@@ -46,7 +46,7 @@ def test_rounds_pair_by_position_and_unequal_lengths_pair_the_common_rounds():
 
 def test_one_kernel_against_itself_under_the_power_cap_is_within_its_noise():
     """One kernel timed against itself while the clock flips between two states (what
-    benchmarks/results/noise_probe/ measured on the H200). The two calls of a round mostly
+    measured on the H200). The two calls of a round mostly
     share a state, so the per-round ratios are 1 and their interval is tight; but where the
     clock flipped between them (2 rounds of 30), the slow state is the majority of one
     time's samples and the minority of the other's, and the medians land in different
@@ -89,7 +89,7 @@ def test_the_model_benchmark_judges_a_speedup_by_repeats_paired_by_turn():
 
 
 def test_the_model_benchmark_times_each_loop_after_a_warm_loop_of_its_own_in_balanced_orders(monkeypatch):
-    """The H200's power cap carries a loop's draw into the next one's clock (session 23), so each
+    """The H200's power cap carries a loop's draw into the next one's clock, so each
     timed loop follows an untimed loop of its own variant, and the turns take turn_orders."""
     import torch
 

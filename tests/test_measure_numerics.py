@@ -72,12 +72,12 @@ def test_cases_are_seeded_and_distinct():
     p = Problem(16, 24, 64)
     c1 = make_cases(p, 7, "cpu")
     c2 = make_cases(p, 7, "cpu")
-    assert [c.name for c in c1] == ["main", "precision", "second"]
+    assert [c.name for c in c1] == ["main", "precision", "mantissa", "second"]
     assert all(torch.equal(x.a, y.a) for x, y in zip(c1, c2))
-    assert not torch.equal(c1[0].a, c1[2].a)
-    assert [c.seed for c in c1] == [7, 8, 9]
+    assert not torch.equal(c1[0].a, c1[3].a)
+    assert [c.seed for c in c1] == [7, 8, 9, 10]
     short = make_cases(Problem(16, 24, 16), 7, "cpu")
-    assert [c.name for c in short] == ["main", "second"]
+    assert [c.name for c in short] == ["main", "mantissa", "second"]
 
 
 def test_reference_applies_the_epilogue_in_order():

@@ -28,6 +28,44 @@ def test_job_timeout_overrides_the_runner_default():
         assert r.status == "timeout" and "0.5 s" in r.message
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for an init that does not reap counts as gone)."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def test_timeout_kills_the_workers_whole_process_group(tmp_path):
+    """A hung job's grandchild (a process the kernel started) is gone after the timeout."""
+    import os
+    import signal
+    import time
+
+    pid_file = tmp_path / "grandchild.pid"
+    with Runner(gpu=False, timeout_s=30) as runner:
+        r = runner.run(Job("spawns", planted.spawns_and_hangs, (str(pid_file),), timeout_s=3))
+    assert r.status == "timeout"
+    pid = int(pid_file.read_text())
+    try:
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"the hung job's grandchild {pid} outlived the timeout"
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_unpicklable_job_is_a_clear_error():
     with Runner(gpu=False, timeout_s=5) as runner:
         with pytest.raises(MeasureError, match="module-level function"):

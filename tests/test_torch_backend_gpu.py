@@ -192,7 +192,7 @@ def test_joined_siblings_run_generated_kernels_and_follow_weight_updates(fresh, 
 
 def test_operands_made_by_pointwise_kernels_keep_the_majors_the_pass_chose(fresh, tmp_path):
     """x.t() + y and w.t() + v are column-major in eager, and the pass compiles them so. Inductor
-    must hand them over so (session 22: unpinned, it made them row-major). A first graph of
+    must hand them over so (unpinned, it made them row-major). A first graph of
     true column-major views warms the same kernel's launcher, whose later calls skip the checks."""
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Problem

@@ -199,13 +199,14 @@ def test_bad_export_line_names_file_and_line(tmp_path):
         merge(Database(":memory:"), path)
 
 
-def _add_problem_and_device(db):
-    """Rows 1 of `problems` (P) and `devices` ('Test GPU'), written by hand into a file kept at
-    an older schema version, whose insert statements differ from today's."""
+def _add_problem_and_device(db, problem=P, device=True):
+    """The next row of `problems` (P) and row 1 of `devices` ('Test GPU'), written by hand into a
+    file kept at an older schema version, whose insert statements differ from today's."""
     db.conn.execute("INSERT INTO problems (key, m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, "
                     "epilogue, family) VALUES (?, ?, ?, ?, 'row', 'row', 'row', 'f16', 'f32', 'f16', ?)",
-                    (P.key, P.m, P.n, P.k, P.key.split(":", 1)[1]))
-    db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
+                    (problem.key, problem.m, problem.n, problem.k, problem.key.split(":", 1)[1]))
+    if device:
+        db.conn.execute("INSERT INTO devices (name) VALUES ('Test GPU')")
 
 
 def test_migrate_v4_library_choices_keep_the_spread_rule(tmp_path):
@@ -281,16 +282,25 @@ def test_migrate_v6_supersedes_arrival_order_trials_timed_with_the_old_finalize(
     small = Problem(64, 64, 4096)
     unordered = program_text(replace(triton_program(small, (64, 64, 128), 3), split_k=16, split_k_reduce="unordered"))
     path = tmp_path / "v6.sqlite"
-    with Database(path, migrate_to=6) as db:
-        db.record(trial(small, device_ms=0.8, program=unordered, created="2026-11-29T22:00:00+00:00"))
-        db.record(trial(P, device_ms=0.8, created="2026-11-29T22:00:00+00:00"))          # unsplit: kept
-        assert db.winner(small, TEST_GPU.name) is not None
+    with Database(path, migrate_to=6) as db:   # rows as schema 6 wrote them
+        _add_problem_and_device(db)
+        _add_problem_and_device(db, small, device=False)
+        _add_v6_trial(db, 2, unordered, "2026-11-29T22:00:00+00:00")
+        _add_v6_trial(db, 1, "unsplit\n", "2026-11-29T22:00:00+00:00")                    # kept
     with Database(path) as db:
         assert {t.problem.key: t.status for t in db.trials()} == {small.key: "superseded", P.key: "ok"}
-        assert db.winner(small, TEST_GPU.name) is None and db.winner(P, TEST_GPU.name) is not None
-        assert db.measured_programs(small, TEST_GPU.name) == set()    # the next run measures it again
-        db.record(trial(small, device_ms=0.9, program=unordered, created="2026-11-30T02:00:00+00:00"))
-        assert db.winner(small, TEST_GPU.name).device_ms == 0.9       # measured with today's finalize
+        assert db.winner(small, "Test GPU") is None and db.winner(P, "Test GPU") is not None
+        assert db.measured_programs(small, "Test GPU") == set()    # the next run measures it again
+        db.record(trial(small, device_ms=0.9, program=unordered, device=Device("Test GPU"),
+                        created="2026-11-30T02:00:00+00:00"))
+        assert db.winner(small, "Test GPU").device_ms == 0.9       # measured with today's finalize
+
+
+def _add_v6_trial(db, problem_id, program, created, device_ms=0.8):
+    db.conn.execute("INSERT INTO trials (problem_id, device_id, program, backend, status, check_passed, "
+                    "device_ms, spread, best_baseline, best_baseline_ms, baselines, created) VALUES "
+                    "(?, 1, ?, 'triton', 'ok', 1, ?, 0.01, 'torch', 1.2, '{\"torch\": {\"device_ms\": 1.2}}', ?)",
+                    (problem_id, program, device_ms, created))
 
 
 def test_the_shipped_records_are_kept_built_on_disk(tmp_path, monkeypatch):

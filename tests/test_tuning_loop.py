@@ -1,5 +1,6 @@
 """The tuning loop end to end on CPU, with a fake builder and runner injected; the proposers."""
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from dataclasses import replace as dc_replace
 
 import pytest
 
@@ -7,8 +8,10 @@ from gemmgen.backends import validate
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import (HeuristicProposer, ProposerError, RandomProposer, estimated_seconds,
                                       get_proposer, present_backends, register_proposer)
-from gemmgen.tune import tune
-from gemmgen.tuning_db import Database
+from gemmgen.measure.comparison import speedup_lower_bound
+from gemmgen.tune import SELECTION_BASELINE, Measurement, tune
+from gemmgen.tuning_db import BaselineTime, Database
+from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 from tuning_fakes import TEST_GPU, FakeBuilder, FakeRunner, ListProposer
 
 PROBLEMS = [Problem(1024, 1024, 1024), Problem(2048, 512, 4096), Problem(4096, 4096, 512)]
@@ -55,7 +58,9 @@ def test_loop_records_every_trial_with_its_outcome(tmp_path, chunk):
 def test_resume_skips_what_was_measured(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     with pytest.raises(KeyboardInterrupt):
-        _run(db, FakeRunner(stop_after=7))                   # Ctrl-C during the second shape
+        # Ctrl-C during the second shape: shape 1 takes 8 measurements (5 candidates, and a
+        # second one of each of its 3 would-be winners), shape 2 then 2 candidates with theirs
+        _run(db, FakeRunner(stop_after=12))
     recorded = len(list(db.trials()))
     assert recorded == 7 + 3            # shape 1 whole; shape 2: the invalid one and 2 measured
     report, runner = _run(db)
@@ -191,3 +196,125 @@ def test_torch_timed_in_the_candidates_session_is_one_more_baseline(tmp_path):
     assert all(t.noise == 0.019 for t in trials)     # the paired noise is recorded with the trial
     assert all(t.device_ms < 0.98 for t in trials)   # faster than the tuning process's baselines ...
     assert db.winner(PROBLEMS[0], TEST_GPU.name) is None   # ... not than torch.matmul beside it
+
+
+# ---- winners that hold up: a would-be winner is measured again and judged by the loop --------
+
+@dataclass
+class ConfirmingRunner(FakeRunner):
+    """Measures in the 'selection' session as FakeRunner does, with torch.matmul beside it at
+    1.0 ms; `confirm` (a fresh worker) gives the times in `again` (kernel ms by tile, torch ms)."""
+
+    again: dict = field(default_factory=dict)
+    confirmed: list = field(default_factory=list)
+    check_fails_again: bool = False
+
+    def measure(self, program, artifact, *, seed=None):
+        m = super().measure(program, artifact, seed=seed)
+        if m.device_ms is None:
+            return m
+        return dc_replace(m, reference=BaselineTime(1.0, 0.01), noise=0.02)
+
+    def confirm(self, program, artifact):
+        self.confirmed.append(program)
+        if self.check_fails_again:
+            return Measurement(check_passed=False, check_msg="mantissa: 12 of 4096 elements off", seed=5)
+        kernel_ms, torch_ms = self.again[program.tile.m, program.tile.n]
+        return Measurement(check_passed=True, max_rel_err=1e-3, err_bound=4e-3, seed=6, device_ms=kernel_ms,
+                           spread=0.01, host_ms=kernel_ms, reference=BaselineTime(torch_ms, 0.01), noise=0.02)
+
+
+FAST_TWO = [((128, 128, 64), 4), ((128, 256, 64), 3)]    # 0.25 ms and 0.167 ms when selected
+
+
+def _tune_one(db, runner, variants=FAST_TWO):
+    tune(PROBLEMS[:1], proposer=ListProposer(variants), builder=FakeBuilder(), runner=runner, db=db,
+         budget=len(variants), progress=False)
+    return {t.program: t for t in db.trials(PROBLEMS[0].key)}
+
+
+def test_a_would_be_winner_that_does_not_hold_up_in_a_fresh_worker_is_not_a_winner(tmp_path):
+    """The winner's curse: 0.167 ms when selected, but 1.0 ms beside torch at 1.01 ms in a
+    fresh worker; the lower bound of that speedup (1.01 / 1.0 / 1.02) is under 1."""
+    db = Database(tmp_path / "t.sqlite")
+    runner = ConfirmingRunner(again={(128, 128): (0.99, 1.0), (128, 256): (1.0, 1.01)})
+    trials = _tune_one(db, runner)
+    assert len(runner.confirmed) == 2                       # both would have won when selected
+    assert db.winner(PROBLEMS[0], TEST_GPU.name) is None
+    for t in trials.values():
+        assert t.status == "ok" and t.device_ms in (0.99, 1.0)       # the confirmation is what is recorded
+        assert t.baselines[SELECTION_BASELINE].device_ms == 1.0       # torch beside the selection, kept
+        assert t.baselines[SAME_SESSION_BASELINE].device_ms in (1.0, 1.01)
+        assert "not a winner" in t.check_msg and not t.beats_baseline()
+
+
+def test_a_winner_confirmed_in_a_fresh_worker_wins_with_its_second_time(tmp_path):
+    db = Database(tmp_path / "t.sqlite")
+    runner = ConfirmingRunner(again={(128, 128): (0.5, 1.0), (128, 256): (0.97, 1.0)})
+    trials = _tune_one(db, runner)
+    winner = db.winner(PROBLEMS[0], TEST_GPU.name)
+    assert winner is not None and "tile 128x128x64" in winner.program     # 2.0x, not the 0.167 ms one
+    assert winner.device_ms == 0.5 and winner.noise == 0.02 and SELECTION_BASELINE in winner.baselines
+    fell = next(t for t in trials.values() if "tile 128x256x64" in t.program)
+    assert fell.device_ms == 0.97 and not fell.beats_baseline()        # 1.0 / 0.97 / 1.02 < 1
+
+
+def test_a_candidate_failing_its_confirmation_check_is_recorded_as_failed(tmp_path):
+    db = Database(tmp_path / "t.sqlite")
+    trials = _tune_one(db, ConfirmingRunner(check_fails_again=True))
+    assert {t.status for t in trials.values()} == {"check_failed"}
+    assert all("confirmation in a fresh worker" in t.check_msg for t in trials.values())
+    assert db.winner(PROBLEMS[0], TEST_GPU.name) is None
+
+
+def test_only_would_be_winners_are_measured_again(tmp_path):
+    db = Database(tmp_path / "t.sqlite")
+
+    @dataclass
+    class SlowRunner(ConfirmingRunner):
+        def measure(self, program, artifact, *, seed=None):
+            m = super().measure(program, artifact, seed=seed)
+            return m if m.device_ms is None else dc_replace(m, device_ms=2.0)   # slower than every baseline
+
+    runner = SlowRunner()
+    trials = _tune_one(db, runner)
+    assert runner.confirmed == [] and len(trials) == 2 and all(t.device_ms == 2.0 for t in trials.values())
+
+
+def test_runners_without_confirm_are_asked_to_measure_again(tmp_path):
+    db = Database(tmp_path / "t.sqlite")
+    runner = FakeRunner()
+    _tune_one(db, runner)
+    assert len(runner.measured) == 4                        # two candidates, each measured twice
+    assert db.winner(PROBLEMS[0], TEST_GPU.name) is not None
+
+
+def test_speedup_lower_bound_is_the_winners_rule():
+    assert speedup_lower_bound(0.5, 1.0, 0.02) == pytest.approx(2.0 / 1.02)
+    assert speedup_lower_bound(1.0, 1.01, 0.02) < 1 < speedup_lower_bound(1.0, 1.03, 0.02)
+    assert speedup_lower_bound(None, 1.0, 0.02) is None and speedup_lower_bound(1.0, 1.0, None) is None
+
+
+def test_a_build_failure_the_builder_retries_is_not_recorded(tmp_path, monkeypatch):
+    """A failed build counts as measured only once the builder gave up on it (BuildFailed.final):
+    a first failure may be transient, so the next run builds and measures it again."""
+    import gemmgen.tune.adapters as adapters
+    from gemmgen.backends.build import BuildFailed
+
+    proposer = ListProposer([((64, 64, 64), 3)])
+    problem = Problem(256, 256, 256)
+    for final in (False, True):
+        monkeypatch.setattr(adapters, "build_many",
+                            lambda sources, **kw: [BuildFailed("nvcc crashed", final=final) for _ in sources])
+        (outcome,) = adapters.PoolBuilder(jobs=1).build_many(proposer.propose(problem, 1))
+        assert outcome.retry is (not final) and "nvcc crashed" in outcome.error
+
+        class Builder:
+            def build_many(self, programs):
+                return [outcome for _ in programs]
+
+        db = Database(tmp_path / f"t{final}.sqlite")
+        report = tune([problem], proposer=proposer, builder=Builder(), runner=FakeRunner(), db=db,
+                      budget=1, progress=False)
+        assert [t.status for t in db.trials()] == (["build_failed"] if final else [])
+        assert any("retried in a later run" in why for _, why in report.failures) is (not final)

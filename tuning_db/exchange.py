@@ -3,6 +3,9 @@
 `export` writes one trial (or library choice) per line, sorted by problem key, then program
 text (then device name and time), so an export diffs cleanly in review. `merge` reads such a
 file or another database file; records already present are skipped, so merging is idempotent.
+Merged records are marked unverified: their times were measured elsewhere and are not trusted,
+so they never serve until tuning measures their programs on this kind of GPU. An export keeps
+the mark (`"unverified": true`), so a record cannot lose it by travelling.
 
 A path ending in `.gz` is written gzip-compressed (with no timestamp, so the same records
 give the same bytes) and any gzip file is read as such: the shipped H200 records are kept
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -80,11 +84,15 @@ def read_any(path: str | Path) -> Iterator[Trial | LibraryChoice]:
         yield from read_jsonl(path)
 
 
-def merge(db: Database, path: str | Path) -> tuple[int, int]:
-    """Import every record of `path` into `db`; returns (new records, records already present)."""
+def merge(db: Database, path: str | Path, *, verified: bool = False) -> tuple[int, int]:
+    """Import every record of `path` into `db`; returns (new records, records already present).
+
+    Records are unverified (never served, measured again by tuning) unless `verified`: only
+    for a file this project's own tuning run wrote on this GPU model, such as a run resuming
+    from its own export or the shipped records."""
     new = seen = 0
     for record in read_any(path):
-        if db.record_any(record) is None:
+        if db.record_any(record if verified else replace(record, unverified=True)) is None:
             seen += 1
         else:
             new += 1

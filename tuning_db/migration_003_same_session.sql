@@ -1,9 +1,8 @@
 -- Schema version 3: trials timed beside torch.matmul in their own worker session (the
--- baseline `torch_same_session`, recorded since gemmgen's fourth tuning session) supersede
--- the older trials of the same problem on the same GPU. The older ones compared the kernel,
--- timed in the worker, with baselines timed by the tuning process minutes apart; on the
--- H200 every winner above 1 GFLOP measured that way lost its lead against torch.matmul
--- timed beside it (benchmarks/results/retune_same_session/).
+-- baseline `torch_same_session`) supersede the older trials of the same problem on the same
+-- GPU. The older ones compared the kernel, timed in the worker, with baselines timed by the
+-- tuning process minutes apart; on the H200 every winner above 1 GFLOP measured that way lost
+-- its lead against torch.matmul timed beside it.
 
 DROP VIEW winners;
 

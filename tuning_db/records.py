@@ -14,8 +14,9 @@ from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError
 
 #: Trial outcomes; only "ok" trials can win.
-#: `superseded`: measured, but of a kernel gemmgen no longer builds (see migration_007); never a
-#: winner, and measured again by the next tuning run
+#: `superseded`: measured, but of a kernel gemmgen no longer builds (migration_007; the view
+#: `current_trials` of migration_008 holds the condition); never a winner, and measured again by
+#: the next tuning run
 STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed", "superseded")
 
 #: The device gemmgen ships tuned records for, and the one compile() assumes without a GPU.
@@ -23,6 +24,10 @@ DEFAULT_DEVICE_NAME = "NVIDIA H200"
 #: The baseline name a trial records for torch.matmul timed in its candidate's worker session
 #: (the winners view in the migrations reads it by this name).
 SAME_SESSION_BASELINE = "torch_same_session"
+#: The packages whose versions shape a kernel's speed, by backend: torch, which launches every
+#: backend, and the backend's compiler (Triton; CUTLASS's templates; NVRTC through cuda-bindings).
+TOOLCHAIN_PACKAGES = {"triton": ("torch", "triton"), "cutlass": ("torch", "nvidia-cutlass"),
+                      "cuda": ("torch", "cuda-bindings")}
 
 
 class RecordError(GemmgenError):
@@ -87,11 +92,17 @@ class Trial:
     #: relative noise of torch.matmul's time over this one, both timed in the candidate's
     #: worker session (gemmgen.measure.comparison); None in trials recorded before schema 6
     noise: Optional[float] = None
+    #: merged from elsewhere (`gemmgen db merge`): its times are not trusted, it never serves
+    unverified: bool = field(default=False, compare=False)
     id: Optional[int] = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.status not in STATUSES:
             raise RecordError(f"unknown trial status {self.status!r}; expected one of {', '.join(STATUSES)}")
+
+    @property
+    def toolchain(self) -> str:
+        return toolchain_of(self.device, self.backend)
 
     @property
     def best_baseline(self) -> Optional[tuple[str, BaselineTime]]:
@@ -151,9 +162,9 @@ class LibraryChoice:
     torch_ms: Optional[float] = None  # torch.matmul in the same session
     torch_spread: Optional[float] = None
     #: relative noise of torch_ms / device_ms (gemmgen.measure.comparison); None in choices
-    #: recorded before gemmgen's seventh tuning session, which are judged by their spread
+    #: recorded before schema 5, which are judged by their spread
     noise: Optional[float] = None
-    #: the same pair timed in server mode (idle gaps before each call), since session 7
+    #: the same pair timed in server mode (idle gaps before each call); None before schema 5
     server_ms: Optional[float] = None
     torch_server_ms: Optional[float] = None
     server_noise: Optional[float] = None
@@ -161,6 +172,8 @@ class LibraryChoice:
     err_bound: Optional[float] = None
     check_seed: Optional[int] = None
     created: str = ""
+    #: merged from elsewhere (`gemmgen db merge`): its times are not trusted, it never serves
+    unverified: bool = field(default=False, compare=False)
     id: Optional[int] = field(default=None, compare=False)
 
     @property
@@ -181,6 +194,37 @@ class LibraryChoice:
         if not offline or not (self.server_ms and self.torch_server_ms):
             return offline
         return self.server_ms * (1.0 - (self.server_noise or 0.0)) <= self.torch_server_ms
+
+
+@dataclass(frozen=True)
+class TunedProblem:
+    """One problem tuned on one kind of GPU, and what serves it (`Database.tuned_summary`)."""
+
+    problem: Problem
+    device_name: str
+    trials: int
+    winner_backend: Optional[str] = None     # the winning program's backend, if a program won
+    speedup: Optional[float] = None          # its speedup over its run's best baseline
+    library_speedup: Optional[float] = None  # a serving library choice's speedup over torch.matmul
+    passed: bool = False                     # a trial or library choice of its own runs passed
+
+    @property
+    def serves(self) -> str:
+        """'<backend> <speedup>x', 'library <speedup>x', 'baseline' (tuned, nothing won) or
+        'nothing passed' (no trial or library choice of its own runs passed its check)."""
+        if self.winner_backend:
+            return f"{self.winner_backend} {self.speedup:.3f}x"
+        if self.library_speedup:
+            return f"library {self.library_speedup:.3f}x"
+        return "baseline" if self.passed else "nothing passed"
+
+
+def toolchain_of(device: Device, backend: str) -> str:
+    """The driver and toolchain a trial of `backend` was measured under, as one string that a
+    lookup compares ('?' where a version was not recorded)."""
+    parts = [("driver", device.driver), ("cuda", device.cuda)]
+    parts += [(name, device.libraries.get(name)) for name in TOOLCHAIN_PACKAGES.get(backend, ("torch",))]
+    return ", ".join(f"{name} {value or '?'}" for name, value in parts)
 
 
 def now_utc() -> str:
@@ -228,9 +272,10 @@ _TRIAL_SINCE_V6 = ("noise",)
 
 
 def _without_unmeasured(record: dict[str, Any], added_later: tuple[str, ...]) -> dict[str, Any]:
-    """Drops the fields a later schema added where they are None, so older lines stay as they
-    were written."""
-    return {k: v for k, v in record.items() if not (k in added_later and v is None)}
+    """Drops the fields a later schema added where they are None, and the unverified mark where it
+    is not set, so older lines stay as they were written."""
+    return {k: v for k, v in record.items()
+            if not (k in added_later and v is None) and not (k == "unverified" and not v)}
 
 
 def trial_to_json(trial: Trial) -> str:

@@ -5,6 +5,11 @@ read-only layer. The user's database (GEMMGEN_DB, default
 ~/.cache/gemmgen/tuning.sqlite) lies over it: for a problem tuned in both, the user's
 winner is used, since it was measured on this machine. Library choices (a vendor library's
 fastest algorithm, `LibraryChoice`) are layered the same way.
+
+Lookups read the user's file through a read-only connection and never write or migrate it;
+one that cannot be read (permissions, I/O) gives way to the shipped records with a warning.
+Every program is validated (`gemmgen.backends.validate`) before it is handed out: a record
+that fails, crafted or written by an older gemmgen, is skipped with a warning naming it.
 """
 from __future__ import annotations
 
@@ -13,19 +18,23 @@ import math
 import os
 import sqlite3
 import time
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
-from gemmgen.dsl.ir import Problem
-from gemmgen.tuning_db.database import SCHEMA_VERSION, Database
-from gemmgen.tuning_db.exchange import read_jsonl
-from gemmgen.tuning_db.records import LibraryChoice, Trial
-
+from gemmgen.backends import validate
 from gemmgen.cache import cache_root
+from gemmgen.dsl import parse
+from gemmgen.dsl.ir import Problem
+from gemmgen.tuning_db.database import SCHEMA_VERSION, Database, DatabaseAccessError
+from gemmgen.tuning_db.exchange import read_jsonl
+from gemmgen.tuning_db.records import Device, LibraryChoice, Trial
 
 SHIPPED_FILES = ("h200.jsonl.gz",)
+#: How messages and `gemmgen db stats` name the shipped layer (it lives in memory).
+SHIPPED_LABEL = "the shipped records (" + ", ".join(SHIPPED_FILES) + ")"
 
 
 def default_db_path() -> Path:
@@ -51,7 +60,7 @@ def shipped_database(*, fresh: bool = False) -> Database:
     cache = shipped_cache_path([e.read_bytes() for e in entries])
     db = _load_copy(cache)
     if db is None:
-        db = Database(":memory:")
+        db = Database(":memory:", label=SHIPPED_LABEL)
         for entry in entries:
             with resources.as_file(entry) as path:
                 db.record_many(read_jsonl(path))
@@ -81,7 +90,7 @@ def _load_copy(cache: Path) -> Optional[Database]:
         os.utime(cache)            # in use: not stale (see _save_copy)
     except OSError:
         pass
-    db = Database(":memory:")
+    db = Database(":memory:", label=SHIPPED_LABEL)
     try:
         source = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
         try:
@@ -148,51 +157,119 @@ def family(problem: Problem) -> str:
 
 
 class WinnerIndex:
-    """Every winner for one device name, from all layers, held in memory for fast lookup."""
+    """Every winner for one device name, from all layers, held in memory for fast lookup.
 
-    def __init__(self, layers: list[tuple[str, Database]], device_name: str):
+    current: this machine's driver and versions (a `Device`); given, only winners measured under
+    them serve, and those measured under others are kept in `stale` (re-measure to serve them).
+    Each program is validated the first time it would be handed out; one that fails never is."""
+
+    def __init__(self, layers: list[tuple[str, Database]], device_name: str, *,
+                 current: Optional[Device] = None):
         self.device_name = device_name
-        self.exact: dict[str, tuple[str, Trial]] = {}
-        self.by_family: dict[str, list[tuple[str, Trial]]] = {}
-        for layer, db in reversed(layers):  # later (upper) layers overwrite lower ones
-            for trial in db.winners(device_name):
-                self.exact[trial.problem.key] = (layer, trial)
+        self.current = current
+        self._names = {layer: db.name for layer, db in layers}
+        self.exact: dict[str, list[tuple[str, Trial]]] = {}   # problem key -> winners, upper layer first
+        for layer, db in layers:
+            for trial in db.winners(device_name, current):
+                self.exact.setdefault(trial.problem.key, []).append((layer, trial))
+        self.stale: dict[str, tuple[str, Trial]] = {}         # winners measured under other versions
+        if current is not None:
+            for layer, db in layers:
+                for trial in db.winners(device_name):
+                    if trial.problem.key not in self.exact:
+                        self.stale.setdefault(trial.problem.key, (layer, trial))
         self.tuned: dict[str, float] = {}     # problem key -> least best-baseline ms, any layer
         for _, db in layers:
             for key, ms in db.tuned_problems(device_name).items():
                 self.tuned[key] = min(ms, self.tuned.get(key, ms))
-        for layer, trial in self.exact.values():
-            self.by_family.setdefault(family(trial.problem), []).append((layer, trial))
+        self.by_family: dict[str, list[str]] = {}
+        for key, hits in self.exact.items():
+            self.by_family.setdefault(family(hits[0][1].problem), []).append(key)
         self.library: dict[str, tuple[str, LibraryChoice]] = {}   # problem key -> what serves it
         for layer, db in reversed(layers):
             for choice in db.library_winners(device_name):
                 self.library[choice.problem.key] = (layer, choice)
+        self._valid: dict[tuple[str, Optional[int]], bool] = {}
 
     def __len__(self) -> int:
         return len(self.exact)
 
     def lookup(self, problem: Problem) -> Optional[Found]:
-        hit = self.exact.get(problem.key)
+        """The winner measured at this exact problem whose program validates, upper layer first."""
+        for layer, trial in self.exact.get(problem.key, ()):
+            if self.servable(layer, trial):
+                return Found(trial, layer, True)
+        return None
+
+    def stale_winner(self, problem: Problem) -> Optional[Found]:
+        """The winner at this problem that does not serve because it was measured under another
+        driver or toolchain than `current` (see `Trial.toolchain`)."""
+        hit = self.stale.get(problem.key)
         return Found(hit[1], hit[0], True) if hit else None
 
     def library_choice(self, problem: Problem) -> Optional[tuple[str, LibraryChoice]]:
         """(layer, choice) of the library algorithm that serves this exact problem, if any."""
         return self.library.get(problem.key)
 
-    def nearest(self, problem: Problem) -> list[Found]:
-        """Winners of the same family, nearest first in log-shape space (ties: by key)."""
-        same = self.by_family.get(family(problem), [])
-        ranked = sorted(((log_distance(problem, t.problem), t.problem.key, layer, t)
-                         for layer, t in same if t.problem.key != problem.key))
-        return [Found(t, layer, False, d) for d, _, layer, t in ranked]
+    def nearest(self, problem: Problem) -> Iterator[Found]:
+        """Winners of the same family whose programs validate, nearest first in log-shape space
+        (ties: by key); validated lazily, as the caller walks them."""
+        keys = self.by_family.get(family(problem), [])
+        ranked = sorted((log_distance(problem, self.exact[key][0][1].problem), key)
+                        for key in keys if key != problem.key)
+        for distance, key in ranked:
+            for layer, trial in self.exact[key]:
+                if self.servable(layer, trial):
+                    yield Found(trial, layer, False, distance)
+                    break
+
+    def servable(self, layer: str, trial: Trial) -> bool:
+        """Whether the trial's program parses and validates at its own problem; the first time it
+        does not, a warning names the record. Checked once per record."""
+        key = (layer, trial.id)
+        if key not in self._valid:
+            why = _invalid(trial)
+            if why:
+                warnings.warn(f"gemmgen: not serving trial #{trial.id} of {self._names.get(layer, layer)} for "
+                              f"{trial.problem.key}: its program {why}; re-tune that problem (gemmgen tune)",
+                              RuntimeWarning, stacklevel=3)
+            self._valid[key] = not why
+        return self._valid[key]
+
+
+def _invalid(trial: Trial) -> str:
+    """'' if the trial's program may be served at its problem, else why not."""
+    try:
+        program = parse(trial.program)
+    except Exception as exc:  # noqa: BLE001 - whatever the record holds, it is refused, not served
+        return f"no longer parses ({_first_line(exc)})"
+    try:
+        validate(program.bind(trial.problem))
+    except Exception as exc:  # noqa: BLE001
+        return f"fails validation ({_first_line(exc)})"
+    return ""
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def open_layers(user_db: Optional[str | Path] = None, *, shipped: bool = True) -> list[tuple[str, Database]]:
-    """The layers a lookup reads, upper first: the user's database (if it exists), the shipped one."""
+    """The layers a lookup reads, upper first: the user's database (if it exists), the shipped one.
+
+    The user's file is opened read-only and never written or migrated. If it cannot be read
+    (read-only to this process in a way SQLite cannot read past, an I/O error, ...), the lookup
+    goes on with the shipped records and says so in a warning; a file that is not a tuning
+    database (an empty file, another program's) is refused with `DatabaseFileError`."""
     layers: list[tuple[str, Database]] = []
     path = Path(user_db) if user_db is not None else default_db_path()
-    if str(path) == ":memory:" or path.is_file():
-        layers.append(("user", Database(path)))
+    if str(path) != ":memory:" and path.exists():   # ':memory:' would be a new, empty database
+        try:
+            layers.append(("user", Database(path, readonly=True)))
+        except DatabaseAccessError as exc:
+            warnings.warn(f"gemmgen: {exc}. Serving from the shipped records only until then",
+                          RuntimeWarning, stacklevel=2)
     if shipped:
         layers.append(("shipped", shipped_database()))
     return layers

@@ -1,9 +1,9 @@
 """The raw CUDA C backend: our own sm_90a kernels, generated from the program.
 
 Two families, chosen by the program's `mainloop`:
-  * multistage      - cp.async + ldmatrix + mma.sync m16n8k16 (cuda_multistage.py)
+  * multistage      - cp.async + ldmatrix + mma.sync m16n8k16 (multistage.py)
   * ws_cooperative  - TMA + mbarrier pipeline + wgmma, warp-specialized and
-    ws_pingpong       persistent (cuda_hopper.py)
+    ws_pingpong       persistent (hopper.py)
 lower() is pure (program -> CUDA C text), build() compiles to an sm_90a cubin on
 the CPU (NVRTC, else nvcc) and caches it on disk, load() needs the GPU.
 """
@@ -20,8 +20,9 @@ from gemmgen.backends.cuda.compile import (
     sass_summary,
     toolchain,
 )
+from gemmgen.backends.cuda.launch import index_rules
 from gemmgen.backends.cuda.search_space import space
-from gemmgen.dsl.ir import Problem, Program
+from gemmgen.dsl.ir import INPUT_DTYPES, Program
 
 from gemmgen.errors import NoGPUError
 
@@ -46,7 +47,7 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     out = []
     if program.problem.c_major != "row":
         out.append(("gemm", "backend cuda writes row-major outputs only: write c=row"))
-    return out + _family(program).rules(program)
+    return out + _family(program).rules(program) + index_rules(program)
 
 
 SUPPORT = Support(
@@ -65,7 +66,7 @@ SUPPORT = Support(
     majors_b=frozenset({"row", "col"}),
     majors_c=frozenset({"row"}),
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
-    in_dtypes=frozenset({"f16"}),
+    in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_family_rules,),
 )
 

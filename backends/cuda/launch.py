@@ -11,7 +11,7 @@ import ctypes
 import threading
 from typing import Any
 
-from gemmgen.backends.base import BackendError
+from gemmgen.backends.base import BackendError, TensorArg, check_launch, int32_overflows, refuse_int32_overflow
 
 _MODULES: dict[tuple[str, int], Any] = {}
 _LOCK = threading.Lock()
@@ -225,8 +225,38 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "OperandCheck", "ceil_div", "check", "launch", "load_functions",
-           "resident_ctas"]
+INDEXES = "the CUDA kernels count rows, columns and tiles in 32-bit ints"
+
+
+def index_counts(program, M: int, N: int, K: int) -> dict[str, int]:
+    """What the templates count in `int` at M, N, K (element offsets are 64-bit there): read by the
+    backend's rules at the bound shape and by the launcher at the call's."""
+    t = program.tile
+    tiles = ceil_div(M, t.m) * ceil_div(N, t.n)
+    counts = {"M + tile M (the rows the last tile reaches)": M + t.m, "N + tile N (its columns)": N + t.n,
+              "K + tile K (the K its last k tile reaches)": K + t.k, "the output tiles": tiles}
+    if program.mainloop != "multistage" or program.scheduler != "tile":
+        counts["output tiles x k tiles (a walking CTA's count of k tiles)"] = tiles * ceil_div(K, t.k)
+    return counts
+
+
+def index_rules(program) -> list[tuple[str, str]]:
+    """Refuses a bound problem whose counts overflow the templates' 32-bit ints."""
+    p = program.problem
+    if not p.is_bound:
+        return []
+    return [("gemm", message) for message in int32_overflows(index_counts(program, p.m, p.n, p.k), INDEXES)]
+
+
+__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "INDEXES", "OperandCheck", "ceil_div", "check", "check_call",
+           "index_counts", "index_rules", "launch", "load_functions", "resident_ctas"]
+
+
+def check_call(program, device: int, M: int, N: int, K: int, out: TensorArg, inputs: list, alpha, beta) -> None:
+    """The launch checks of every raw-CUDA family (pure: runs on fake TensorArgs): one device,
+    out 16-byte aligned and apart from every input, finite alpha and beta, counts within int32."""
+    check_launch(out, inputs, device, alpha, beta)
+    refuse_int32_overflow(index_counts(program, M, N, K), INDEXES)
 
 
 class FamilyLauncher:
@@ -254,6 +284,9 @@ class FamilyLauncher:
         # Deferred: torch (optional, heavy to import).
         import torch
         M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
+        check_call(self.program, self.device, M, N, K, TensorArg.of("out", out),
+                   [TensorArg.of(name, t) for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual),
+                                                           ("c", c)) if t is not None], alpha, beta)
         if M == 0 or N == 0:
             return out
         self._set_operands(a, b, M, N, K, ld_a, ld_b)

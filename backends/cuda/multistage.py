@@ -2,8 +2,8 @@
 or, with `instr wgmma 64xNx16`, the same cp.async ring laid out for wgmma and read by it.
 
 wgmma has about 1.6 times mma.sync's rate and reads its operands from shared memory once a
-warpgroup, where ldmatrix reads them once a warp: the two limits CUDA_NOTES.md measured on
-this family at 1-16 GFLOP. Unlike the TMA family it needs no 16-byte aligned tensor map and
+warpgroup, where ldmatrix reads them once a warp: the two limits measured on
+this family (docs/design/cuda_kernels.md) at 1-16 GFLOP. Unlike the TMA family it needs no 16-byte aligned tensor map and
 no producer warpgroup.
 
 `rules` says what this family refuses (the validator reads it through

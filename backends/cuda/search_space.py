@@ -1,9 +1,9 @@
 """The search space an expert would enumerate for the raw CUDA backend, best first.
 
 A coarse cost model orders the candidates (waves, tile efficiency, K-loop
-latency, split-K traffic); it only ranks, the GPU measurement decides. The
-model's rates are leads from the H200 notes (CUDA_NOTES.md), not measurements
-of these kernels.
+latency, split-K traffic); it only ranks, the GPU measurement decides. Its rates
+are fractions of the hardware model's (`SM90A`): leads, not measurements of these
+kernels (docs/design/cuda_kernels.md).
 """
 from __future__ import annotations
 
@@ -17,30 +17,33 @@ from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Instr, Problem, Program, Tile
 
 SMS = SM90A.sms
-MMA_SYNC_RATE = 620e12        # what mma.sync kernels reach on Hopper at best
-WGMMA_RATE = 800e12           # best hand-written wgmma GEMMs
-DRAM_RATE = 4.0e12
-L2_RATE = 10e12             # operand bytes per second L2 feeds all SMs together
+# The model's rates as fractions of the hardware's; they only rank.
+MMA_SYNC_EFFICIENCY = 620 / 646   # what mma.sync kernels reach at best: 620 TFLOP/s
+WGMMA_EFFICIENCY = 800 / 989      # best hand-written wgmma GEMMs: 800 TFLOP/s
+DRAM_EFFICIENCY = 5 / 6           # a GEMM's streaming rate: 4.0 TB/s of the datasheet's 4.8
+MMA_SYNC_RATE = MMA_SYNC_EFFICIENCY * SM90A.mma_sync_flops_f16
+WGMMA_RATE = WGMMA_EFFICIENCY * SM90A.peak_flops_f16
+DRAM_RATE = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
+L2_RATE = SM90A.l2_bytes_per_s
 LAUNCH_S = 2.5e-6
 MAX_SMEM = SM90A.max_smem_per_block
 # A k-tile's copies take about this long to land when the L2 is cold. A CTA with a ring of S
 # stages has S - 1 tiles in flight, so its K loop cannot run faster than one tile per
-# LOAD_LATENCY_S / (S - 1). A rough calibration: session 3 timed 0.65-0.7 us per k tile of
-# 64x64x64 with 3 stages at 64x64xK, which v4 later found to be partly the K loop's own
-# instructions (CUDA_NOTES.md); it only ranks.
+# LOAD_LATENCY_S / (S - 1). A rough calibration: 0.65-0.7 us per k tile of 64x64x64 with 3
+# stages at 64x64xK on the H200, partly the K loop's own instructions; it only ranks.
 LOAD_LATENCY_S = 1.3e-6
 STAGES = (2, 3, 4, 5, 6, 8)
 # wgmma's rings: one 4-warp CTA an SM keeps its loads' latency covered only with many k tiles
-# in flight (session 26's search: 8 stages beat 6 by 3-15 % at 64x128 tiles, K 512-4096).
+# in flight (8 stages beat 6 by 3-15 % at 64x128 tiles, K 512-4096, on the H200).
 WGMMA_STAGES = (3, 4, 5, 6, 8, 10, 12)
 # Multistage tiles under 64: on problems of a few tiles they spread the work over more SMs and
 # shorten each CTA's chain of mma.sync per k step (CUTLASS's 64x16 tile won the smallest
-# sample shapes in session 13). Offered only where the 64x64 tiles leave SMs idle.
+# sample shapes on the H200). Offered only where the 64x64 tiles leave SMs idle.
 NARROW_TILES = ((64, 32), (32, 64), (32, 32), (64, 16), (16, 64))
 SPLITS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-# The multistage ring read by wgmma (session 26's probe: best of 16 such variants 0.835x
-# torch.matmul at the 29 sample shapes of 1-16 GFLOP, against 0.726x for the selected mma.sync
-# programs; CUDA_NOTES.md): 64-deep k tiles, warpgroups stacked along M.
+# The multistage ring read by wgmma (best of 16 such variants 0.835x torch.matmul at the 29
+# sample shapes of 1-16 GFLOP, against 0.726x for the selected mma.sync programs, on the H200):
+# 64-deep k tiles, warpgroups stacked along M.
 WGMMA_WARPS = {64: ((4, 1),), 128: ((4, 1), (8, 1)), 256: ((8, 1),)}
 MMA_WARPS = ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4))
 
@@ -66,7 +69,7 @@ def _multistage(problem: Problem) -> list[Program]:
     tiles_min = math.ceil(p.m / 128) * math.ceil(p.n / 128)
     if tiles_min < SMS // 2 and p.k >= 1024:     # small M*N, long K: fill the machine along K
         # Workspace only: the arrival-order kernel (atomic adds, last CTA finishes) measured
-        # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (CUDA_NOTES.md, v4).
+        # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (docs/design/cuda_kernels.md).
         splits += [(s, "workspace") for s in SPLITS if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
     tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
     if math.ceil(p.m / 64) * math.ceil(p.n / 64) < SMS:
@@ -74,9 +77,9 @@ def _multistage(problem: Problem) -> list[Program]:
     for (tm, tn) in tiles:
         # More tiles than SMs: persistent CTAs, whose ring runs across tiles, so the next tile
         # loads during this one's stores and a ring deeper than one tile's K loop still fills
-        # (CUDA_NOTES.md, session 24). Under four waves of tiles and K of 1024 or more:
+        # (docs/design/cuda_kernels.md). Under four waves of tiles and K of 1024 or more:
         # stream-K, whose CTAs share the iterations evenly, so no wave runs part empty (at K <=
-        # 512 its probe lost to the persistent twin at all 12 shapes, CUDA_NOTES.md session 25).
+        # 512 it lost to the persistent twin at all 12 shapes measured, by 3-32 %).
         n_tiles = math.ceil(p.m / tm) * math.ceil(p.n / tn)
         schedulers = ("tile", "persistent") if n_tiles > SMS else ("tile",)
         if n_tiles < 4 * SMS and p.k >= 1024:
@@ -135,22 +138,23 @@ def _resident(program: Program) -> int:
     if program.mainloop != "multistage":
         return 1
     t = program.tile
-    acc = t.m * t.n / (32 * program.num_warps)
-    regs_per_warp = math.ceil(min(255, 1.5 * acc + 56) * 32 / 256) * 256
+    acc = t.m * t.n / (SM90A.warp_size * program.num_warps)
+    regs_per_thread = min(SM90A.max_regs_per_thread, 1.5 * acc + 56)
+    regs_per_warp = math.ceil(regs_per_thread * SM90A.warp_size / 256) * 256
     by_regs = SM90A.regs_per_sm // (regs_per_warp * program.num_warps)
-    by_smem = SM90A.smem_per_sm // (ms.smem_bytes(program) + 1024)
+    by_smem = SM90A.smem_per_sm // (ms.smem_bytes(program) + SM90A.smem_reserved_per_block)
     return max(1, min(by_regs, by_smem))
 
 
 def _wgmma_ring(program: Program) -> bool:
-    """A multistage program whose cp.async ring wgmma reads (the TMA families' rings are
-    ranked as before session 26)."""
+    """A multistage program whose cp.async ring wgmma reads (the TMA families' rings keep the
+    general ring model)."""
     return program.mainloop == "multistage" and ms.wgmma(program)
 
 
 def _loads_ahead(program: Program, stages: int) -> int:
     """k tiles a ring of `stages` keeps loading: one slot is being read, and with wgmma
-    another still may be (CUDA_NOTES.md, session 26)."""
+    another still may be (docs/design/cuda_kernels.md)."""
     return max(1, stages - (2 if _wgmma_ring(program) else 1))
 
 
@@ -188,7 +192,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     stages = min(program.stages or 3, k_iters + 1)       # the ring fills at most the K loop
     in_flight = _loads_ahead(program, stages)
     # Start-up: the ring's first loads. wgmma's rings are not charged past 4 stages: the first
-    # wait is on the oldest k tile only, and session 26's searches found 8 stages beat 6.
+    # wait is on the oldest k tile only, and 8 stages measured faster than 6.
     ring_start = min(stages, 4) if _wgmma_ring(program) else stages
     latency = LAUNCH_S + (ring_start + 2) * 0.1e-6 + split * 2.5e-6
     if stream_k:
@@ -202,7 +206,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
     pipeline = resident_waves * k_iters * LOAD_LATENCY_S / in_flight if k_iters > 1 else 0.0
     factor = 1.0
     if not ws and program.scheduler == "persistent":
-        # Session 24's probe, one program both ways at 22 shapes: persistent ran 0.97-1.13x as
+        # One program both ways at 22 shapes on the H200: persistent ran 0.97-1.13x as
         # fast as one CTA a tile from 256 tiles on, 0.94-0.98x at 128-192 (little to load early).
         factor *= 0.95 if tiles >= 2 * SMS else 1.05
     if program.cluster[0] > 1:   # multicast halves B traffic once tiles fill the chip
@@ -245,16 +249,16 @@ def _percent_bin(seconds: float) -> int:
 def _tiebreak(q: Program, problem: Problem) -> tuple:
     """Among equal estimates: the ring depth nearest 4 that the K loop can fill (K tiles + 1,
     at least 2, or 3 when persistent), then 3, then 5 (wgmma: below); wider K tiles; 8 warps for tiles over 128x128, 4 for the others
-    (session 24: 128x128 on 2x2 warps, two CTAs an SM, beat 4x2 at 18 of 22 short-K shapes); then
-    square warp tiles, the wider in N first. (Session 12's multistage runs timed the warp
-    layouts of one tile and ring side by side: 256x128 on 2x4 warps, 128x32 each, took 1.06x
+    (128x128 on 2x2 warps, two CTAs an SM, beat 4x2 at 18 of 22 short-K shapes); then
+    square warp tiles, the wider in N first. (The warp layouts of one tile and ring, timed
+    side by side on the H200: 256x128 on 2x4 warps, 128x32 each, took 1.06x
     the time of 4x2; 64x64 on 1x4 1.15x that of 2x2; 64x128 on 4x1 1.10x and on 1x4 1.01x;
     of two equally square ones the wider in N won, as 4x2 over 2x4 at 128x128 in 26 of 37.)"""
     # A persistent or stream-K ring runs across tiles: it fills 3 stages however short K is.
     depth = q.stages or 4
     if _wgmma_ring(q):
         # wgmma: the deepest ring the K loop fills, up to 8, then the deeper ones, then the
-        # shallower (session 26's search: rings of 6 and 8 won 19 of the 40 shapes wgmma won,
+        # shallower (rings of 6 and 8 won 19 of the 40 shapes wgmma won,
         # 9 of those ranked 24th-29th when depth 4 came first).
         fill = min(8, _k_iters(q, problem) + 2) if q.scheduler == "tile" else 5
         rank = 0 if depth == fill else 1 if depth > fill else min(4, 1 + fill - depth)

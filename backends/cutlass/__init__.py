@@ -1,15 +1,15 @@
 """The CUTLASS backend: DSL programs as CUTLASS 3.x SM90 TMA warp-specialized kernels.
 
-    lower(program)  -> Source    pure: cutlass_library's 3.x emitter + a C-ABI wrapper (cutlass_emit.py)
+    lower(program)  -> Source    pure: cutlass_library's 3.x emitter + a C-ABI wrapper (emit.py)
     build(source)   -> Artifact  nvcc to a shared library, cached on disk (backends/build.py)
-    load(artifact, program) -> Launcher   ctypes, on torch's current stream (cutlass_runtime.py)
-    space(problem)  -> [Program] the expert's candidates, best first (cutlass_space.py)
+    load(artifact, program) -> Launcher   ctypes, on torch's current stream (runtime.py)
+    space(problem)  -> [Program] the expert's candidates, best first (search_space.py)
 
 A program splits into a build key (the digest of its emitted source: tile,
 cluster, stages, schedule, tile scheduler, majors, epilogue shape) and runtime
 arguments (raster order, swizzle, splits, decomposition, reduction mode, alpha,
 beta), so one build serves every program that differs only at runtime. What the backend
-refuses, and why, is in cutlass_rules.py (read by the DSL validator via SUPPORT).
+refuses, and why, is in rules.py (read by `gemmgen.backends.validate` through SUPPORT).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from gemmgen.backends.base import Artifact, BackendError, Source
-from gemmgen.backends.build import cache_root, cached_build
+from gemmgen.backends.build import cached_build, lookup
 from gemmgen.backends.cuda.compile import parse_resources
 from gemmgen.backends.cutlass.emit import (
     WRAPPER_ENTRY,
@@ -30,7 +30,7 @@ from gemmgen.backends.cutlass.emit import (
     instance_spec,
     runtime_args,
 )
-from gemmgen.backends.cutlass.rules import SUPPORT
+from gemmgen.backends.cutlass.rules import SUPPORT  # noqa: F401  (the backend contract)
 from gemmgen.backends.cutlass.runtime import CutlassLauncher, describe, open_library
 from gemmgen.backends.cutlass.search_space import library, space  # noqa: F401  (the backend contract)
 from gemmgen.dsl.ir import Program
@@ -89,7 +89,8 @@ def nvcc_command(source_path: Path, library_path: Path, arch: str = ARCH) -> lis
 
 
 def compile_library(source: Source, key: str, work: Path, arch: str = ARCH) -> Artifact:
-    """nvcc one instance to work/instance.so; the log is kept beside it."""
+    """nvcc one instance to work/instance.so; the log is kept beside it. `work` is the build's
+    own temporary folder (backends/build.py renames it into the cache when the build is whole)."""
 
     cu, so = work / "instance.cu", work / "instance.so"
     cu.write_text(source.text)
@@ -131,12 +132,13 @@ def load(artifact: Artifact, program: Program):
 
 
 def library_path(artifact: Artifact) -> str:
-    """The artifact's library; found by key under this machine's cache root if the cache moved."""
+    """The artifact's library; found by key under this machine's cache root (and checked
+    against its recorded hash there) if the cache moved."""
 
     if artifact.path and os.path.exists(artifact.path):
         return artifact.path
-    moved = cache_root() / "work" / NAME / artifact.key / "instance.so"
-    if moved.exists():
-        return str(moved)
+    moved = lookup(NAME, artifact.key)
+    if moved is not None and moved.path:
+        return moved.path
     raise BackendError(f"the CUTLASS library {artifact.path} is gone; rebuild it "
                        "(gemmgen build --backend cutlass ...)")

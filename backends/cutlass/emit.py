@@ -45,7 +45,7 @@ DECOMPOSITION_CODES = {"heuristic": 0, "data_parallel": 1, "split_k": 2, "stream
 # fp32 workspace as they arrive (Nondeterministic). Its deterministic turnstile (each split
 # after the previous one) took 39.8 us at 256x128x8192 split 16 on the H200, slower than no
 # split (21.8 us), so `split_k N workspace` is not that: it is K slices of a batched GEMM and
-# a reduce kernel (`InstanceSpec.partials`, session 14).
+# a reduce kernel (`InstanceSpec.partials`).
 REDUCTION_CODES = {"unordered": 1}
 WRAPPER_ENTRY = "gg_run"
 AUTO_EPILOGUE_TILE = "cutlass::epilogue::collective::EpilogueTileAuto"
@@ -78,7 +78,7 @@ class InstanceSpec:
     # converted, with no multiply per element; otherwise alpha scales it as a run-time argument.
     # cuBLAS's kernels spend no FMUL there; CUTLASS's spent one an element, 1.55x the warp
     # instructions of cuBLAS's at K of one k-tile, and alpha-free builds read 0.88x -> 0.92x there
-    # and 1.003x -> 1.008x at 4096^3 (session 21, benchmarks/results/epilogue_probe/s21_unscaled/).
+    # and 1.003x -> 1.008x at 4096^3 on the H200.
     unscaled: bool = False
 
     @property
@@ -388,7 +388,7 @@ extern "C" int gg_initialize(int device) {
 
 extern "C" int gg_max_active_clusters() { return g_max_active_clusters; }
 
-// For benchmarks/cutlass_hang_probe.py --reproduce: skip the per-launch barrier reset.
+// Diagnosis only: skip the per-launch barrier reset, which reproduces the stale-barrier hang.
 extern "C" void gg_debug_skip_workspace_init(int skip) { g_skip_workspace_init = skip != 0; }
 
 extern "C" int gg_shared_memory_bytes() { return int(Kernel::SharedStorageSize); }

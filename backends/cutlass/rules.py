@@ -3,14 +3,14 @@
 Three kinds of rule: CUTLASS's own compile-time constraints (a static_assert
 would stop nvcc after a minute of work, so say it in a millisecond instead),
 TMA's alignment rules (checked against the bound shape), and configurations
-judged unsafe to run (hangs), each with the reason. docs/backends.md has the
-hang analysis; benchmarks/cutlass_hang_probe.py checks it on the GPU.
+judged unsafe to run (hangs), each with the reason; docs/design/cutlass.md has the
+hang analysis.
 """
 from __future__ import annotations
 
-from gemmgen.backends.base import Support
+from gemmgen.backends.base import Support, int32_overflows
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import DTYPE_BYTES, Program
+from gemmgen.dsl.ir import DTYPE_BYTES, INPUT_DTYPES, Program
 from gemmgen.dsl.resources import epilogue_smem_bytes, stage_bytes
 
 SMEM_BYTES = SM90A.max_smem_per_block  # usable dynamic shared memory per CTA on sm_90a (227 KiB)
@@ -210,7 +210,27 @@ def hang_rules(p: Program) -> list[tuple[str, str]]:
     return []
 
 
-RULES = (schedule_rules, epilogue_rules, alignment_rules, split_rules, hang_rules)
+INDEXES = "CUTLASS's problem shape (the library's M, N, K) and its tile arithmetic are 32-bit ints"
+
+
+def index_counts(tile: tuple[int, int, int], m: int, n: int, k: int) -> dict[str, int]:
+    """What CUTLASS holds in `int` at M, N, K (its strides and offsets are 64-bit): read by
+    `index_rules` at the bound shape and by the launcher at the call's."""
+    tm, tn, tk = tile
+    return {"M + tile M (the rows the last tile reaches)": m + tm, "N + tile N (its columns)": n + tn,
+            "K + tile K (the K its last k tile reaches)": k + tk}
+
+
+def index_rules(p: Program) -> list[tuple[str, str]]:
+    """A bound problem past what the kernel's 32-bit ints can count is refused."""
+    pr = p.problem
+    if not pr.is_bound:
+        return []
+    counts = index_counts((p.tile.m, p.tile.n, p.tile.k), pr.m, pr.n, pr.k)
+    return [("problem", message) for message in int32_overflows(counts, INDEXES)]
+
+
+RULES = (schedule_rules, epilogue_rules, alignment_rules, split_rules, hang_rules, index_rules)
 
 
 SUPPORT = Support(
@@ -231,6 +251,6 @@ SUPPORT = Support(
     majors_b=frozenset({"row", "col"}),
     majors_c=frozenset({"row"}),
     out_dtypes=frozenset({"f16"}),
-    in_dtypes=frozenset({"f16"}),
+    in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=RULES,
 )

@@ -11,8 +11,9 @@ from __future__ import annotations
 import ctypes
 from typing import Optional
 
-from gemmgen.backends.base import BackendError
+from gemmgen.backends.base import BackendError, TensorArg, check_launch, refuse_int32_overflow
 from gemmgen.backends.cutlass.emit import InstanceSpec, RuntimeArgs
+from gemmgen.backends.cutlass.rules import INDEXES, index_counts
 from gemmgen.backends.workspace import persistent_buffer
 
 from gemmgen.errors import NoGPUError
@@ -98,10 +99,13 @@ class CutlassLauncher:
 
     def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha: float = 1.0, beta: float = 0.0):
         spec = self.spec
-        if a.device.index != self.device:
-            raise BackendError(f"this CUTLASS kernel was loaded for cuda:{self.device}; the operands are on {a.device}")
+        if a.dim() != 2 or b.dim() != 2:
+            raise BackendError(f"a and b must be 2-D, (M, K) and (K, N); got {tuple(a.shape)} and {tuple(b.shape)}")
         m, k = a.shape
         n = b.shape[1]
+        check_call(spec, self.device, m, n, k, TensorArg.of("out", out),
+                   [TensorArg.of(name, t) for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual),
+                                                           ("c", c)) if t is not None], alpha, beta)
         lda = _leading(a, "a", spec.a_major, (m, k))
         ldb = _leading(b, "b", spec.b_major, (k, n))
         ldd = _leading(out, "out", spec.c_major, (m, n))
@@ -142,6 +146,15 @@ class CutlassLauncher:
             raise BackendError(f"CUTLASS {m}x{n}x{k}: {_PHASE.get(phase, 'error')}: "
                                f"{_STATUS.get(status, status)}")
         return out
+
+
+def check_call(spec: InstanceSpec, device: int, m: int, n: int, k: int, out: TensorArg, inputs: list,
+               alpha, beta) -> None:
+    """The launch checks (pure: runs on fake TensorArgs): one device, out 16-byte aligned and apart
+    from every input, finite alpha and beta, and M, N, K within the 32-bit ints the library takes
+    (ctypes would wrap a larger one silently)."""
+    check_launch(out, inputs, device, alpha, beta)
+    refuse_int32_overflow(index_counts(spec.tile, m, n, k), INDEXES)
 
 
 def _required(t, name: str):

@@ -39,8 +39,11 @@ from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Problem, Program, Tile
 
 SMS = SM90A.sms
-PEAK_FLOPS = 989e12 * 0.80  # what a good SM90 GEMM sustains
-DRAM_BYTES_PER_S = 3.6e12
+# The model's rates as fractions of the hardware's; they only rank.
+MMA_EFFICIENCY = 0.80   # what a good SM90 GEMM sustains of the tensor-core peak
+DRAM_EFFICIENCY = 0.75  # a GEMM's streaming rate: 3.6 TB/s of the datasheet's 4.8
+PEAK_FLOPS = SM90A.peak_flops_f16 * MMA_EFFICIENCY
+DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
 LAUNCH_US = 3.0
 FIXUP_US = 2.0  # one stream-K/split-K partial tile written and read back
 MIN_SK_ITERS = 8  # K-iterations a stream-K unit takes at least
@@ -50,19 +53,19 @@ MIN_SK_ITERS = 8  # K-iterations a stream-K unit takes at least
 # cluster of CLUSTERS where the tile is 128 or more wide, else 1x1 only; `stream_k` and
 # `tile` with cluster 1x1.
 #
-# `tile` is CUTLASS's non-persistent kernel, one tile per CTA. On the H200 (session 13,
-# 111 sample shapes) it ran a median 15-16 % faster than the persistent build of the same
+# `tile` is CUTLASS's non-persistent kernel, one tile per CTA. On the H200 (111 sample
+# shapes) it ran a median 15-16 % faster than the persistent build of the same
 # tile on shapes of few tiles (no scheduler start-up), and up to 2.8x slower on shapes of
 # many waves (each CTA fills shared memory, so waves do not overlap). Persistent 64x16 and
 # 64x32 builds never won a shape there, so those tiles are built one per CTA only. The
 # 128x64 cooperative tile is there for split-K on small M x N with long K (18 long-K sample
 # shapes: 0.829x -> 0.871x with it). `sliced` builds run `split_k N workspace`: N K slices
 # as one batched GEMM into fp32 partials, then a reduce kernel with the epilogue, as cuBLAS
-# does at these shapes; on the same 18 shapes 0.871x -> 1.050x (session 14, 13 chose them).
+# does at these shapes; on the same 18 shapes 0.871x -> 1.050x (13 chose them).
 # The 128x192 cooperative tile fills one wave where 128x256 leaves SMs idle and 128x128
 # spills into a second (256 x 12288: 128 tiles against 96 or 192; cuBLAS runs a 192x128
 # kernel there); on the H200 it took 256x12288x2048 from 0.84x to 0.98x and 256x12288x4096
-# from 0.86x to 1.01x of torch.matmul (session 14).
+# from 0.86x to 1.01x of torch.matmul.
 TILES = {
     ("ws_cooperative", 128, 256): (1.00, ("persistent", "stream_k")),
     ("ws_cooperative", 256, 128): (1.00, ("persistent", "stream_k")),
@@ -79,13 +82,12 @@ TILES = {
 # Short K: a tile's prologue and epilogue cost about EPILOGUE_K_TILES k-tiles of its mainloop
 # (`estimate_us`). The TMA-store epilogue in 128- or 64-row sub-tiles 128 wide instead of 32
 # (CUTLASS's automatic choice) took 0.89-0.93x the time at K of one or two k-tiles on the H200:
-# 16384x4096x128 0.925x -> 1.018x of torch.matmul, 4096x16384x64 0.956x -> 1.050x (session 20,
-# benchmarks/results/short_k_epilogue/), about 1.7 k-tiles. It shrinks the ring by a stage, so it
-# is used only where K is short; at 4096^3 it was level (session 17). The outputs measured
-# were 4M to 64M elements; smaller ones are left to the builds that won them. It replaces the
-# automatic epilogue of those builds rather than adding twins: it was at least as fast in every
-# pair measured at these shapes, and twins crowded other builds out of the timed candidates
-# (8192x512x128 lost its 64x256 cluster 1x2 winner, 0.946x -> 0.907x, session 20).
+# 16384x4096x128 0.925x -> 1.018x of torch.matmul, 4096x16384x64 0.956x -> 1.050x, about 1.7
+# k-tiles. It shrinks the ring by a stage, so it is used only where K is short; at 4096^3 it
+# was level. The outputs measured were 4M to 64M elements; smaller ones are left to the builds
+# that won them. It replaces the automatic epilogue of those builds rather than adding twins: it
+# was at least as fast in every pair measured at these shapes, and twins crowded other builds
+# out of the timed candidates (8192x512x128 lost its 64x256 cluster 1x2 winner, 0.946x -> 0.907x).
 EPILOGUE_K_TILES = 2.0
 WIDE_EPILOGUE_K_TILES = 1.7
 SHORT_K_TILES = 4
@@ -208,8 +210,8 @@ def balanced_grid_sms(p: Program) -> Optional[int]:
     At 4096^3 in 128x256 tiles: 512 tiles, 4 rounds either way, 128 CTAs of 4 tiles instead of
     132 of 3 or 4: 1.000x of torch.matmul against 0.989-0.993x on the H200; not better
     everywhere (2048x32000x2048, ping-pong 1x2: 1.008x against 1.019x), hence a variant to time,
-    not a default (session 18, benchmarks/results/streamk_probe/grid/). Tiles are counted as
-    CUTLASS's persistent scheduler counts them: padded to whole clusters, then to the swizzle's band.
+    not a default. Tiles are counted as CUTLASS's persistent scheduler counts them: padded to
+    whole clusters, then to the swizzle's band.
     """
     if not p.problem.is_bound:
         return None
@@ -252,7 +254,7 @@ def _runtime_variants(p: Program) -> list[Program]:
         out.insert(1, replace(out[0], grid_sms=balanced))
     if p.scheduler == "stream_k":
         k_tiles = math.ceil(pr.k / p.tile.k)
-        # Splits add in arrival order: in every pair of split_k_s11 (8 shapes x 2 tiles x 3
+        # Splits add in arrival order: in every pair measured on the H200 (8 shapes x 2 tiles x 3
         # split counts) `unordered` was at least as fast as the turnstile, which at 16
         # splits took 27-50 us where `unordered` took 11-38 us.
         out += [replace(p, split_k=s, split_k_reduce="unordered", scheduler="persistent", raster=raster)
@@ -261,7 +263,7 @@ def _runtime_variants(p: Program) -> list[Program]:
 
 
 def space(problem: Problem) -> list[Program]:
-    """CUTLASS candidates for a bound problem, best first (unvalidated; see backends/cutlass.py)."""
+    """CUTLASS candidates for a bound problem, best first (unvalidated; see gemmgen.backends.cutlass)."""
     e = problem.epilogue
     if (problem.in_dtype not in SUPPORT.in_dtypes or e.out_dtype not in SUPPORT.out_dtypes
             or problem.a_major not in SUPPORT.majors_a or problem.b_major not in SUPPORT.majors_b
@@ -275,7 +277,7 @@ def space(problem: Problem) -> list[Program]:
             if not any(rule(p) for rule in RULES):
                 candidates.append(p)
     # Ties (e.g. on the DRAM floor, where short-K shapes that write a large output sit) go to the
-    # wide epilogue: there the store is the work (4096x16384x64: 0.956x -> 1.050x, session 20).
+    # wide epilogue: there the store is the work (4096x16384x64: 0.956x -> 1.050x).
     candidates.sort(key=lambda p: (estimate_us(p), p.epilogue_tile is None))
     # Near-best families first (the estimate cannot tell them apart, the timer can), then
     # the best runtime variant of every other build, then second variants.
@@ -295,18 +297,18 @@ def space(problem: Problem) -> list[Program]:
         builds.add(_build_of(p))
     ordered = leaders + firsts + rest
     # The best estimate's balanced grid is timed second: the estimate cannot tell the two apart
-    # (same rounds), and at 4096^3 only the balanced grid reached torch.matmul (session 18).
+    # (same rounds), and at 4096^3 only the balanced grid reached torch.matmul.
     twin = next((p for p in rest if p.grid_sms and replace(p, grid_sms=None) == ordered[0]), None)
     if twin is not None:
         ordered.remove(twin)
         ordered.insert(1, twin)
         # And along the other side: at 4096^3 and 4096x8192x4096 the 128x256 tiles read 0.2-0.9 %
-        # better walking N (the tile's wider side) than M (the grid's longer side) (session 19).
+        # better walking N (the tile's wider side) than M (the grid's longer side).
         across = replace(twin, raster="n" if twin.raster == "m" else "m")
         if not any(rule(across) for rule in RULES) and across not in ordered:
             ordered.insert(2, across)
         # And without the cluster: the estimate credits multicast, but at 4096^3 the 1x1 build on
-        # 128 SMs walking N read 0.1-0.6 % ahead of the 2x1 one in four calls (session 21).
+        # 128 SMs walking N read 0.1-0.6 % ahead of the 2x1 one in four calls.
         if twin.cluster != (1, 1):
             single = replace(across, cluster=(1, 1),
                              epilogue_tile=_library_epilogue(across, "persistent", (1, 1), _store_bound(problem)))

@@ -1,9 +1,9 @@
 """The Triton backend: DSL programs lowered to Triton kernels for Hopper (sm_90a).
 
-    lower(program) -> Source     pure: readable Triton module text (lower.py)
+    lower(program) -> Source     pure: readable Triton module text (lowering.py)
     build(source)  -> Artifact   CPU: ahead-of-time triton.compile to a cubin, no GPU needed
     load(artifact, program)      GPU: the cubin loaded, a thin launcher on torch's current stream
-    space(problem) -> [Program]  the candidates an expert would try, best first (space.py)
+    space(problem) -> [Program]  the candidates an expert would try, best first (search_space.py)
 
 What maps and what is refused (docs/backends.md, "Triton"):
 mainloop multistage only. Triton 3.6 ignores `warp_specialize` on Hopper (its

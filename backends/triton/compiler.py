@@ -49,7 +49,7 @@ def compile_kernels(source: Source, directory: Path, hinted: bool = True) -> lis
     `hinted=False` drops the divisibility hints (the variant a shape-generic program
     falls back to when called with unaligned strides).
     """
-    os.environ.setdefault("TRITON_CACHE_DIR", str(directory.parent.parent / "triton-cache"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(builds.cache_root() / "work" / "triton-cache"))
     # Deferred: triton (optional, heavy to import).
     import triton
     from triton.backends.compiler import GPUTarget

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gemmgen.backends import build as builds
-from gemmgen.backends.base import Artifact, BackendError
+from gemmgen.backends.base import Artifact, BackendError, TensorArg, check_launch, refuse_int32_overflow
 from gemmgen.backends.triton.compiler import compile_kernels, import_text, toolchain
 from gemmgen.backends.triton.lowering import grid_size
+from gemmgen.backends.triton.rules import INDEXES, index_counts
 from gemmgen.backends.workspace import persistent_buffer
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 
@@ -279,8 +280,11 @@ class TritonLauncher:
             dyn["stride_residual"] = residual.stride(0)
         if c is not None:
             dyn["stride_c"] = c.stride(0)
-        dyn["alpha"] = self.alpha if alpha is None else float(alpha)
-        dyn["beta"] = self.beta if beta is None else float(beta)
+        dyn["alpha"] = self.alpha if alpha is None else alpha
+        dyn["beta"] = self.beta if beta is None else beta
+        check_call(self.program, plan.device, *_call_args(a, b, out, bias, residual, c),
+                   dyn["alpha"], dyn["beta"])
+        dyn["alpha"], dyn["beta"] = float(dyn["alpha"]), float(dyn["beta"])
         if (dyn["alpha"] != self.alpha and self.alpha == 1.0) or (dyn["beta"] != self.beta and self.beta == 0.0):
             raise BackendError("this program's epilogue has no alpha/beta to vary: "
                                "write alpha=/beta= in its epilogue")
@@ -320,6 +324,24 @@ class TritonLauncher:
                                f"{plan.row_align}; got shape {tuple(t.shape)}, strides {tuple(t.stride())}")
         if t.data_ptr() % 16:
             raise BackendError(f"{role} must start at a 16-byte aligned address")
+
+
+def _call_args(a, b, out, bias=None, residual=None, c=None) -> tuple:
+    """(M, N, K, out, inputs) of a call, the tensors as TensorArgs for `check_call`."""
+    inputs = [TensorArg.of(name, t) for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual),
+                                                    ("c", c)) if t is not None]
+    return a.shape[0], out.shape[1], a.shape[1], TensorArg.of("out", out), inputs
+
+
+def check_call(program: Program, device: int, m: int, n: int, k: int, out: TensorArg, inputs: list,
+               alpha: float, beta: float) -> None:
+    """The launch checks (pure: runs on fake TensorArgs): one device, out 16-byte aligned and apart
+    from every input, finite alpha and beta, and every offset the kernels form (each tensor's
+    real extent, strides included) within int32."""
+    check_launch(out, inputs, device, alpha, beta)
+    counts = index_counts(program, m, n, k)
+    counts.update({f"{t.name}'s extent (elements from its first to its last)": t.extent for t in (out, *inputs)})
+    refuse_int32_overflow(counts, INDEXES)
 
 
 def static_values(meta: dict, a, b, out) -> dict:
@@ -499,6 +521,9 @@ class JitLauncher:
         return get
 
     def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=None, beta=None):
+        e = self.program.problem.epilogue
+        check_call(self.program, a.get_device(), *_call_args(a, b, out, bias, residual, c),
+                   e.alpha if alpha is None else alpha, e.beta if beta is None else beta)
         tensors = dict(a=a, b=b, out=out, bias=bias, residual=residual, c=c)
         _run_module(self.module, self.source.meta, self.program, tensors, alpha, beta, workspace=self._workspace(a))
         return out

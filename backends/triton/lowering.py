@@ -16,10 +16,10 @@ Split-K writes fp32 partials; a second kernel in the same module reduces them
 epilogue. `unordered` and `atomic` add partials into one fp32 buffer with
 `tl.atomic_add`; the finalize kernel takes it with `tl.atomic_xchg` (reading each sum and
 leaving a zero, so the buffer is clean for the next call without a memset) and applies the
-epilogue. It read the buffer with a plain load and stored zeros until the H200 showed that
-load returning values the atomics had not yet added in: 1024x2048x12288, split 2, 128x128
-tiles lost up to 0.6 % of its outputs in 12 of 12 calls, and with an L2-only load (`.cg`)
-still in 9 of 12; with the exchange, in none (2026-11-30, docs/backends.md).
+epilogue. An exchange, because on the H200 a plain load returned values the atomics had not
+yet added in: at 1024x2048x12288, split 2, 128x128 tiles, a plain load lost up to 0.6 % of
+the outputs in 12 of 12 calls and an L2-only load (`.cg`) in 9 of 12; the exchange lost none
+(docs/backends.md).
 (Triton's `atomic` is this same buffer: the DSL's restriction of `atomic` to f32 out and no
 activation holds for backends that add into the output itself.)
 

@@ -2,17 +2,19 @@
 validator reads (docs/backends.md, "Triton")."""
 from __future__ import annotations
 
-from gemmgen.backends.base import Support
+from gemmgen.backends.base import INT32_LIMIT, Support, int32_overflows
 from gemmgen.backends.triton.lowering import epilogue_staging_bytes, num_stages
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import DTYPE_BYTES, Problem, Program
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, INPUT_DTYPES, Problem, Program
 
 WARP_COUNTS = (4, 8, 16)
 MAX_TILE = {"m": 256, "n": 256, "k": 128}
 MAX_STAGES = 6
 MAX_SPLIT_K = 32
 MAX_ACC_REGS = 128           # fp32 accumulator registers per thread before spills dominate
-INT32_LIMIT = 2**31
+INDEXES = "the Triton kernels compute element offsets (row x stride + column) in 32-bit integers"
+
+__all__ = ["INDEXES", "INT32_LIMIT", "SUPPORT", "index_counts", "tma_misaligned"]
 
 
 def _pow2(x: int) -> bool:
@@ -62,11 +64,18 @@ def _problem_rules(p: Program) -> list[tuple[str, str]]:
     if p.split_k > k_tiles:
         out.append(("split_k", f"split_k {p.split_k} leaves slices without work: K={pr.k} has only {k_tiles} "
                                f"K tiles of {p.tile.k}; use split_k {max(1, k_tiles)} or less"))
-    largest = max(pr.m * pr.k, pr.k * pr.n, pr.m * pr.n * max(1, p.split_k if p.split_k > 1 else 1))
-    if largest >= INT32_LIMIT:
-        out.append(("gemm", "an operand or the split-K workspace has 2^31 elements or more; the Triton "
-                            "kernels index with int32: split the problem"))
+    out.extend(("gemm", message) for message in int32_overflows(index_counts(p, pr.m, pr.n, pr.k), INDEXES))
     return out
+
+
+def index_counts(p: Program, m: int, n: int, k: int) -> dict[str, int]:
+    """What the kernels hold in int32 at M, N, K: each operand's element offsets (a dimension
+    alone is within its operand's count) and the split-K workspace's. The rules read it at the
+    bound shape, the launcher at the call's (with the operands' real extents beside it)."""
+    counts = {"M x K (A's elements)": m * k, "K x N (B's elements)": k * n, "M x N (out's elements)": m * n}
+    if p.split_k > 1 and p.split_k_reduce not in ARRIVAL_ORDER_REDUCES:   # arrival order sums into M x N
+        counts["split_k x M x N (the split-K workspace)"] = p.split_k * m * n
+    return counts
 
 
 def tma_misaligned(problem: Problem) -> list[str]:
@@ -106,6 +115,6 @@ SUPPORT = Support(
     majors_b=frozenset({"row", "col"}),
     majors_c=frozenset({"row"}),
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
-    in_dtypes=frozenset({"f16", "bf16"}),
+    in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_tile_rules, _problem_rules, _tma_rules),
 )

@@ -15,7 +15,7 @@ Ordered by a roofline-with-waves estimate (`estimate_us`, documented in
 docs/backends.md): each CTA runs its tile at the tensor-core rate scaled by an
 efficiency that grows with tile area, depth of pipeline and warps, or at the
 rate its SM can stream operands (bytes in flight per memory latency); CTAs run in
-waves of 132 x (CTAs per SM); DRAM and L2 traffic give floors; split-K adds
+waves of SMs x (CTAs per SM); DRAM and L2 traffic give floors; split-K adds
 its workspace traffic and a reduce launch. The estimate only orders
 candidates; the measured time decides. A diversity pass keeps the first dozen
 from being twelve variants of one idea.
@@ -34,10 +34,11 @@ from gemmgen.dsl.ir import Problem, Program, Tile
 TILE_MN = (64, 128, 256)
 TILE_K = (32, 64, 128)
 SPLITS = (1, 2, 4, 8, 16)
-L2_BYTES_PER_S = 10e12
-DRAM_BYTES_PER_S = 3.6e12       # what a streaming kernel reaches on an H200, not the datasheet
-SM_BYTES_PER_S = 150e9          # most operand bandwidth one SM sustains on its own
-MEMORY_LATENCY_S = 0.8e-6       # DRAM round trip under load, what the pipeline must cover
+DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
+DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
+L2_BYTES_PER_S = SM90A.l2_bytes_per_s
+SM_BYTES_PER_S = SM90A.sm_load_bytes_per_s
+MEMORY_LATENCY_S = SM90A.dram_latency_s   # what the pipeline must cover
 REDUCE_LAUNCH_US = 2.5
 LAUNCH_US = 2.0
 #: what a persistent TMA kernel costs more than a pointer kernel when there is little work (not
@@ -89,8 +90,8 @@ def estimate_us(p: Program) -> float:
     tiles = math.ceil(m / t.m) * math.ceil(n / t.n)
     ctas = tiles * split
     smem = _smem(t, stages)
-    per_sm = max(1, min(2, (SM90A.smem_per_sm - 1024) // (smem + 1024)))
-    if p.num_warps * 32 * per_sm > 2048 or t.m * t.n * per_sm > 2 * 128 * 256:
+    per_sm = max(1, min(2, (SM90A.smem_per_sm - 1024) // (smem + SM90A.smem_reserved_per_block)))
+    if p.num_warps * SM90A.warp_size * per_sm > SM90A.max_threads_per_sm or t.m * t.n * per_sm > 2 * 128 * 256:
         per_sm = 1
     k_slice = math.ceil(math.ceil(k / t.k) / split) * t.k
     eff = _efficiency(t, p.num_warps, stages, p.scheduler == "persistent")
@@ -147,7 +148,7 @@ def _base_candidates(pr: Problem) -> Iterable[Program]:
                             continue
                         # `unordered` (fp32 partials added as they arrive, then the epilogue) measured
                         # up to 1.14x torch.matmul at small M x N and long K, where `workspace` reached
-                        # 0.85x (benchmarks/results/split_k); Triton lowers `atomic` the same way
+                        # 0.85x on the H200; Triton lowers `atomic` the same way
                         reduces = ("workspace", "unordered") if split > 1 else ("workspace",)
                         for reduce in reduces:
                             p = Program(problem=pr, backend="triton", tile=tile,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from gemmgen.errors import GemmgenError
@@ -16,16 +17,28 @@ COMMAND_MODULES = (
     "gemmgen.cli.dsl",        # check, fmt, inspect
     "gemmgen.cli.build",   # build
     "gemmgen.cli.measure",    # bench
-    "gemmgen.cli.db",  # db
+    "gemmgen.cli.db",         # db: stats, list, show, export, merge
     "gemmgen.cli.tune",       # tune, compile
     "gemmgen.cli.policy",     # propose
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse takes a word that starts with '-' for an option unless it looks like a negative
+    number; a shape such as -5x10x10 must reach the shape check, which says what is wrong with
+    it. No option of gemmgen starts with a digit. Subcommand parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gemmgen",
         description="Searched fp16 GEMM kernels for NVIDIA Hopper: read, check, build, tune, measure.",
+        epilog="Shapes are written MxNxK (e.g. 4096x4096x4096). `gemmgen db list` shows the tuned shapes; "
+               "`gemmgen compile MxNxK` shows the kernel gemmgen.compile serves for one.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

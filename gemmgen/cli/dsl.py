@@ -14,6 +14,7 @@ from typing import Optional
 
 from gemmgen import backends
 from gemmgen.backends import diagnose
+from gemmgen.compile import parse_shape
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.facts import facts
 from gemmgen.dsl.parser import parse, parse_with_comments
@@ -59,7 +60,7 @@ def _reporting_warnings(command):
 
 
 class CommandError(GemmgenError):
-    """A command-line mistake (missing file, bad --shape)."""
+    """A command-line mistake (a missing file, an unknown backend)."""
 
 
 def _read(path: str) -> str:
@@ -72,32 +73,27 @@ def _read(path: str) -> str:
         raise CommandError(f"{path}: cannot read it ({exc.__class__.__name__})") from None
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    parts = text.lower().split("x")
-    try:
-        m, n, k = (int(part) for part in parts)
-    except ValueError:
-        raise CommandError(f"--shape {text!r}: write three positive whole numbers as MxNxK, e.g. 4096x4096x4096") from None
-    if min(m, n, k) < 1:
-        raise CommandError(f"--shape {text!r}: M, N and K must be at least 1")
-    return m, n, k
+def _shape(text: Optional[str]) -> Optional[tuple[int, int, int]]:
+    """--shape, checked before any file is read: a bad shape is one error, not one per file."""
+    return parse_shape(text) if text is not None else None
 
 
-def _load(path: str, shape: Optional[str]):
+def _load(path: str, shape: Optional[tuple[int, int, int]]):
     """Parse `path`, bind it if a shape is given; ProgramError for a bad program."""
 
     program = parse(_read(path), filename=path)
     if shape:
-        program = program.bind(parse_shape(shape))
+        program = program.bind(shape)
     return program
 
 
 @_reporting_warnings
 def run_check(args: argparse.Namespace) -> int:
     bad = 0
+    shape = _shape(args.shape)
     for path in args.files:
         try:
-            program = _load(path, args.shape)
+            program = _load(path, shape)
             problems = diagnose(program)
         except ProgramError as exc:
             print(exc.located())
@@ -153,8 +149,9 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 @_reporting_warnings
 def run_inspect(args: argparse.Namespace) -> int:
+    shape = _shape(args.shape)
     try:
-        program = _load(args.file, args.shape)
+        program = _load(args.file, shape)
     except ProgramError as exc:
         print(exc.located())
         return 1

@@ -1,11 +1,11 @@
 """`gemmgen propose`: the policy's k programs for a shape, printed as DSL text (CPU is enough)."""
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import replace
 
-from gemmgen.cli.tune import parse_shape
-from gemmgen.compile import parse_epilogue
+from gemmgen.compile import as_problem, parse_epilogue, parse_shape
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import GemmgenError
@@ -37,20 +37,39 @@ def register(subparsers) -> None:
     p.set_defaults(func=_propose)
 
 
-def _problem(args):
-
-
+def _problem(args) -> Problem:
+    """The checked problem of --shape, --*-major and --epilogue (as gemmgen.compile checks it)."""
     m, n, k = parse_shape(args.shape)
     problem = Problem(m, n, k, a_major=args.a_major, b_major=args.b_major, c_major=args.c_major)
     if args.epilogue:
-
         problem = replace(problem, epilogue=parse_epilogue(args.epilogue))
-    return problem
+    return as_problem(problem)
+
+
+#: The policy's sample counts (PolicyProposer.last_stats) in words.
+_DROPPED = {"duplicate": "repeated an earlier program", "invalid": "refused by the validator",
+            "incomplete": "cut off", "unparsed": "not a program", "other_backend": "for another backend"}
+
+
+def _shortfall(proposer, problem: Problem, asked: int, got: int) -> str:
+    """Why fewer programs than asked came back: each proposer returns distinct valid ones only."""
+    stats = getattr(proposer, "last_stats", None) or {}
+    if proposer.name == "policy" and stats:
+        dropped = ", ".join(f"{v} {_DROPPED.get(k, k)}" for k, v in stats.items() if k in _DROPPED and v)
+        why = (f"the policy sampled {stats.get('sampled', 0)} answers and only {got} were distinct valid "
+               f"programs ({dropped or 'none dropped'}); another --seed or a higher --temperature may find more")
+    elif proposer.name == "programs":
+        why = (f"only {got} of the given programs fit {problem.key} (its majors, dtypes and epilogue, and "
+               "valid at its shape)")
+    elif proposer.name == "random":
+        why = f"the random proposer found only {got} distinct valid programs within its draws"
+    else:
+        why = f"the {proposer.name} proposer has only {got} distinct valid programs for {problem.key}"
+    return f"{got} of the {asked} programs asked for: {why}"
 
 
 def _propose(args) -> int:
-
-
+    # The arguments are checked before the proposer (and its model) is loaded.
     if args.k <= 0:
         raise GemmgenError("-k must be at least 1")
     problem = _problem(args)
@@ -68,6 +87,8 @@ def _propose(args) -> int:
     stats = getattr(proposer, "last_stats", None)
     if args.stats and stats:
         print("# samples: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    if programs and len(programs) < args.k:
+        print(f"gemmgen: note: {_shortfall(proposer, problem, args.k, len(programs))}", file=sys.stderr)
     if not programs:
         hint = ("none of the files is of this problem's majors, dtypes and epilogue, or valid at its shape"
                 if name == "programs" else "try a larger -k or another --checkpoint")

@@ -1,13 +1,12 @@
 """`gemmgen tune` (fill the tuning database) and `gemmgen compile MxNxK` (what a model compiler gets)."""
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from pathlib import Path
 
 from gemmgen.backends import registry as backend_registry
-from gemmgen.compile import clear_cache, compile, parse_epilogue
-from gemmgen.errors import GemmgenError
+from gemmgen.compile import as_problem, check_epilogue, clear_cache, compile, parse_epilogue, parse_shape
+from gemmgen.errors import NoGPUError
 from gemmgen.measure.shapes import read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
 from gemmgen.tune import split_library, tune_backends
@@ -53,13 +52,14 @@ def register(subparsers) -> None:
         "compile", help="the kernel gemmgen.compile gives for a shape: program, provenance, source",
         description="Look a shape up the way gemmgen.compile does and print the chosen program, where "
                     "it came from, and its generated source. With a GPU, also check it and time it "
-                    "against torch.matmul.")
+                    "against torch.matmul. `gemmgen db list` shows the tuned shapes.")
     comp.add_argument("shape", metavar="MxNxK")
     comp.add_argument("--a-major", choices=("row", "col"), default="row")
     comp.add_argument("--b-major", choices=("row", "col"), default="row")
     comp.add_argument("--epilogue", default=None, help="e.g. 'bias=n gelu' or 'alpha=0.5 residual'")
     comp.add_argument("--db", metavar="PATH", help="database laid over the shipped records")
-    comp.add_argument("--device", default=None, help="GPU name to look up (default: this GPU, or NVIDIA H200)")
+    comp.add_argument("--device", default=None,
+                      help="GPU model to look records up for (default: the GPU here, or NVIDIA H200 without one)")
     comp.add_argument("--deterministic", action="store_true",
                       help="pass over programs whose split-K adds partials in arrival order (`unordered`)")
     comp.add_argument("--no-source", action="store_true", help="do not print the generated source")
@@ -67,33 +67,36 @@ def register(subparsers) -> None:
     comp.set_defaults(func=_compile)
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*[xX,]\s*(\d+)\s*[xX,]\s*(\d+)\s*", text)
-    if not match:
-        raise GemmgenError(f"shape {text!r} not understood; write MxNxK, e.g. 4096x4096x4096")
-    return tuple(int(g) for g in match.groups())  # type: ignore[return-value]
-
-
 def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str | None = None) -> list:
-    """The problems of a shapes CSV (the bench's format and parser), optionally one shard."""
-
-
-    epi = parse_epilogue(epilogue) if epilogue else None
-    problems = [s.problem() for s in shard(read_shapes(shapes_file), shard_spec)]
+    """The problems of a shapes CSV (the bench's format and parser), optionally one shard, each
+    checked as gemmgen.compile checks a shape."""
+    epi = check_epilogue(parse_epilogue(epilogue)) if epilogue else None
+    problems = [as_problem(s.problem()) for s in shard(read_shapes(shapes_file), shard_spec)]
     return [replace(p, epilogue=epi) for p in problems] if epi else problems
 
 
+def has_gpu() -> bool:
+    """Whether torch sees a CUDA device here (tune needs one; compile checks and times with one)."""
+    try:
+        # Deferred: torch (optional, heavy to import).
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def _tune(args) -> int:
-
-
+    # Everything that can be refused is, before the database is opened (or created).
     library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
     problems = tune_problems(args.shapes, args.shard, args.epilogue)
     proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
                 if backends or args.programs or args.proposer == "programs" else None)   # else the library only
+    if not has_gpu():
+        raise NoGPUError("gemmgen tune")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     db_path = Path(args.db) if args.db else default_db_path()
-    with Database(db_path) as db, WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout,
-                                               baselines=baselines) as runner:
+    with WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout, baselines=baselines) as runner, \
+            Database(db_path) as db:
         print(f"tuning on {runner.device.name}, database {db_path}")
         tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(jobs=args.jobs),
                       runner=runner, db=db, budget=args.budget, time_budget_s=args.time_budget,
@@ -110,18 +113,18 @@ def _compile(args) -> int:
     kernel = compile(parse_shape(args.shape), a_major=args.a_major, b_major=args.b_major,
                      epilogue=args.epilogue, device=args.device, db=args.db,
                      deterministic=True if args.deterministic else None)
+    gpu_here = has_gpu()
     print(kernel.describe())
+    if args.device is None and not gpu_here:
+        print(f"(no GPU here: these are the records for {kernel.provenance.gpu}; --device names another GPU model)")
+    if kernel.provenance.how == "baseline":
+        print("(`gemmgen db list` shows the tuned shapes; `gemmgen tune` tunes more)")
     if not args.no_source:
         print(f"\nsource ({kernel.backend}):")
         print(kernel.source.rstrip())
     if args.no_run:
         return 0
-    try:
-        import torch
-        has_gpu = torch.cuda.is_available()
-    except ImportError:
-        has_gpu = False
-    if not has_gpu:
+    if not gpu_here:
         print("\n(no GPU here: not checked or timed; on an H200 this command also checks the kernel "
               "and times it against torch.matmul)")
         return 0

@@ -2,12 +2,14 @@
 
 A case holds the logical operands (A is M x K, B is K x N, as the problem states them) in
 the input dtype, the epilogue operands, and the fp32 reference computed from exactly
-those values (product in fp64, epilogue in fp32). Cases do not depend on the operand
-majors, so one set of cases serves every layout of a shape (the bench checks cuBLAS NN
-and TN against the same references).
+those values (product in fp64, epilogue in fp32), the normwise bound and the elementwise
+tolerance (numerics.py). Cases do not depend on the operand majors, so one set of cases
+serves every layout of a shape (the bench checks cuBLAS NN and TN against the same
+references).
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -16,7 +18,17 @@ import torch
 
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.measure.errors import MeasureError
-from gemmgen.measure.numerics import PROBE_MIN_K, error_bound, probe_offset
+from gemmgen.measure.numerics import (
+    ELEMENT_C,
+    MANTISSA_SIGNIFICAND,
+    PROBE_MIN_K,
+    TINY,
+    UNIT_ROUNDOFF,
+    error_bound,
+    mantissa_exponent,
+    probe_offset,
+)
+from gemmgen.runtime.epilogue import bias_view
 from gemmgen.runtime.epilogue import reference as epilogue_reference
 from gemmgen.runtime.tensors import TORCH_DTYPES, empty_laid_out, lay_out  # noqa: F401  (the harness's names)
 
@@ -26,7 +38,8 @@ BITS_DTYPES = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.fl
 
 @dataclass
 class Case:
-    """One input set: `name` is main, precision (the fp16-accumulation probe) or second."""
+    """One input set: `name` is main, precision (the fp16-accumulation probe), mantissa (the
+    input-rounding probe), second, or a timed call's set; `tol` is the elementwise tolerance."""
 
     name: str
     seed: int
@@ -37,6 +50,7 @@ class Case:
     c: Optional[torch.Tensor]
     ref: torch.Tensor
     bound: float
+    tol: Optional[torch.Tensor] = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -58,10 +72,26 @@ def _randn(shape, gen: torch.Generator, device, dtype) -> torch.Tensor:
     return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
 
+def _mantissa_operands(m: int, n: int, k: int, gen: torch.Generator, device, dtype):
+    """The mantissa probe (numerics.py): |values| 2^(e0 + {-1, 0, 1}) * MANTISSA_SIGNIFICAND,
+    with A's column k and B's row k sharing one random sign, so every product is positive."""
+    e0 = mantissa_exponent(k)
+
+    def magnitudes(shape):
+        r = torch.randint(-1, 2, shape, generator=gen, device=device)
+        return MANTISSA_SIGNIFICAND * torch.pow(2.0, (e0 + r).float())
+
+    sign = torch.randint(0, 2, (k,), generator=gen, device=device).float() * 2 - 1
+    a = (magnitudes((m, k)) * sign[None, :]).to(dtype)
+    b = (magnitudes((k, n)) * sign[:, None]).to(dtype)
+    return a, b
+
+
 def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
     """Build one case. `precision`: A = a0*s_k + noise, B = a0 + noise with s_k = +1 on the
     first half of K and -1 on the second, so that running sums climb to PROBE_PEAK and
-    cancel back: a result near sqrt(K) carried by partial sums an fp16 accumulator cannot hold."""
+    cancel back: a result near sqrt(K) carried by partial sums an fp16 accumulator cannot hold.
+    `mantissa`: values fp16 holds exactly and bf16 cannot (numerics.py)."""
     m, n, k = problem.m, problem.n, problem.k
     ep = problem.epilogue
     in_dt = TORCH_DTYPES[problem.in_dtype]
@@ -76,28 +106,60 @@ def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
         noise_b = torch.randn((k, n), generator=gen, device=device, dtype=torch.float32)
         a = (offset * sign[None, :] + noise_a).to(in_dt)
         b = (offset + noise_b).to(in_dt)
+    elif name == "mantissa":
+        a, b = _mantissa_operands(m, n, k, gen, device, in_dt)
     elif name in ("main", "second"):
         a = _randn((m, k), gen, device, in_dt)
         b = _randn((k, n), gen, device, in_dt)
     else:
-        raise MeasureError(f"unknown check case {name!r}; use main, precision or second")
+        raise MeasureError(f"unknown check case {name!r}; use main, precision, mantissa or second")
     bias = _randn((n if ep.bias == "n" else m,), gen, device, out_dt) if ep.bias else None
     residual = _randn((m, n), gen, device, out_dt) if ep.residual else None
     c = _randn((m, n), gen, device, out_dt) if ep.beta != 0.0 else None
-    ref = reference(a, b, ep, bias=bias, residual=residual, c=c)
+    return case_from(problem, name, seed, a, b, bias=bias, residual=residual, c=c)
+
+
+def case_from(problem: Problem, name: str, seed: int, a: torch.Tensor, b: torch.Tensor, *,
+              bias=None, residual=None, c=None) -> Case:
+    """The case of these logical operands: reference, normwise bound, elementwise tolerance."""
+    ep = problem.epilogue
+    acc = a.double() @ b.double()
+    ref = epilogue_reference(acc, ep, bias=bias, residual=residual, c=c)
     bound = error_bound(
-        k, out_dtype=ep.out_dtype, acc_dtype=problem.acc_dtype, alpha=ep.alpha,
+        problem.k, out_dtype=ep.out_dtype, acc_dtype=problem.acc_dtype, alpha=ep.alpha,
         norm_a=float(a.double().norm()), norm_b=float(b.double().norm()),
         norm_ref=float(ref.double().norm()),
     )
-    return Case(name, seed, a, b, bias, residual, c, ref, bound)
+    tol = element_tolerance(problem, a, b, acc, ref, bias=bias, residual=residual, c=c)
+    return Case(name, seed, a, b, bias, residual, c, ref, bound, tol)
+
+
+def element_tolerance(problem: Problem, a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor,
+                      ref: torch.Tensor, *, bias=None, residual=None, c=None) -> torch.Tensor:
+    """The elementwise bound of numerics.py, per output element (fp32, on the operands' device):
+    |A||B| in fp32, the output-rounding scale from every value an unfused epilogue rounds."""
+    ep = problem.epilogue
+    scale = ref.abs() + (acc * abs(ep.alpha)).abs().float()
+    if c is not None:
+        scale += abs(ep.beta) * c.float().abs()
+    if bias is not None:
+        scale += bias_view(bias.float().abs(), ep.bias)
+    if residual is not None:
+        scale += residual.float().abs()
+    growth = math.sqrt(max(problem.k, 1)) * UNIT_ROUNDOFF[problem.acc_dtype] * abs(ep.alpha)
+    abs_ab = a.float().abs() @ b.float().abs()
+    return ELEMENT_C * (UNIT_ROUNDOFF[ep.out_dtype] * scale + growth * abs_ab) + TINY[ep.out_dtype]
 
 
 def case_names(problem: Problem) -> tuple[str, ...]:
-    """The probe needs a K long enough for partial sums to climb; short K has no room to cheat."""
+    """The precision probe needs a K long enough for partial sums to climb (short K has no room
+    to cheat); the mantissa probe works at any K, for fp16 inputs (the values it needs)."""
+    names = ("main",)
     if problem.k >= PROBE_MIN_K:
-        return ("main", "precision", "second")
-    return ("main", "second")
+        names += ("precision",)
+    if problem.in_dtype == "f16":
+        names += ("mantissa",)
+    return names + ("second",)
 
 
 def make_cases(problem: Problem, seed: int, device="cuda") -> list[Case]:

@@ -2,7 +2,7 @@
 
 Kernels timed in one session are interleaved, so they share one clock state; two sessions
 need not. On the H200, torch.matmul measured 10-16 % slower in one worker session than in
-another minutes later (backends/CUDA_NOTES.md), and a sustained load can lower the SM
+another minutes later, and a sustained load can lower the SM
 clock (power or thermal). `ClockSampler` reads NVML once per round of the timed loop,
 while the GPU is still working on it, and summarises: SM clock (min, median, max MHz), the
 fraction of samples below the maximum clock, and the clock-event reasons seen (power cap,

@@ -2,9 +2,8 @@
 
 cuBLAS picks one algorithm per call by heuristic; cuBLASLt offers the list behind that
 pick. On the H200 the fastest of that list measured up to 1.2x torch.matmul on shapes
-with small K (benchmarks/results/gemmgen_sample100_offline_s5, the `lt_autotune`
-baseline). `search_cublaslt` does what the tuning database needs to serve such an
-algorithm honestly:
+with small K (the `lt_autotune` baseline of `gemmgen bench`). `search_cublaslt` does what
+the tuning database needs to serve such an algorithm honestly:
 
 1. time every algorithm the heuristic offers (up to 100) with the device timer, cold L2;
 2. widen: the fastest few, each with one knob changed (split-K, CTA swizzling, tile,
@@ -14,8 +13,8 @@ algorithm honestly:
 3. check the fastest one on fresh random inputs (`gemmgen.measure.check`); a neighbour that
    fails gives way to the heuristic's best;
 4. time it beside torch.matmul, interleaved in one session, so the comparison shares the
-   GPU's clock state (a separate session can differ by 10 % or more under the power cap:
-   benchmarks/results/process_bias/), and record the noise of that speedup
+   GPU's clock state (a separate process measured 10 % apart or more under the power cap
+   on the H200), and record the noise of that speedup
    (`gemmgen.measure.comparison`); then again in server mode (idle gaps before each call),
    where a choice must not be slower than torch.matmul beyond that mode's noise.
 

@@ -16,6 +16,28 @@ sums rise above the result, which is what the precision probe exploits: there th
 partial sums reach 2^14, where an fp16 accumulator keeps steps of 16, while the result
 stays near sqrt(K); fp32 accumulation passes with a margin of 10x, fp16 accumulation
 (rounded every 1 to 256 products) fails by 5x-100x (tests/test_measure_numerics.py).
+
+Elementwise bound (beside the normwise one, so a few wrong elements cannot hide in a norm):
+
+    |out - ref|_ij <= ELEMENT_C * (u_out * S_ij + sqrt(K) * u_acc * |alpha| * (|A||B|)_ij) + TINY
+
+S_ij = |ref| + |alpha * AB| + |beta * C| + |bias| + |residual| at (i, j): every value an
+unfused epilogue can round (each rounding to the output type errs by at most u_out times the
+value rounded, and the values rounded are sums of these terms; an activation's slope is at
+most 1.13, GELU's). (|A||B|)_ij = sum_k |a_ik||b_kj| is the scale of one dot product's
+accumulation error (Higham and Mary 2019, as above). ELEMENT_C = 4 pays for up to four
+output roundings (as C_OUT) and, for K <= 16, covers the deterministic worst case K*u_acc of
+the accumulation; above that the sqrt(K) term is the probabilistic one, and a random-sign
+dot product's real error (about u_acc * K / sqrt(2) * rms) stays near sqrt(K) times under it.
+TINY is the output type's smallest subnormal: a result that rounds to zero errs by half that.
+
+The mantissa probe (`mantissa` case) makes input rounding visible at any K: every value is
++-2^e * (1 + 2^-7 + 2^-8), exact in fp16 (10 fraction bits) but halfway between two bf16
+values (7 fraction bits), so bf16 rounding (to nearest even: up to 1 + 2^-6; or truncation:
+down to 1 + 2^-7) scales every input by the same 1 +- 2^-8 and the product by about
+1 +- 2^-7. The signs of A and B are chosen so every product is positive, so (|A||B|) = |ref|
+and the accumulation term stays sqrt(K) * 2^-24 |ref|: the bound is about 2^-9 |ref| while
+a bf16-rounded kernel errs by 2^-7 |ref| on every element, 4x over, at any K below 2^28.
 """
 from __future__ import annotations
 
@@ -25,6 +47,14 @@ from typing import Iterable, Optional
 UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
 C_OUT = 4.0
 LAMBDA = 4.0
+ELEMENT_C = 4.0
+#: smallest positive subnormal of each output type
+TINY = {"f16": 2.0 ** -24, "bf16": 2.0 ** -133, "f32": 2.0 ** -149, "f64": 2.0 ** -1074}
+
+# Mantissa probe: |values| = 2^e * MANTISSA_SIGNIFICAND, halfway between two bf16 values.
+MANTISSA_SIGNIFICAND = 1.0 + 2.0 ** -7 + 2.0 ** -8
+MANTISSA_RESULT = 16.0       # the typical |ref| the probe's scale aims at (well inside fp16)
+MANTISSA_MIN_EXPONENT = -12  # fp16 normals start at 2^-14; exponents spread +-1 around the scale
 
 # Precision probe: partial sums rise to PROBE_PEAK (fp16 spacing 16 there) and fall back.
 PROBE_PEAK = 2.0 ** 14
@@ -47,6 +77,13 @@ def error_bound(k: int, *, out_dtype: str = "f16", acc_dtype: str = "f32", alpha
     u_acc = UNIT_ROUNDOFF[acc_dtype]
     growth = LAMBDA * math.sqrt(max(k, 1)) * u_acc * abs(alpha) * norm_a * norm_b / norm_ref
     return C_OUT * u_out + growth
+
+
+def mantissa_exponent(k: int) -> int:
+    """The exponent e0 of the mantissa probe's values (2^(e0 + {-1, 0, 1}) * significand) that
+    puts a length-K dot product of them near MANTISSA_RESULT (mean |a b| is about 1.4 * 4^e0)."""
+    e0 = round(0.5 * math.log2(MANTISSA_RESULT / (1.4 * max(k, 1))))
+    return max(MANTISSA_MIN_EXPONENT, min(e0, 4))
 
 
 def probe_offset(k: int) -> float:

@@ -11,6 +11,11 @@ nor are host gaps between kernels. Per kernel: warm-up, then at least `min_reps`
 exactly `min_reps`); median, p10/p90 and IQR reported. Kernels timed together are
 interleaved in a seeded shuffled order, so drift in clocks or heat hits all alike.
 
+Inputs (rotation.py): every call, timed or not, gets fresh random normal inputs in one of a
+rotation of buffers, refilled outside the timed range, with `out` poisoned; sampled calls
+(each kernel's last among them) are judged by the check's rules. A failed sample makes the
+timing a MeasureError naming it, never a time.
+
 Modes: `offline` (L2 flushed, calls back to back), `server` (L2 flushed, then the
 device is synchronised and the host sleeps a seeded exponential gap, mean
 `mean_gap_s`, before each call), `warm` (no flush, back to back).
@@ -113,9 +118,21 @@ class _Entry:
     device_us: list = field(default_factory=list)
     kernels: tuple = ()
     host_s: list = field(default_factory=list)
+    rotation: Any = None                    # rotation.Rotation of the problem, shared per problem
+    checked_rounds: frozenset = frozenset()
+    judged: list = field(default_factory=list)   # (which call, seed, the check's numbers)
 
     def call(self) -> None:
         self.fn(*self.args, **self.kwargs)
+
+    def load(self, seed: int) -> int:
+        """The next input set of the rotation, refilled from `seed`, for the next call."""
+        self.args, self.kwargs = self.rotation.prepare(seed)
+        return seed
+
+    def judge(self, which: str, seed: int) -> None:
+        """Queue the check of the last call's output (read after the loop)."""
+        self.judged.append((which, seed, self.rotation.stats(self.args[2], seed)))
 
 
 def _flusher(options: TimingOptions, device) -> Callable[[], None]:
@@ -150,9 +167,11 @@ def _estimate_reps(entry: _Entry, mode: str, options: TimingOptions, flush) -> i
     import torch
 
     for _ in range(options.warmup):
+        entry.load(entry.rotation.untimed_seed())
         entry.call()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    entry.load(entry.rotation.untimed_seed())
     flush()
     start.record()
     entry.call()
@@ -275,32 +294,41 @@ def attribute_activities(events) -> dict[int, list[list[tuple[str, int]]]]:
 def _schedule(entries: list[_Entry], mode: str, options: TimingOptions, flush, timed_call,
               on_round: Callable[[], None]) -> None:
     """The timed loop: per rep, every kernel once in a shuffled order, each call preceded
-    by its flush (warm mode: a 1-element fill, so every call still has its marker);
-    `on_round` after each round's last launch, before anything waits for the GPU."""
+    by its inputs (fresh values from the round's seed, out poisoned) and its flush (warm
+    mode: a 1-element fill, so every call still has its marker) and, in a checked round,
+    followed by the check of its output; `on_round` after each round's last launch, before
+    anything waits for the GPU."""
     # Deferred: torch (optional, heavy to import).
     import torch
 
     # Deferred: torch (optional, heavy to import).
     from torch.profiler import record_function
 
+    device = torch.device(entries[0].rotation.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rng = random.Random(options.seed)
-    marker = torch.zeros(1, device="cuda")
+    marker = torch.zeros(1, device=device)
     before = flush if mode != "warm" else marker.zero_
     for rep in range(max(e.reps for e in entries)):
         order = [i for i, e in enumerate(entries) if rep < e.reps and e.error is None]
         rng.shuffle(order)
         for i in order:
+            entry = entries[i]
+            seed = entry.load(entry.rotation.round_seed(rep))
             with record_function(_FLUSH):
                 before()
             if mode == "server":
-                torch.cuda.synchronize()
+                sync()
                 _gap(rng, options)
             try:
                 timed_call(i)
             except Exception as exc:  # noqa: BLE001 - recorded against that kernel alone
-                entries[i].error = exc
+                entry.error = exc
+                continue
+            if rep in entry.checked_rounds:
+                entry.judge(f"timed call {rep + 1} of {entry.reps}", seed)
         on_round()
-    torch.cuda.synchronize()
+    sync()
 
 
 def _events_device(entries: list[_Entry], mode: str, options: TimingOptions, flush, on_round) -> None:
@@ -331,7 +359,7 @@ def _profile_device(entries: list[_Entry], mode: str, options: TimingOptions, fl
         with record_function(f"{_CALL}{i}"):
             entries[i].call()
 
-    # The profiler now and then loses one record in thousands (session 26: one flush marker of
+    # The profiler now and then loses one record in thousands (on the H200: one flush marker in
     # 4,200 or 6,600 calls, at 1 and at 5 of the 73 shapes of two searches), and then no launch
     # outside torch ops can be placed: the batch is profiled again, from the same shuffle,
     # before it counts as failed.
@@ -358,11 +386,16 @@ def _time_host(entry: _Entry, mode: str, options: TimingOptions, flush, rng: ran
     # Deferred: torch (optional, heavy to import).
     import torch
 
+    # Deferred: torch (rotation.py holds tensors).
+    from gemmgen.measure.rotation import ROTATION_SETS
+
     if options.host_reps <= 0:
         return
 
+    rotation = entry.rotation
     if mode == "server":
         for _ in range(options.host_reps):
+            seed = entry.load(rotation.untimed_seed())
             flush()
             torch.cuda.synchronize()
             _gap(rng, options)
@@ -370,15 +403,38 @@ def _time_host(entry: _Entry, mode: str, options: TimingOptions, flush, rng: ran
             entry.call()
             torch.cuda.synchronize()
             entry.host_s.append(_clock.perf_counter() - t0)
+        entry.judge("the last host-timed call", seed)
         return
     batches, per = 5, max(1, options.host_reps // 5)
+    sets = min(per, ROTATION_SETS)
     for _ in range(batches):
+        seeds = [rotation.untimed_seed() for _ in range(sets)]
+        loaded = [rotation.prepare(seed) for seed in seeds]     # the clock has not started
         torch.cuda.synchronize()
         t0 = _clock.perf_counter()
-        for _ in range(per):
+        for j in range(per):
+            entry.args, entry.kwargs = loaded[j % sets]
             entry.call()
         torch.cuda.synchronize()
         entry.host_s.append((_clock.perf_counter() - t0) / per)
+    entry.judge("the last host-timed call", seeds[(per - 1) % sets])
+
+
+def conclude_checks(entry: _Entry) -> None:
+    """Read the checks of the entry's sampled calls; a failure becomes its error."""
+    # Deferred: torch (rotation.py holds tensors).
+    from gemmgen.measure.rotation import verdict
+
+    if entry.error is not None or not entry.judged:
+        return
+    failed = []
+    for which, seed, stats in entry.judged:
+        reasons = entry.rotation.failures(stats, seed)
+        if reasons:
+            failed.append((which, reasons))
+    message = verdict(entry.name, failed, len(entry.judged))
+    if message:
+        entry.error = MeasureError(message)
 
 
 def _summarise(entry: _Entry, mode: str, options: TimingOptions, clocks: Optional[dict] = None) -> Timing:
@@ -415,11 +471,12 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
               options: Optional[TimingOptions] = None, device: Any = "cuda") -> dict[str, Any]:
     """Time several kernels in one profiler session; name -> Timing, or the MeasureError
     that kept that kernel from a time (the others are still measured)."""
-    # Deferred: torch (and the runtime's tensors, which import it) only where a GPU times.
+    # Deferred: torch (and the rotation's tensors, which import it) only where a GPU times.
     import torch
 
     # Deferred: torch (optional, heavy to import).
-    from gemmgen.runtime.tensors import operands as random_operands
+    from gemmgen.measure.cases import fresh_seed
+    from gemmgen.measure.rotation import Rotation
 
     if mode not in MODES:
         raise MeasureError(f"unknown timing mode {mode!r}; use one of {', '.join(MODES)}")
@@ -429,22 +486,21 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
     names = [name for name, _, _ in kernels]
     if len(set(names)) != len(names):
         raise MeasureError(f"kernel names must be unique within one timing: {names}")
-    operands: dict[str, tuple[tuple, dict]] = {}
+    rotations: dict[str, Rotation] = {}
     entries: list[_Entry] = []
     for name, fn, problem in kernels:
         if not problem.is_bound:
             raise MeasureError(f"problem {problem.key} is shape-generic; bind M, N and K before timing")
-        layout_key = problem.key
-        if layout_key not in operands:
-            operands[layout_key] = random_operands(problem, options.seed, device)
-        args, kwargs = operands[layout_key]
-        entries.append(_Entry(name, fn, problem, args, kwargs))
+        if problem.key not in rotations:      # fresh seeds: no kernel can know the inputs ahead
+            rotations[problem.key] = Rotation(problem, fresh_seed(), device)
+        entries.append(_Entry(name, fn, problem, (), {}, rotation=rotations[problem.key]))
     flush = _flusher(options, device)
     for entry in entries:
         try:
             entry.reps = _estimate_reps(entry, mode, options, flush)
         except Exception as exc:  # noqa: BLE001
             entry.error = exc
+    plan_checks(entries, options)
     if options.timer not in ("cupti", "events"):
         raise MeasureError(f"unknown timer {options.timer!r}; use cupti or events")
     sampler = ClockSampler(_nvml_index(device)) if options.clocks else None
@@ -461,6 +517,7 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
                 _time_host(entry, mode, options, flush, rng)
             except Exception as exc:  # noqa: BLE001
                 entry.error = exc
+        conclude_checks(entry)
     results: dict[str, Any] = {}
     for entry in entries:
         try:
@@ -468,6 +525,25 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
         except MeasureError as exc:
             results[entry.name] = exc
     return results
+
+
+def plan_checks(entries: list[_Entry], options: TimingOptions) -> None:
+    """Choose each problem's checked rounds (rotation.checked_rounds) and build their
+    references now, so the loop itself only launches the comparisons."""
+    # Deferred: torch (rotation.py holds tensors).
+    from gemmgen.measure.rotation import checked_rounds
+
+    by_rotation: dict[int, list[_Entry]] = {}
+    for entry in entries:
+        if entry.error is None:
+            by_rotation.setdefault(id(entry.rotation), []).append(entry)
+    for group in by_rotation.values():
+        rounds = checked_rounds([e.reps for e in group], options.seed)
+        rotation = group[0].rotation
+        for r in sorted(rounds):
+            rotation.case(rotation.round_seed(r))
+        for entry in group:
+            entry.checked_rounds = frozenset(r for r in rounds if r < entry.reps)
 
 
 def _nvml_index(device) -> int:

@@ -3,8 +3,8 @@
 The bench times each candidate in its own worker, beside its own torch.matmul. Probing what
 limits a shape needs the other contest too: many variants in one process, taking turns, so
 that every variant meets the same clocks (the H200's power cap moves them by what ran just
-before). The benchmark scripts that ask such questions (`benchmarks/anchor_turns.py`,
-`benchmarks/cutlass_epilogue_probe.py`, the probes of the Llama shapes) share these pieces:
+before). Benchmark scripts that ask such questions (`benchmarks/llama_compile.py` among them)
+share these pieces:
 
 - `checked_variants`: torch.matmul, its control (torch.matmul again, whose ratio to the first
   says how large the noise is), then every variant that passes the harness's check;
@@ -48,8 +48,8 @@ def turn_orders(n: int) -> list[list[int]]:
 
     What ran just before a loop moves its clocks: under the power cap a loop that follows a
     light one starts cool. Rotating one order (`(j + r) % n`) keeps each variant's predecessor
-    fixed, so the variant after the lightest always gains: in the Llama benchmark (session 23)
-    the default followed eager in 3 of 4 repeats, and a loop after eager ran about 4 % faster
+    fixed, so the variant after the lightest always gains: in the Llama benchmark with one
+    rotated order the default followed eager in 3 of 4 repeats, and a loop after eager ran about 4 % faster
     than one after a compiled variant."""
     if n < 1:
         return []

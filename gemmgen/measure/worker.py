@@ -8,7 +8,8 @@ within the limit), kills its process (segfault, abort) or poisons its CUDA conte
 is killed or retires, a fresh one is spawned for the next job, and the run goes on.
 
 Workers use the spawn start method, so CUDA is initialised in the worker only, never
-inherited. A job with `problem=None` is a plain job: the loaded callable is called once
+inherited. Each worker leads a session (process group) of its own, and a worker that is
+killed takes its whole group with it: a process a kernel started cannot outlive its trial. A job with `problem=None` is a plain job: the loaded callable is called once
 with no arguments and what it returns comes back as `TrialResult.value` (the runner's
 own tests use these with `Runner(gpu=False)`; a search script may measure a whole
 group of kernels inside one such job).
@@ -16,6 +17,7 @@ group of kernels inside one such job).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -149,6 +151,7 @@ def _time_with_reference(kernel, job: Job) -> tuple[dict, dict]:
 
 
 def _serve(conn, gpu: bool) -> None:
+    os.setsid()             # a group of its own, which the parent kills whole (Runner._retire)
     if gpu:
         # Deferred: torch (optional, heavy to import).
         import torch
@@ -184,6 +187,17 @@ def _describe_exit(code: Optional[int]) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _kill_group(pid: Optional[int]) -> None:
+    """SIGKILL the worker's process group (its pid: it called setsid), grandchildren included.
+    Called before the worker is reaped, so its pid cannot have been reused."""
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass                # no such group (the worker died before setsid): nothing else to end
 
 
 class Runner:
@@ -229,15 +243,21 @@ class Runner:
         self._proc = self._conn = None
         if proc is None:
             return None
-        if kill and proc.is_alive():
-            proc.kill()
+        if kill:
+            _kill_group(proc.pid)
+            if proc.is_alive():
+                proc.kill()
         proc.join(10)
         if conn is not None:
             conn.close()
         self.restarts += int(replaced)
         return proc.exitcode
 
-    def run(self, job: Job) -> TrialResult:
+    def run(self, job: Job, *, fresh: bool = False) -> TrialResult:
+        """Run `job`; `fresh`: in a newly started worker (its own process and CUDA context),
+        as a candidate's confirmation is."""
+        if fresh:
+            self.close()
         try:
             payload = pickle.dumps(job)
         except Exception as exc:  # noqa: BLE001

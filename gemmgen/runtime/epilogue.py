@@ -21,7 +21,7 @@ ACTIVATIONS = {
 }
 
 
-def _bias_view(bias: torch.Tensor, where: str) -> torch.Tensor:
+def bias_view(bias: torch.Tensor, where: str) -> torch.Tensor:
     """A bias over N broadcasts along rows; one over M along columns."""
     return bias[None, :] if where == "n" else bias[:, None]
 
@@ -32,7 +32,7 @@ def reference(acc: torch.Tensor, epilogue: Epilogue, *, bias=None, residual=None
     if epilogue.beta != 0.0:
         x = x + epilogue.beta * c.float()
     if epilogue.bias:
-        x = x + _bias_view(bias.float(), epilogue.bias)
+        x = x + bias_view(bias.float(), epilogue.bias)
     if epilogue.activation:
         x = ACTIVATIONS[epilogue.activation][0](x)
     if epilogue.residual:
@@ -44,7 +44,7 @@ def apply_in_place(out: torch.Tensor, epilogue: Epilogue, bias=None, residual=No
     """bias, activation and residual as torch ops in place on `out`, after a product that
     already applied alpha and beta."""
     if epilogue.bias:
-        out.add_(_bias_view(bias, epilogue.bias))
+        out.add_(bias_view(bias, epilogue.bias))
     if epilogue.activation:
         ACTIVATIONS[epilogue.activation][1](out)
     if epilogue.residual:

@@ -10,19 +10,53 @@ from gemmgen.dsl.ir import Problem
 from gemmgen.runtime.epilogue import apply_in_place, in_place_source
 
 
-def torch_call(problem: Problem) -> Callable:
-    """`fn(a, b, out, *, bias, residual, c, alpha, beta)` through cuBLAS as torch calls it."""
+def torch_call(problem: Problem, *, fp32_reduction: bool = True) -> Callable:
+    """`fn(a, b, out, *, bias, residual, c, alpha, beta)` through cuBLAS as torch calls it.
+
+    fp32_reduction (what gemmgen serves): during the product cuBLAS may not sum split-K
+    partials in fp16, which torch's default `allow_fp16_reduced_precision_reduction` permits
+    and which failed gemmgen's own check (the fp32-accumulation probe at 1454x1757x2854).
+    torch reads the flag when it launches the product, so it is turned off for the launch and
+    restored after: one C getter call per product, two setter calls more where it was on.
+    False: torch's setting as the user has it (the `torch` baseline)."""
     plain = problem.epilogue.alpha == 1.0 and problem.epilogue.beta == 0.0
     epilogue = problem.epilogue
 
-    def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+    def product(a, b, out, c, alpha, beta):
         if plain:
             torch.matmul(a, b, out=out)
         else:
             torch.addmm(c if beta != 0.0 else out, a, b, beta=beta, alpha=alpha, out=out)
+
+    def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+        state = _get_reduction() if fp32_reduction else None
+        if state is None or not _allowed(state):
+            product(a, b, out, c, alpha, beta)
+        else:
+            _set_reduction(state, allowed=False)
+            try:
+                product(a, b, out, c, alpha, beta)
+            finally:
+                _set_reduction(state)
         apply_in_place(out, epilogue, bias, residual)
 
     return fn
+
+
+_get_reduction = torch._C._get_cublas_allow_fp16_reduced_precision_reduction
+
+
+def _allowed(state) -> bool:
+    """torch's flag: a bool, or (allow reduced precision, allow split-K) in newer torch."""
+    return bool(state[0] if isinstance(state, tuple) else state)
+
+
+def _set_reduction(state, allowed=None) -> None:
+    """Restore `state`, or set its first part to `allowed` (keeping a split-K part as it was)."""
+    parts = list(state) if isinstance(state, tuple) else [state]
+    if allowed is not None:
+        parts[0] = allowed
+    torch._C._set_cublas_allow_fp16_reduced_precision_reduction(*parts)
 
 
 def torch_call_source(problem: Problem) -> str:

@@ -1,8 +1,8 @@
 """`torch.compile(model, backend="gemmgen")`: inductor, with gemmgen kernels for fp16 matmuls.
 
 The backend is inductor's own compiler (`compile_fx`) with one post-grad graph pass
-added (gemmgen/torch_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because the pass is given to inductor as a config
-patch, it applies to the forward graph and to the backward graph inductor compiles
+added (graph_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because the pass is
+given to inductor as a config patch, it applies to the forward graph and to the backward graph inductor compiles
 later. Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
 
     ops           which matmuls to take and which activations to fuse

@@ -16,7 +16,7 @@ feeds nothing inductor can fuse into (a matmul, the graph's output), the referen
 bare matmul's baseline, measured at the same M, N, K and majors.
 
 With `join_siblings`, matmuls of one activation by several weights (q, k, v) may first be
-joined into one wider GEMM where the database's times say it pays (gemmgen/torch_join.py).
+joined into one wider GEMM where the database's times say it pays (joins.py).
 
 What is not rewritten stays for inductor, counted by reason in `stats()`.
 """
@@ -62,7 +62,7 @@ def stats() -> dict:
     run on those, so their rewrites (made when the cache was filled) are not in the counts.
     `joins` counts sibling groups (join_siblings) by outcome: joined, unmeasured (the
     database lacks a time; tuning would add it), host_bound, gain_below_overhead
-    (gemmgen/torch_join.py)."""
+    (joins.py)."""
     return {**{name: dict(_STATS[name]) for name in _COUNTERS}, "graphs": _STATS["graphs"],
             "from_cache": _STATS["from_cache"]}
 

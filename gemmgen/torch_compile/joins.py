@@ -4,12 +4,12 @@ A Llama layer multiplies its normed activation by the q, k and v weights (and by
 up): matmuls of the same A and K whose B are weights, column-major views of (N_i, K)
 parameters. Joined, they are one GEMM of N = sum(N_i) (`gemmgen::gemm_joined`, on a copy of
 the weights made once), whose output the graph slices: fewer partial waves and launches.
-Measured at Llama-1B's shapes with cuBLAS for both (benchmarks/results/sibling_gemms/): q, k,
+Measured on the H200 at Llama-1B's shapes with cuBLAS for both: q, k,
 v at M = 2048 took 85.7 us apart and 78.0 us joined, gate and up 149.1 us apart and 154.8 us
 joined, so a join is taken only where the database's times say it saves `min_gain_us`, and
 only where the joined kernel runs long enough to hide the op's host cost (`MIN_DEVICE_US`).
 
-Part of the torch pass (gemmgen/torch_pass.py); opt in with the backend option
+Part of the torch pass (gemmgen/torch_compile/graph_pass.py); opt in with the backend option
 `join_siblings=True` (the joined copy costs the joined weights' memory once more).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ _SAME_VIEWS = (aten.reshape.default, aten.view.default, aten._unsafe_view.defaul
 
 @dataclass(frozen=True)
 class Join:
-    """Sibling matmul candidates (torch_pass._Candidate) to be computed as one GEMM."""
+    """Sibling matmul candidates (graph_pass._Candidate) to be computed as one GEMM."""
 
     members: tuple
 
@@ -83,8 +83,7 @@ def time_ms(kernel) -> Optional[float]:
 #: The joined op's own host time per call, measured in the Llama decode step on the H200
 #: (profiler self time of gemmgen::gemm_joined: 34 us, a Python op with a list argument).
 #: A joined kernel shorter than this leaves the GPU waiting on the host: in the decode step
-#: (M = 8) joining q, k and v took 0.874x the default's speed (benchmarks/results/llama_compile/
-#: session11_join_first). Inductor's own calls to cuBLAS cost the host far less.
+#: (M = 8) joining q, k and v took 0.874x the default's speed. Inductor's own calls to cuBLAS cost the host far less.
 MIN_DEVICE_US = 40.0
 
 
@@ -106,7 +105,7 @@ def rewrite(graph: fx.Graph, join: Join) -> fx.Node:
     The op takes the (N_i, K) parameters themselves, not the transposed views the matmuls
     read: inductor hands a view to an op as a fresh alias whose version counter does not
     follow the parameter's, so a joined copy keyed on it went stale after an in-place update
-    (found by the GPU test, 2026-11-30). The parameters are graph inputs, passed as they are."""
+    (the GPU test shows it). The parameters are graph inputs, passed as they are."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     members = sorted(join.members, key=lambda c: order[c.node])
     first = members[0].node                                  # its A is defined before it

@@ -3,11 +3,18 @@
 The loop only orchestrates. Its four parts stay separate and replaceable (as in TVM
 MetaSchedule): the proposer (`gemmgen.policy.proposers`), the builder (`Builder`), the
 runner (`Runner`), the database (`gemmgen.tuning_db.Database`). The default builder and
-runner adapt `gemmgen.backends.build` and `gemmgen.measure.worker` (see tune_adapters.py);
+runner adapt `gemmgen.backends.build` and `gemmgen.measure.worker` (see adapters.py);
 tests inject fakes.
 
 `tune_library` is the same loop for a vendor library's own algorithms (cuBLASLt): one
 search per problem, in the worker, recorded as a `LibraryChoice`.
+
+Winners that hold up: a trial that would win (it beats every baseline by more than its
+noise) is measured again, in a fresh worker beside torch.matmul (`Runner.confirm`), and
+recorded with that second measurement; it wins only if the low end of that speedup's
+interval is above 1 (`gemmgen.measure.comparison.speedup_lower_bound`). The best of many
+noisy trials is biased upward; its second measurement is not. The runner measures; the
+decision is the loop's (`_confirmed`).
 
 Resumable: a (problem, program) pair already in the database for this GPU is skipped,
 and so is a problem with a library choice already recorded for this GPU.
@@ -20,13 +27,14 @@ import time
 import zlib
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from gemmgen.backends import validate
 from gemmgen.dsl import to_text
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Problem, Program
+from gemmgen.measure.comparison import speedup_lower_bound
 from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
 from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
 
@@ -39,6 +47,7 @@ class BuildOutcome:
     artifact: Any = None
     error: str = ""
     seconds: Optional[float] = None
+    retry: bool = False      # a failure the builder tries once more in a later run: not recorded
 
     @property
     def ok(self) -> bool:
@@ -80,6 +89,9 @@ class Runner(Protocol):
     def baselines(self, problem: Problem) -> Mapping[str, BaselineTime]: ...
 
     def measure(self, program: Program, artifact: Any, *, seed: Optional[int]) -> Measurement: ...
+
+    # Optional: `confirm(program, artifact) -> Measurement`, the candidate measured again in a
+    # fresh worker beside torch.matmul; a runner without it is asked to `measure` again.
 
     def library(self, problem: Problem) -> Mapping[str, Any]: ...
 
@@ -123,10 +135,10 @@ def program_text(program: Program) -> str:
     return to_text(program)
 
 
-def plan_shape(problem: Problem, proposer, budget: int, db: Database, device_name: str, seed: int) -> _Plan:
-    """Propose, drop what this GPU already measured, and validate the rest."""
-
-    tried = db.measured_programs(problem, device_name)
+def plan_shape(problem: Problem, proposer, budget: int, db: Database, device: Device, seed: int) -> _Plan:
+    """Propose, drop what this GPU model already measured under this driver and toolchain (merged
+    and older measurements are taken again), and validate the rest."""
+    tried = db.measured_programs(problem, device)
     proposed = proposer.propose(problem, budget, seed=shape_seed(seed, problem))[:budget]
     valid, invalid, seen, skipped = [], [], set(), 0
     for program in proposed:
@@ -170,7 +182,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     def prefetch(c: int) -> Optional[tuple[list[_Plan], Optional[Future]]]:
         if c >= len(chunks):
             return None
-        plans = [plan_shape(p, proposer, budget, db, device.name, seed) for p in chunks[c]]
+        plans = [plan_shape(p, proposer, budget, db, device, seed) for p in chunks[c]]
         programs = [program for plan in plans for program in plan.valid]
         return plans, pool.submit(builder.build_many, programs) if programs else None
 
@@ -195,7 +207,10 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
         for outcome in built:
             if out_of_time():
                 return False
-            record(_trial(outcome, runner, baselines, common))
+            if outcome.retry:         # possibly transient: a later run builds it again
+                report.failures.append((problem.key, f"build failed, retried in a later run: {outcome.error}"))
+                continue
+            record(_confirmed(_trial(outcome, runner, baselines, common), outcome, runner, baselines))
         report.shapes_done += 1
         if on_shape is not None:
             on_shape(problem)
@@ -224,12 +239,21 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     return report
 
 
+#: The baseline name under which a confirmed trial keeps torch.matmul as timed in the session
+#: that selected it (its own numbers are the confirmation's); its presence marks the confirmation.
+SELECTION_BASELINE = "torch_selection_session"
+
+
 def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -> Trial:
-    text = program_text(built.program)
-    base = dict(program=text, backend=built.program.backend, build_s=built.seconds, **common)
+    base = dict(program=program_text(built.program), backend=built.program.backend, build_s=built.seconds,
+                **common)
     if not built.ok:
         return Trial(status="build_failed", build_ok=False, build_msg=built.error or "no artifact", **base)
     m = runner.measure(built.program, built.artifact, seed=None)  # fresh inputs, seed recorded
+    return _trial_of(m, baselines, base)
+
+
+def _trial_of(m: Measurement, baselines: dict, base: dict, why: str = "") -> Trial:
     if m.failure:
         status = "run_failed"
     elif not m.check_passed:
@@ -241,10 +265,38 @@ def _trial(built: BuildOutcome, runner: Runner, baselines: dict, common: dict) -
         # so a win cannot come from the two processes running at different clocks.
         baselines = {**baselines, SAME_SESSION_BASELINE: m.reference}
     return Trial(status=status, build_ok=True, check_passed=m.check_passed,
-                 check_msg=m.failure or m.check_msg, max_rel_err=m.max_rel_err, err_bound=m.err_bound,
+                 check_msg=why + (m.failure or m.check_msg), max_rel_err=m.max_rel_err, err_bound=m.err_bound,
                  check_seed=m.seed, device_ms=m.device_ms,
                  spread=m.spread, server_ms=m.server_ms, server_spread=m.server_spread,
                  host_ms=m.host_ms, baselines=baselines, noise=m.noise if m.reference is not None else None, **base)
+
+
+def _confirmed(trial: Trial, built: BuildOutcome, runner: Runner, baselines: dict) -> Trial:
+    """A trial that would win, measured again and judged: the one that is recorded.
+
+    The confirmation's numbers replace the selection's, the selection session's torch.matmul
+    stays as one more baseline (SELECTION_BASELINE). It wins only if the low end of the
+    speedup over the torch.matmul timed beside it (else, for runners without one, over the
+    best baseline) is above 1; the winners view applies the same rule to what is recorded."""
+    if not trial.beats_baseline():
+        return trial
+    confirm = getattr(runner, "confirm", None)
+    m = confirm(built.program, built.artifact) if confirm else runner.measure(built.program, built.artifact,
+                                                                             seed=None)
+    kept = dict(baselines)
+    if SAME_SESSION_BASELINE in trial.baselines:
+        kept[SELECTION_BASELINE] = trial.baselines[SAME_SESSION_BASELINE]
+    base = dict(problem=trial.problem, device=trial.device, program=trial.program, backend=trial.backend,
+                build_s=trial.build_s, proposer=trial.proposer, proposer_version=trial.proposer_version)
+    again = _trial_of(m, kept, base, why="confirmation in a fresh worker: ")
+    if again.status != "ok":
+        return again
+    reference = m.reference.device_ms if m.reference is not None else again.best_baseline[1].device_ms
+    low = speedup_lower_bound(again.device_ms, reference, again.margin)
+    if low is None or low <= 1.0:
+        return replace(again, check_msg=f"not a winner: the speedup's lower bound {low or 0:.3f} in a fresh worker "
+                                        "is not above 1")
+    return again
 
 
 def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
@@ -284,12 +336,13 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
 
 
 def searched(choices: Iterable[LibraryChoice]) -> bool:
-    """Whether one of these choices came from the current search: its method, the noise of its
-    speedup and, if it would serve, its server-mode time (older choices are searched again)."""
+    """Whether one of these choices came from the current search on this GPU model: its method,
+    the noise of its speedup and, if it would serve, its server-mode time (older and merged,
+    unverified choices are searched again)."""
     # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import SEARCH
 
-    return any(c.config.get("search") == SEARCH and c.noise is not None
+    return any(not c.unverified and c.config.get("search") == SEARCH and c.noise is not None
                and (c.server_ms is not None or not c.beats_torch()) for c in choices)
 
 

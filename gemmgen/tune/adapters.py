@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Mapping, Optional, Sequence
 
 from gemmgen import backends
-from gemmgen.backends.build import build_many
+from gemmgen.backends.build import BuildFailed, build_many
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
@@ -40,7 +40,8 @@ class PoolBuilder:
         per_build = (time.monotonic() - start) / max(1, len(sources))
         for i, result in zip(where, results):
             if isinstance(result, Exception):
-                outcomes[i] = BuildOutcome(programs[i], error=str(result), seconds=per_build)
+                retry = isinstance(result, BuildFailed) and not result.final
+                outcomes[i] = BuildOutcome(programs[i], error=str(result), seconds=per_build, retry=retry)
             else:
                 outcomes[i] = BuildOutcome(programs[i], artifact=result, seconds=per_build)
         return outcomes  # type: ignore[return-value]
@@ -119,11 +120,13 @@ class WorkerRunner:
                                      _finite(timing.host_ms))
         return out
 
-    def measure(self, program: Program, artifact, *, seed: Optional[int] = None) -> Measurement:
+    def measure(self, program: Program, artifact, *, seed: Optional[int] = None,
+                fresh: bool = False) -> Measurement:
         args = (program.backend, artifact, to_text(program))
         name = f"{program.backend}:{program.problem.key}"
         result = self._runner.run(Job(name, load_backend, args, program.problem, seed=seed, mode="offline",
-                                      timing=self.timing, timeout_s=self.timeout_s, reference="torch"))
+                                      timing=self.timing, timeout_s=self.timeout_s, reference="torch"),
+                                  fresh=fresh)
         measured = measurement_from(result)
         if self.mode == "both" and measured.device_ms is not None:
             srv = self._runner.run(Job(name, load_backend, args, program.problem, check=False, mode="server",
@@ -131,6 +134,11 @@ class WorkerRunner:
             if srv.ok and srv.timing:
                 measured = replace(measured, server_ms=srv.timing["device_ms"], server_spread=srv.timing["spread"])
         return measured
+
+    def confirm(self, program: Program, artifact) -> Measurement:
+        """The candidate checked and timed again beside torch.matmul in a newly started worker
+        (its own process, CUDA context and inputs): what a would-be winner must hold up to."""
+        return self.measure(program, artifact, fresh=True)
 
     def library(self, problem: Problem) -> dict:
         """cuBLASLt's fastest algorithm for `problem`, searched in the isolated worker

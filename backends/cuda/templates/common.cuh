@@ -189,7 +189,7 @@ __device__ __forceinline__ void epilogue_store_quad(const EpilogueArgs& e, const
 // The same 8x32 block, for a tile wholly inside M x N with 16-byte aligned rows: no bounds
 // checks, and the transpose goes through the warp's own 512 bytes of shared memory at
 // `buffer` instead of shuffles (at 64^3 the checked path above was ~580 of the multistage
-// kernel's ~1,000 instructions; CUDA_NOTES.md, v4). Lane (r, q) = (lane / 4, lane % 4)
+// kernel's ~1,000 instructions; docs/design/cuda_kernels.md). Lane (r, q) = (lane / 4, lane % 4)
 // holds row `row` (= the block's first row + r); the block's 16-byte chunks are
 // XOR-swizzled by (r / 2) % 4, so neither the 4-byte writes nor the 16-byte reads conflict.
 __device__ __forceinline__ void epilogue_store_block_staged(const EpilogueArgs& e, const float (&acc)[4][2],

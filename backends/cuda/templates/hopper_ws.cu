@@ -277,7 +277,7 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #if (INSTR_N / 8) % 4 == 0 && !OUT_DTYPE_F32
       // A tile wholly inside M x N stores without bounds checks through the warp's staging
       // buffer (epilogue_store_block_staged): at 4096^3 the kernel then executes 28.8 M
-      // instructions where the checked, shuffled stores made it 34.4 M (ncu, CUDA_NOTES.md).
+      // instructions where the checked, shuffled stores made it 34.4 M (ncu).
       if ((tm + 1) * BM <= M && (tn + 1) * BN <= N && row_aligned16) {
         const unsigned buffer = staging + (unsigned)(consumer * 4 + warp_in_group) * 512u;
 #pragma unroll

@@ -52,9 +52,9 @@ struct TileOf<TILE_MN, false> { using Tile = BoxTile<BK, TILE_MN>; };
 // (element (mn, k) at mn*ld + k), kept in shared memory as [MN][K] rows;
 // otherwise MN contiguous (at k*ld + mn), kept as [K][MN] rows.
 //
-// Addresses are worked out once per thread, before the K loop (CUDA_NOTES.md, v4: computed
-// afresh for every copy and every ldmatrix they took ~300 of the K loop's ~390
-// instructions per k-tile, against 64 HMMA).
+// Addresses are worked out once per thread, before the K loop: computed afresh for every copy
+// and every ldmatrix they took ~300 of the K loop's ~390 instructions per k-tile, against
+// 64 HMMA.
 template <int TILE_MN, bool K_CONTIG>
 struct Operand {
   using Tile = typename TileOf<TILE_MN, K_CONTIG>::Tile;
