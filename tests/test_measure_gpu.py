@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from gemmgen.dsl.ir import Epilogue, Problem  # noqa: E402
 from gemmgen.measure import check, time, time_many  # noqa: E402
-from gemmgen.measure.errors import FloorViolation, MeasureError  # noqa: E402
+from gemmgen.measure.errors import MeasureError  # noqa: E402
 from gemmgen.measure.timing import TimingOptions  # noqa: E402
 
 P = Problem(512, 384, 2048)
@@ -164,14 +164,17 @@ def test_the_same_kernel_twice_is_within_its_own_speedup_noise():
 
 
 def test_time_under_the_floor_raises():
+    """A 2 us kernel pretending to be a 137 GFLOP GEMM. The checked timed calls see its output
+    unwritten before the floor sees its time; either refusal keeps it from a recorded time
+    (the floor rule alone is tested on CPU, test_measure_timing_cpu.py)."""
     def fn(a, b, out, **_):
-        out.view(-1)[:1].zero_()           # a 2 us kernel pretending to be a 137 GFLOP GEMM
-    with pytest.raises(FloorViolation):
+        out.view(-1)[:1].zero_()
+    with pytest.raises(MeasureError, match="below the physical floor|not written"):
         time(fn, BIG, "offline", options=FAST)
 
 
 def test_no_gpu_work_raises():
-    with pytest.raises(MeasureError, match="no GPU work"):
+    with pytest.raises(MeasureError, match="no GPU work|not written"):
         time(lambda a, b, out, **_: None, P, "offline", options=FAST)
 
 

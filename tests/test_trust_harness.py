@@ -155,7 +155,10 @@ def test_unfused_epilogue_in_fp16_passes_the_elementwise_bound(epilogue):
 
 def test_mantissa_probe_values_are_exact_in_fp16_and_halfway_in_bf16():
     case = make_case(Problem(8, 8, 64), "mantissa", seed=4, device="cpu")
-    for t in (case.a, case.b):
+    support = (case.a != 0).any(dim=0)
+    assert int(support.sum()) == numerics.MANTISSA_TERMS        # the same K positions in every row
+    assert torch.equal(support, (case.b != 0).any(dim=1)) and (case.a[:, support] != 0).all()
+    for t in (case.a[:, support], case.b[support, :]):
         assert torch.equal(t.float().half(), t)
         magnitudes = t.float().abs()
         significand = magnitudes / torch.exp2(torch.floor(torch.log2(magnitudes)))
@@ -226,3 +229,33 @@ def test_planted_cheat_fails_check_on_cpu(name):
     r = check(CHEATS[name](problem), problem, device="cpu")
     assert not r.passed, name
     assert check(__import__("planted_cheats").honest(problem), problem, device="cpu").passed
+
+
+def _truncating_fp32_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with every fp32 partial sum chopped toward zero, as tensor cores accumulate."""
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    for k in range(a.shape[1]):
+        exact = acc.double() + a[:, k, None].double() * b[None, k, :].double()
+        rounded = exact.float()
+        over = rounded.double().abs() > exact.abs()
+        acc = torch.where(over, torch.nextafter(rounded, torch.zeros_like(rounded)), rounded)
+    return acc
+
+
+@pytest.mark.parametrize("out_dtype", ["f16", "f32"])
+def test_a_truncating_fp32_accumulator_passes_the_mantissa_probe_at_long_k(out_dtype, monkeypatch):
+    """On the H200 a correct CUDA program with an f32 output failed a dense same-sign probe at
+    K = 4096 (tensor cores chop, so the drift grows with K); the probe's sparse K keeps it in."""
+    from gemmgen.dsl.ir import Epilogue
+    from gemmgen.measure import cases
+
+    problem = Problem(3, 5, 4096, epilogue=Epilogue(out_dtype=out_dtype))
+
+    def judged(case):
+        out = _truncating_fp32_dot(case.a.float(), case.b.float())
+        return judge_out(out.half() if out_dtype == "f16" else out, case, problem)[0]
+
+    assert judged(make_case(problem, "mantissa", seed=7, device="cpu")) == []
+    if out_dtype == "f32":         # a dense probe refuses the correct kernel
+        monkeypatch.setattr(cases, "MANTISSA_TERMS", problem.k)
+        assert judged(make_case(problem, "mantissa", seed=7, device="cpu")) != []

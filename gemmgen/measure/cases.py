@@ -24,6 +24,7 @@ from gemmgen.measure.numerics import (
     PROBE_MIN_K,
     TINY,
     UNIT_ROUNDOFF,
+    MANTISSA_TERMS,
     error_bound,
     mantissa_exponent,
     probe_offset,
@@ -73,15 +74,19 @@ def _randn(shape, gen: torch.Generator, device, dtype) -> torch.Tensor:
 
 
 def _mantissa_operands(m: int, n: int, k: int, gen: torch.Generator, device, dtype):
-    """The mantissa probe (numerics.py): |values| 2^(e0 + {-1, 0, 1}) * MANTISSA_SIGNIFICAND,
+    """The mantissa probe (numerics.py): |values| 2^(e0 + {-1, 0, 1}) * MANTISSA_SIGNIFICAND at
+    MANTISSA_TERMS random positions of K (zero elsewhere, so the accumulation adds exact zeros),
     with A's column k and B's row k sharing one random sign, so every product is positive."""
-    e0 = mantissa_exponent(k)
+    terms = min(k, MANTISSA_TERMS)
+    e0 = mantissa_exponent(terms)
 
     def magnitudes(shape):
         r = torch.randint(-1, 2, shape, generator=gen, device=device)
         return MANTISSA_SIGNIFICAND * torch.pow(2.0, (e0 + r).float())
 
-    sign = torch.randint(0, 2, (k,), generator=gen, device=device).float() * 2 - 1
+    sign = torch.zeros(k, device=device)
+    support = torch.randperm(k, generator=gen, device=device)[:terms]
+    sign[support] = torch.randint(0, 2, (terms,), generator=gen, device=device).float() * 2 - 1
     a = (magnitudes((m, k)) * sign[None, :]).to(dtype)
     b = (magnitudes((k, n)) * sign[:, None]).to(dtype)
     return a, b
