@@ -11,14 +11,12 @@ Lookup, in order:
    slower in server mode beyond that mode's noise; where both a winner and a library
    choice exist, the one with the larger speedup over torch.matmul (each timed beside
    it) serves;
-   then, for a problem tuned on that GPU that nothing won: the baseline (the measurement
-   said so; a neighbour's program is not a better guess than that);
-3. for a problem under NEAREST_MAX_GFLOP, the winner of the nearest tuned problem with the
-   same majors, dtypes and epilogue signature (Euclidean distance of log M, log N, log K,
-   at most NEAREST_MAX_DISTANCE, and a winner by at least NEAREST_MIN_SPEEDUP), its program
-   re-bound to this shape and re-validated (only to a problem with no longer K and no more
-   work than the one it won at; never a program with arrival-order split-K);
-4. the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
+3. otherwise the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
+
+A program is served only where it was measured faster: a neighbour's winner, re-bound to a
+shape it was never timed at, measured 0.75x torch.matmul at some off-grid shapes on the H200,
+so it is a candidate for tuning (`gemmgen tune` proposes it, `gemmgen.tune.neighbours`),
+never a served kernel.
 
 A winner is a trial that passed its check and satisfies the never-slower rule
     device_ms * (1 + noise) < best_baseline_ms
@@ -36,12 +34,10 @@ import re
 import sys
 import threading
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Union
 
 from gemmgen import backends
-from gemmgen.backends import validate
 from gemmgen.backends.build import build_many
 from gemmgen.backends.base import INT32_LIMIT
 from gemmgen.dsl import parse
@@ -59,20 +55,6 @@ from gemmgen.tuning_db import (
 )
 from gemmgen.tuning_db.records import SAME_SESSION_BASELINE, toolchain_of
 from gemmgen.tune.adapters import this_device
-
-#: Beyond this log-space distance the nearest problem is too unlike to reuse: e ~ 2.7x in one
-#: dimension, or ~1.8x in all three.
-NEAREST_MAX_DISTANCE = 1.0
-#: A re-bound program was never measured at the new shape; reuse only winners with this margin
-#: over their own run's best baseline, so that a small win does not turn into a loss next door.
-NEAREST_MIN_SPEEDUP = 1.05
-#: Re-bound programs only for problems below this many GFLOP. Measured on the H200 over the
-#: 1,000-shape set (benchmarks/results/gemmgen_1000_offline): re-bound programs reached 1.051x
-#: torch.matmul on 87 sub-GFLOP shapes (launch-bound; the tile matters less than a lean
-#: kernel) but 0.95x on 129 larger ones, down to 0.72x, where the tile must fit the shape.
-NEAREST_MAX_GFLOP = 1.0
-#: How many nearest problems to try before falling back (each is re-validated).
-NEAREST_TRIES = 8
 
 _KERNELS: dict = {}          # call arguments -> Kernel (the warm path)
 _BY_PROBLEM: dict = {}       # (Problem, device name, db token) -> Kernel
@@ -318,14 +300,6 @@ def _torch_deterministic() -> bool:
     return bool(torch and torch.are_deterministic_algorithms_enabled())
 
 
-def _smaller_or_equal(problem: Problem, tuned: Problem) -> bool:
-    """A program is re-bound only to a problem with no longer K and no more work than the one it
-    won at: its stages and split were chosen for that loop length, its tile for that much work.
-    On the H200's 1,000 shapes, re-bound programs lost (0.94x, 22 of 29 under 0.97x) where K
-    grew, and gained where neither grew (1.115x, none under 0.97x; docs/compile.md)."""
-    return problem.k <= tuned.k and problem.m * problem.n * problem.k <= tuned.m * tuned.n * tuned.k
-
-
 def _torch_speedup(trial) -> float:
     """A winner's speedup over torch.matmul, timed in its own session where it was (the library
     choice it competes with was timed that way too)."""
@@ -380,28 +354,6 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
         return Kernel(problem, None, Provenance(
             "baseline", gpu, best_baseline_ms=index.tuned[problem.key],
             note=f"no program beat cuBLAS when this shape was tuned on {gpu}; serving torch.matmul (cuBLAS)"))
-    small = 2 * problem.m * problem.n * problem.k < NEAREST_MAX_GFLOP * 1e9
-    candidates = (near for near in (index.nearest(problem) if small else ())
-                  if near.trial.best_baseline is not None and
-                  near.trial.best_baseline[1].device_ms >= NEAREST_MIN_SPEEDUP * near.trial.device_ms)
-    for tries, near in enumerate(candidates):
-        if near.distance > NEAREST_MAX_DISTANCE or tries >= NEAREST_TRIES:
-            break
-        if not _smaller_or_equal(problem, near.trial.problem):
-            continue
-        try:
-            # an SM count was chosen for the tuned shape's tiles; elsewhere the whole grid
-            program = replace(parse(near.trial.program).bind(problem), grid_sms=None)
-            validate(program)
-        except ProgramError:
-            continue
-        if not program.deterministic:
-            # served only where it was checked: such programs failed the check at some shapes
-            # (Triton, 8-warp 128x256 tiles, cause not found: docs/backends.md)
-            continue
-        note = (f"its tile and stages were chosen for {near.trial.problem.key.split(':')[0]}, a log-shape "
-                f"distance of {near.distance:.2f} from this one")
-        return Kernel(problem, program, _provenance(near, gpu, "nearest", note))
     return Kernel(problem, None, Provenance("baseline", gpu, note=f"no tuned kernel for this shape on {gpu}; "
                                             "serving torch.matmul (cuBLAS)"))
 
@@ -411,7 +363,7 @@ def _provenance(found, gpu: str, how: str, note: str) -> Provenance:
     best = t.best_baseline
     return Provenance(
         how=how, gpu=gpu, trial_id=t.id, layer=found.layer, tuned_problem=t.problem.key,
-        distance=found.distance, speedups=t.speedups(), device_ms=t.device_ms, spread=t.spread,
+        speedups=t.speedups(), device_ms=t.device_ms, spread=t.spread,
         noise=t.noise, best_baseline=best[0] if best else None,
         best_baseline_ms=best[1].device_ms if best else None,
         proposer=f"{t.proposer} {t.proposer_version}".strip(), date=t.created, note=note, backend=t.backend)
@@ -452,14 +404,10 @@ def bench_candidate(problem):
 
 
 def bench_candidate_notes(problem) -> dict:
-    """What `compile` served for the bench's row: exact winner, a neighbour's re-bound program,
-    a library algorithm or the baseline."""
+    """What `compile` served for the bench's row: the winner, a library algorithm or the baseline."""
     kernel = compile(problem)
     p = kernel.provenance
-    notes = {"how": p.how, "backend": kernel.backend}
-    if p.how == "nearest":
-        notes.update(tuned_problem=p.tuned_problem, distance=round(p.distance, 4))
-    return notes
+    return {"how": p.how, "backend": kernel.backend}
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from gemmgen import backends
+from gemmgen.backends.base import BackendError, TensorArg, refuse_aliasing, refuse_misaligned
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
@@ -36,8 +37,7 @@ _LAYERS = {"user": "your tuning database", "shipped": "the records shipped with 
 class Provenance:
     """Where a kernel's program came from.
 
-    how: 'exact' (the winner for this problem), 'nearest' (the winner of the nearest
-    tuned problem, re-bound: not measured at this shape), 'library' (a vendor library's
+    how: 'exact' (the winner measured at this problem), 'library' (a vendor library's
     fastest algorithm for this problem, measured beside torch.matmul) or 'baseline'
     (torch.matmul; `note` says why). `summary` and `describe()` say the same in words.
     """
@@ -47,7 +47,6 @@ class Provenance:
     trial_id: Optional[int] = None
     layer: Optional[str] = None            # 'user' or 'shipped' database
     tuned_problem: Optional[str] = None    # the problem key the program was measured on
-    distance: float = 0.0                  # log-space distance to it (nearest only)
     speedups: Mapping[str, float] = field(default_factory=dict, hash=False)
     device_ms: Optional[float] = None
     spread: Optional[float] = None
@@ -57,12 +56,12 @@ class Provenance:
     proposer: str = ""
     date: str = ""
     note: str = ""
-    backend: str = ""                      # the program's backend (exact and nearest)
+    backend: str = ""                      # the program's backend (exact)
 
     @property
     def baseline_ms_here(self) -> Optional[float]:
         """The best baseline's device time measured at this very problem (None: never measured)."""
-        return self.best_baseline_ms if self.how in ("exact", "library", "baseline") else None
+        return self.best_baseline_ms
 
     @property
     def torch_speedup(self) -> Optional[float]:
@@ -78,10 +77,6 @@ class Provenance:
                   if self.device_ms and self.best_baseline_ms else "")
         if self.how == "exact":
             return f"measured fastest for this shape on {self.gpu}: {program}" + (f", {versus}" if versus else "")
-        if self.how == "nearest":
-            shape = (self.tuned_problem or "another shape").split(":")[0]
-            return (f"{program} measured fastest at {shape} on {self.gpu}" + (f" ({versus} there)" if versus else "")
-                    + "; re-bound to this shape, where it was not measured")
         if self.how == "library":
             return f"cuBLASLt algorithm measured {versus or 'faster than torch.matmul'} for this shape on {self.gpu}"
         return self.note or f"serving torch.matmul (cuBLAS): no tuned kernel for this shape on {self.gpu}"
@@ -90,10 +85,7 @@ class Provenance:
         lines = [f"provenance: {self.summary}"]
         where = _LAYERS.get(self.layer or "", f"the {self.layer} database")
         if self.trial_id is not None:
-            at = "" if self.how == "exact" else f" at {(self.tuned_problem or '').split(':')[0]}"
-            lines.append(f"  measured {self.date or '(no date)'}{at}: record #{self.trial_id} of {where}")
-            if self.how == "nearest" and self.note:
-                lines.append(f"  {self.note}")
+            lines.append(f"  measured {self.date or '(no date)'}: record #{self.trial_id} of {where}")
             lines.append(f"  device time: {self.device_ms:.4f} ms (spread {100 * (self.spread or 0):.1f} %"
                          + (f", speedup noise {100 * self.noise:.1f} %" if self.noise is not None else "") + ")"
                          + (f"; the fastest library call in that run, {self.best_baseline}: {self.best_baseline_ms:.4f} ms"
@@ -306,37 +298,24 @@ def check_major(name, t, shape, major) -> None:
                               f"{name if name in ('a', 'b') else 'c'}_major={major!r} (strides {want}); {fix}")
 
 
-def _span(t) -> tuple[int, int]:
-    """The bytes [start, end) that a tensor's elements lie in."""
-    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
 def check_no_alias(out, inputs: Mapping[str, Any]) -> None:
-    """Refuse an `out` whose storage overlaps an input's: the kernel would read what it already
-    overwrote (tiles finish in no fixed order), so the result would depend on timing."""
-    start, end = _span(out)
-    for name, t in inputs.items():
-        if t is None or t.device != out.device or t.numel() == 0:
-            continue
-        other_start, other_end = _span(t)
-        if start < other_end and other_start < end:
-            raise KernelCallError(f"out overlaps {name} in memory; the kernel reads {name} while it writes out: "
-                                  f"pass a separate out (or none: the kernel allocates one)")
-
-
-#: Where generated kernels and library algorithms load and store 16-byte vectors (cp.async, TMA,
-#: vectorized epilogues), an operand must start on a 16-byte boundary.
-ALIGN_BYTES = 16
+    """Refuse an `out` whose storage overlaps an input's (the launchers' own check,
+    `gemmgen.backends.base.refuse_aliasing`): the kernel would read what it already overwrote."""
+    others = [TensorArg.of(name, t) for name, t in inputs.items()
+              if t is not None and t.device == out.device and t.numel()]
+    try:
+        refuse_aliasing(TensorArg.of("out", out), others)
+    except BackendError as exc:
+        raise KernelCallError(str(exc)) from None
 
 
 def check_aligned(operands: Mapping[str, Any]) -> None:
-    """Refuse an operand that does not start 16-byte aligned (an offset view such as x[1:])."""
-    for name, t in operands.items():
-        if t is not None and t.data_ptr() % ALIGN_BYTES:
-            raise KernelCallError(f"{name} starts at an address that is not a multiple of {ALIGN_BYTES} bytes "
-                                  f"(an offset view?); the kernel moves {ALIGN_BYTES}-byte vectors: "
-                                  f"pass {name}.clone() or an aligned tensor")
+    """Refuse an operand that does not start 16-byte aligned (an offset view such as x[1:]):
+    generated kernels and library algorithms move 16-byte vectors."""
+    try:
+        refuse_misaligned([TensorArg.of(name, t) for name, t in operands.items() if t is not None])
+    except BackendError as exc:
+        raise KernelCallError(str(exc)) from None
 
 
 def _scalar(name: str, given, compiled: float, runtime: bool) -> float:

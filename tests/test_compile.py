@@ -1,6 +1,5 @@
-"""gemmgen.compile on a machine without a GPU: lookup (exact, nearest, baseline), inspection,
+"""gemmgen.compile on a machine without a GPU: lookup (exact, library, baseline), inspection,
 the never-slower rule at compile time, call errors, and the cost of a warm lookup."""
-import math
 import subprocess
 import sys
 import time
@@ -9,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 import gemmgen
-from gemmgen.compile import NEAREST_MAX_DISTANCE, NEAREST_MAX_GFLOP, CompileError, clear_cache, parse_epilogue
+from gemmgen.compile import CompileError, clear_cache, parse_epilogue
 from gemmgen.dsl import parse
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError, NoGPUError
@@ -18,7 +17,6 @@ from tuning_fakes import TEST_GPU, program_text, trial, triton_program
 
 GPU = TEST_GPU.name
 TUNED = Problem(4096, 4096, 4096)
-# Programs are re-bound to neighbours only under NEAREST_MAX_GFLOP: these two are small.
 SMALL = Problem(256, 128, 2048)
 SMALL_NT = Problem(256, 1024, 512, "row", "col", epilogue=Epilogue(bias="n", activation="gelu"))
 
@@ -49,76 +47,43 @@ def test_exact_winner(db):
     assert "cublaslt_auto" in text and "tile 128x256x64" in text
 
 
-def test_nearest_problem_is_rebound_and_revalidated(db):
-    k = gemmgen.compile((300, 128, 1600), device=GPU, db=db)
-    assert k.provenance.how == "nearest"
-    assert k.provenance.tuned_problem == SMALL.key
-    assert k.ir.problem == Problem(300, 128, 1600) and "gemm 300x128x1600" in k.program
-    assert k.provenance.distance == pytest.approx(math.hypot(math.log(300 / 256), math.log(1600 / 2048)))
-    # same shape family only: majors and epilogue must match
-    nt = gemmgen.compile((256, 768, 512), b_major="col", epilogue="bias=n gelu", device=GPU, db=db)
-    assert nt.provenance.tuned_problem == SMALL_NT.key and "tile 64x128x64" in nt.program
-    assert nt.ir.problem.epilogue == Epilogue(bias="n", activation="gelu")
-    plain_nt = gemmgen.compile((256, 768, 512), b_major="col", device=GPU, db=db)
-    assert plain_nt.provenance.how == "baseline"
+def test_a_neighbours_program_is_never_served(db):
+    """Re-bound neighbours measured 0.75x torch.matmul at off-grid shapes on the H200: a program
+    serves only where it was measured. Near winners of the same family, far ones, large and
+    small problems all get the baseline, saying no kernel was tuned for the shape."""
+    for shape, kw in (((300, 128, 1600), {}), ((256, 512, 384), dict(b_major="col", epilogue="bias=n gelu")),
+                      ((3000, 4096, 5000), {}), ((64, 64, 64), {})):
+        k = gemmgen.compile(shape, device=GPU, db=db, **kw)
+        assert k.provenance.how == "baseline" and k.program is None and k.backend == "torch", shape
+        assert k.provenance.summary == "no tuned kernel for this shape on Test GPU; serving torch.matmul (cuBLAS)"
+        assert "torch.matmul" in k.source
 
 
-def test_a_rebound_program_runs_on_the_whole_grid(tmp_path):
-    """`scheduler persistent N` was chosen for the tuned shape's tiles; a neighbour gets every SM."""
-    clear_cache()
-    db = Database(tmp_path / "grid.sqlite")
-    small = Problem(512, 1024, 1024)
-    program = parse(f"gemm {small.m}x{small.n}x{small.k} a=row b=row c=row in=f16 acc=f32\nbackend cutlass\n"
-                    "tile 128x256x64\nwarps 8x1\nmainloop ws_cooperative\nscheduler persistent 128\n")
-    db.record(trial(small, device_ms=0.010, baseline_ms=0.012, program=program_text(program), backend="cutlass"))
-    assert gemmgen.compile((512, 1024, 1024), device=GPU, db=db).ir.grid_sms == 128     # exact: as tuned
-    near = gemmgen.compile((512, 1024, 896), device=GPU, db=db)
-    assert near.provenance.how == "nearest" and near.ir.grid_sms is None
-    assert "scheduler persistent\n" in near.program
-    clear_cache()
+def test_a_neighbours_program_is_a_candidate_for_tuning(db):
+    """`gemmgen tune` measures the nearest winners' programs first, re-bound and validated; a far,
+    unlike or invalid neighbour is not proposed."""
+    from gemmgen.policy.proposers import get_proposer
+    from gemmgen.tune.neighbours import WithNeighbours, neighbour_programs
+    from gemmgen.tuning_db import WinnerIndex
 
-
-def test_a_program_is_not_rebound_to_a_longer_k_or_more_work(db):
-    """Measured on the H200's 1,000 shapes: re-bound programs lost where K grew."""
-    def how(m, n, k):
-        return gemmgen.compile((m, n, k), b_major="col", epilogue="bias=n gelu", device=GPU, db=db).provenance.how
-    assert (SMALL_NT.m, SMALL_NT.n, SMALL_NT.k) == (256, 1024, 512)
-    assert how(256, 1024, 1024) == "baseline"          # K doubled
-    assert how(512, 1024, 512) == "baseline"           # same K, twice the work
-    assert how(256, 512, 384) == "nearest"             # shorter K, less work
-
-
-def test_a_large_problem_gets_the_baseline_not_a_neighbours_program(db):
-    """Re-bound programs lost to torch.matmul on most large shapes (NEAREST_MAX_GFLOP)."""
-    near = Problem(3000, 4096, 5000)                   # 0.40 from the 4096^3 winner, 123 GFLOP
-    assert 2 * near.m * near.n * near.k > NEAREST_MAX_GFLOP * 1e9
-    k = gemmgen.compile(near, device=GPU, db=db)
-    assert k.provenance.how == "baseline" and k.program is None
-
-
-def test_nearest_gives_way_to_baseline_when_far_or_invalid(db):
-    far = gemmgen.compile((64, 64, 64), device=GPU, db=db)   # log distance ~3.7 from SMALL
-    assert far.provenance.how == "baseline" and far.program is None and far.backend == "torch"
-    assert NEAREST_MAX_DISTANCE < 3.7
-    # a narrow winner (1.02x) is not reused next door, though it is near
-    narrow = Problem(512, 512, 512)
-    db.record(trial(narrow, device_ms=0.098, spread=0.01, baseline_ms=0.1))
-    clear_cache()
-    assert gemmgen.compile((512, 512, 512), device=GPU, db=db).provenance.how == "exact"
-    assert gemmgen.compile((512, 512, 1024), device=GPU, db=db).provenance.how == "baseline"
-    # K = 2047: the re-bound persistent (TMA) program fails validation (16-byte strides): no reuse
-    odd = gemmgen.compile((256, 128, 2047), device=GPU, db=db)
-    assert odd.provenance.how == "baseline"
-    assert "torch.matmul" in odd.source
+    index = WinnerIndex([("user", db)], GPU)
+    (near,) = neighbour_programs(index, Problem(300, 128, 1600), 1)
+    assert near.problem == Problem(300, 128, 1600) and (near.tile.m, near.tile.n, near.tile.k) == (64, 128, 64)
+    assert neighbour_programs(index, Problem(64, 64, 64)) == []                  # log distance ~3.7
+    assert neighbour_programs(index, Problem(256, 128, 2047)) == []              # TMA needs 16-byte rows
+    nt = neighbour_programs(index, Problem(256, 768, 512, "row", "col", epilogue=Epilogue(bias="n", activation="gelu")))
+    assert [p.problem.epilogue for p in nt] == [Epilogue(bias="n", activation="gelu")]
+    proposer = WithNeighbours(get_proposer("heuristic", backends=("triton",)), index, 2)
+    programs = proposer.propose(Problem(300, 128, 1600), 6, seed=0)
+    assert programs[0] == near and len(programs) == 6
+    assert len({program_text(p) for p in programs}) == 6 and proposer.name == "heuristic+neighbours"
 
 
 def test_a_problem_tuned_without_winner_gets_the_baseline_not_a_neighbour(db):
-    # 300x128x1600 is near the SMALL winner (the test above re-binds it there) ...
+    # 300x128x1600 is near the SMALL winner; measured there and lost, the baseline serves,
+    # carrying the least best-baseline time its runs measured
     near = Problem(300, 128, 1600)
-    assert gemmgen.compile(near, device=GPU, db=db).provenance.how == "nearest"
     assert gemmgen.compile(near, device=GPU, db=db).provenance.baseline_ms_here is None
-    # ... but once it was measured there and lost, the measurement decides: the baseline,
-    # which carries the least best-baseline time its runs measured
     db.record(trial(near, device_ms=0.015, spread=0.01, baseline_ms=0.011))
     db.record(trial(near, device_ms=0.016, spread=0.01, baseline_ms=0.010))
     clear_cache()

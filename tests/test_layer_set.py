@@ -19,7 +19,7 @@ FAMILY = re.compile(r"# family: (\w+) = .+ \((.+)\): hidden=(\d+) intermediate=(
 
 @pytest.fixture(scope="module")
 def shapes():
-    return read_shapes(LAYERS)
+    return parse_shapes(LAYERS.read_text().splitlines(), str(LAYERS))   # every row, repeats too
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +153,19 @@ def test_held_out_naming_an_absent_model_is_an_error(tmp_path):
         held_out_models(["# held_out: a", "# held_out: b", "M,N,K,model", "1,2,3,a", "1,2,3,b"])
     with pytest.raises(ShapesError, match="held_out names c"):
         split_held_out(parse_shapes(["M,N,K,model", "1,2,3,a"]), {"c"})
+
+
+def test_reading_a_part_keeps_the_held_out_families_apart_and_drops_repeats():
+    """`gemmgen tune` reads the tuning part by default, `gemmgen bench --part held-out` the
+    unseen families; a problem two layers share (k and v) is read once."""
+    from gemmgen.cli.tune import tune_problems
+
+    every = read_shapes(LAYERS)
+    tuning, held = read_shapes(LAYERS, "tuning"), read_shapes(LAYERS, "held-out")
+    assert len(every) == len({s.key for s in every}) < len(parse_shapes(LAYERS.read_text().splitlines()))
+    assert {s.model for s in held} == held_out_models(LAYERS)
+    assert not {s.model for s in tuning} & held_out_models(LAYERS)
+    assert {p.key for p in tune_problems(str(LAYERS))} == {s.problem().key for s in tuning}
+    assert {p.key for p in tune_problems(str(LAYERS), part="all")} == {s.problem().key for s in every}
+    with pytest.raises(ShapesError, match="use one of all, tuning, held-out"):
+        read_shapes(LAYERS, "train")

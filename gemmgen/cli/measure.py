@@ -11,6 +11,7 @@ import sys
 from gemmgen.errors import GemmgenError
 from gemmgen.measure import results as results_io
 from gemmgen.measure.plots import plot_all
+from gemmgen.measure.shapes import PARTS
 from gemmgen.measure.timing import TimingOptions
 
 
@@ -33,6 +34,9 @@ def register(subparsers) -> None:
     p.add_argument("--candidates", default="", help="comma list of candidate names (e.g. gemmgen) or module:function")
     p.add_argument("--out", help="output directory (results.json, speedup.png, buckets.png)")
     p.add_argument("--shard", help="i/n: take every n-th shape from the i-th (0-based)")
+    p.add_argument("--part", choices=PARTS, default="all",
+                   help="rows of a shapes file with a `# held_out:` line: all (default), the tuning part, "
+                        "or the held-out families")
     p.add_argument("--resume", action="store_true", help="skip shapes already complete in DIR/results.json")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop cleanly before the next shape once this much time has passed; results are saved")
@@ -68,7 +72,7 @@ def run_command(args: argparse.Namespace) -> int:
     baselines = [] if args.baselines.strip().lower() == "none" else _names(args.baselines)
     cfg = BenchConfig(
         shapes=args.shapes, out=args.out, mode=args.mode, baselines=baselines,
-        candidates=_names(args.candidates), shard=args.shard, resume=args.resume,
+        candidates=_names(args.candidates), shard=args.shard, part=args.part, resume=args.resume,
         time_budget_s=args.time_budget, seed=args.seed,
         timing=TimingOptions(min_reps=args.reps, max_reps=max(args.max_reps, args.reps),
                              mean_gap_s=args.mean_gap_ms * 1e-3, timer=args.timer),

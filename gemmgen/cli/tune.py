@@ -7,11 +7,12 @@ from pathlib import Path
 from gemmgen.backends import registry as backend_registry
 from gemmgen.compile import as_problem, check_epilogue, clear_cache, compile, parse_epilogue, parse_shape
 from gemmgen.errors import NoGPUError
-from gemmgen.measure.shapes import read_shapes, shard
+from gemmgen.measure.shapes import PARTS, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
 from gemmgen.tune import split_library, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
-from gemmgen.tuning_db import Database, default_db_path
+from gemmgen.tune.neighbours import NEIGHBOURS, WithNeighbours
+from gemmgen.tuning_db import Database, WinnerIndex, default_db_path, shipped_database
 
 
 def register(subparsers) -> None:
@@ -27,6 +28,9 @@ def register(subparsers) -> None:
                       help="a .gemm file or a folder of them: propose those programs, re-bound to every "
                            "shape of the CSV they fit (implies --proposer programs)")
     tune.add_argument("--budget", type=int, default=8, metavar="N", help="trials per shape (default 8)")
+    tune.add_argument("--neighbours", type=int, default=NEIGHBOURS, metavar="N",
+                      help=f"first measure the winners of the N nearest tuned problems, re-bound to each shape "
+                           f"(default {NEIGHBOURS}; 0: none); gemmgen.compile serves only what was measured at a shape")
     tune.add_argument("--backends", default=",".join(backend_registry.NAMES),
                       help="comma-separated backends; 'cublaslt' adds a search of cuBLASLt's own "
                            "algorithms per shape (docs/tuning.md)")
@@ -45,6 +49,9 @@ def register(subparsers) -> None:
     tune.add_argument("--worker-timeout", type=float, default=60.0, metavar="S",
                       help="seconds one candidate may take in the worker before it counts as hung")
     tune.add_argument("--shard", default=None, metavar="I/N", help="tune every N-th shape from the I-th")
+    tune.add_argument("--part", choices=PARTS, default="tuning",
+                      help="rows of a shapes file with a `# held_out:` line: the tuning part (default: "
+                           "held-out families stay unseen), the held-out families, or all")
     tune.add_argument("--no-progress", action="store_true")
     tune.set_defaults(func=_tune)
 
@@ -67,11 +74,13 @@ def register(subparsers) -> None:
     comp.set_defaults(func=_compile)
 
 
-def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str | None = None) -> list:
-    """The problems of a shapes CSV (the bench's format and parser), optionally one shard, each
-    checked as gemmgen.compile checks a shape."""
+def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str | None = None,
+                  part: str = "tuning") -> list:
+    """The distinct problems of a shapes CSV (the bench's format and parser), its tuning part by
+    default (a layer set's held-out families stay unseen), optionally one shard, each checked
+    as gemmgen.compile checks a shape."""
     epi = check_epilogue(parse_epilogue(epilogue)) if epilogue else None
-    problems = [as_problem(s.problem()) for s in shard(read_shapes(shapes_file), shard_spec)]
+    problems = [as_problem(s.problem()) for s in shard(read_shapes(shapes_file, part), shard_spec)]
     return [replace(p, epilogue=epi) for p in problems] if epi else problems
 
 
@@ -88,7 +97,7 @@ def has_gpu() -> bool:
 def _tune(args) -> int:
     # Everything that can be refused is, before the database is opened (or created).
     library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
-    problems = tune_problems(args.shapes, args.shard, args.epilogue)
+    problems = tune_problems(args.shapes, args.shard, args.epilogue, args.part)
     proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
                 if backends or args.programs or args.proposer == "programs" else None)   # else the library only
     if not has_gpu():
@@ -98,6 +107,9 @@ def _tune(args) -> int:
     with WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout, baselines=baselines) as runner, \
             Database(db_path) as db:
         print(f"tuning on {runner.device.name}, database {db_path}")
+        if proposer is not None and args.neighbours and not args.programs and args.proposer != "programs":
+            index = WinnerIndex([("user", db), ("shipped", shipped_database())], runner.device.name)
+            proposer = WithNeighbours(proposer, index, args.neighbours)
         tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(jobs=args.jobs),
                       runner=runner, db=db, budget=args.budget, time_budget_s=args.time_budget,
                       seed=args.seed, progress=not args.no_progress, announce=print)

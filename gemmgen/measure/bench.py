@@ -41,6 +41,7 @@ class BenchConfig:
     baselines: list[str] = field(default_factory=lambda: ["torch", "cublas", "lt_heuristic", "lt_autotune"])
     candidates: list[str] = field(default_factory=list)
     shard: Optional[str] = None
+    part: str = "all"             # all rows, or one side of the file's held-out split
     resume: bool = False
     time_budget_s: Optional[float] = None
     seed: Optional[int] = None
@@ -220,7 +221,7 @@ def run(cfg: BenchConfig) -> dict:
     """Measure, saving after every shape; returns the final results document."""
 
     measured = _preflight(cfg)
-    shapes = shard(read_shapes(cfg.shapes), cfg.shard)
+    shapes = shard(read_shapes(cfg.shapes, cfg.part), cfg.shard)
     out = Path(cfg.out)
     rows: list[dict] = []
     wanted = list(cfg.baselines) + list(cfg.candidates)
@@ -230,7 +231,7 @@ def run(cfg: BenchConfig) -> dict:
     todo = [s for s in shapes if (s.m, s.n, s.k, s.layout) not in done]
     meta = {
         "command": cfg.command or " ".join(sys.argv), "mode": cfg.mode, "shapes": cfg.shapes,
-        "shard": cfg.shard, "out": str(out), "baselines": cfg.baselines, "candidates": cfg.candidates,
+        "shard": cfg.shard, "part": cfg.part, "out": str(out), "baselines": cfg.baselines, "candidates": cfg.candidates,
         "same_session_reference": cfg.reference,
         "timing": dataclasses.asdict(cfg.timing),
         "timer": {"cupti": "CUPTI kernel records (torch.profiler)", "events": "CUDA events on the calling stream"}

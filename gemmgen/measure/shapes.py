@@ -140,8 +140,21 @@ def _read_lines(path: str | Path) -> list[str]:
         raise ShapesError(f"cannot read shapes file {p}: {exc.strerror}") from None
 
 
-def read_shapes(path: str | Path) -> list[Shape]:
-    return parse_shapes(_read_lines(path), str(Path(path)))
+#: Which rows of a shapes file to read: all, or one side of its `# held_out:` split.
+PARTS = ("all", "tuning", "held-out")
+
+
+def read_shapes(path: str | Path, part: str = "all") -> list[Shape]:
+    """The distinct problems of a shapes file, in file order (a layer set repeats a problem
+    where two layers share a shape, such as k and v), from the `part` asked for."""
+    if part not in PARTS:
+        raise ShapesError(f"part {part!r}: use one of {', '.join(PARTS)}")
+    lines = _read_lines(path)
+    shapes = parse_shapes(lines, str(Path(path)))
+    if part != "all":
+        tuning, held = split_held_out(shapes, held_out_models(lines, str(Path(path))))
+        shapes = tuning if part == "tuning" else held
+    return list(dict.fromkeys(shapes))      # Shape equality ignores the model and layer labels
 
 
 def held_out_models(path_or_lines: str | Path | Iterable[str], source: Optional[str] = None) -> frozenset[str]:

@@ -350,19 +350,13 @@ def in_graph_gain_us(cand: _Candidate, key: tuple, kernels: dict) -> float:
 
 def estimated_gain_us(kernel, reference_ms: Optional[float] = None) -> float:
     """Device time a tuned kernel saves per call against `reference_ms` (default: the best
-    baseline of its tuning run): measured for an exact winner or a library choice; for a
-    nearest one (not measured at this shape) its saved fraction applied to this shape's
-    floor time, an underestimate, and 0 against any other reference. 0 for the baseline."""
+    baseline of its tuning run), as measured at this very shape (a winner or a library choice);
+    0 for the baseline."""
     p = kernel.provenance
     if kernel.backend == "torch" or not p.device_ms or not p.best_baseline_ms:
         return 0.0
-    if p.how in ("exact", "library"):         # measured at this very shape
-        reference = p.best_baseline_ms if reference_ms is None else min(reference_ms, p.best_baseline_ms)
-        return (reference - p.device_ms) * 1e3
-    if reference_ms is not None:
-        return 0.0
-    saving_ms = p.best_baseline_ms - p.device_ms
-    return max(saving_ms / p.best_baseline_ms, 0.0) * kernel.problem.floor_s * 1e6
+    reference = p.best_baseline_ms if reference_ms is None else min(reference_ms, p.best_baseline_ms)
+    return (reference - p.device_ms) * 1e3
 
 
 def _cuda_index(device: torch.device) -> Optional[int]:
