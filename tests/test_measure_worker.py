@@ -101,7 +101,7 @@ def _planted_kernel():
 def test_reference_is_timed_in_the_same_session_as_the_kernel(monkeypatch):
     """Job.reference: the worker times the kernel and the baseline together, interleaved."""
     from gemmgen.dsl.ir import Problem
-    from gemmgen.measure import timing, worker
+    from gemmgen.measure import worker
     from gemmgen.measure.comparison import REPLICATE_NOISE
     from gemmgen.measure.errors import FloorViolation
 

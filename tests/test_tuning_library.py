@@ -253,10 +253,7 @@ def _stub_search(monkeypatch, *, neighbours=(), session=None, failing=()):
     """search_cublaslt with the GPU stubbed: the heuristic offers two algorithms (the second faster),
     `neighbours` are (changes, algorithm) of every base, `session` the second timing's device ms by
     entry index, `failing` the hex texts whose check fails. Returns the hex texts checked, in order."""
-    import gemmgen.measure.baselines as baselines
-    import gemmgen.measure.checking as checking
     import gemmgen.measure.library as library
-    import gemmgen.measure.timing as timing
     from gemmgen.measure.checking import CheckResult
 
     class Plan:
@@ -327,8 +324,6 @@ def test_a_neighbour_that_fails_its_check_falls_back_to_the_heuristic(monkeypatc
 
 
 def test_neighbours_meet_in_sessions_then_the_finalists_and_bases_together(monkeypatch):
-    import gemmgen.measure.baselines as baselines
-    import gemmgen.measure.timing as timing
     from gemmgen.measure import library
 
     class Plan:
