@@ -3,14 +3,9 @@
 A proposer only proposes: it never compiles or times (the tuning loop does that).
 
 - `HeuristicProposer`: the union of every present backend's `space(problem)` (the
-  programs an expert enumerates), ranked by `estimated_seconds`, a roofline prior:
-      t = max(compute, DRAM, L2) + split-K reduction (a second launch) + launch
-  where compute counts whole waves of CTAs on 132 SMs (fractional for stream-K, the one
-  schedule that splits a tile's K loop across SMs) at the tensor-core peak per SM, DRAM
-  moves the problem's bytes at 4.8 TB/s, and L2 feeds every CTA its A and B panels at
-  ~10 TB/s; a persistent or stream-K kernel adds its start-up (`PERSISTENT_START_S`). Estimates are
-  compared in 5 % buckets so that near-ties keep the backend's own expert order, and the
-  backends are interleaved so each is tried.
+  programs an expert enumerates), ranked by the roofline prior of `gemmgen.backends.ranking`.
+  Estimates are compared in 5 % buckets so that near-ties keep the backend's own expert
+  order, and the backends are interleaved so each is tried.
 - `RandomProposer`: uniform over the valid space by rejection sampling: every field drawn
   uniformly from what the chosen backend supports, kept if `gemmgen.dsl.validate` accepts.
 - `FileProposer`: the programs of `.gemm` files that a person wrote or a probe picked, re-bound
@@ -20,15 +15,14 @@ A proposer only proposes: it never compiles or times (the tuning loop does that)
 from __future__ import annotations
 
 import importlib
-import math
 import random
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 from gemmgen.backends import registry, validate
+from gemmgen.backends.ranking import bucket, estimated_seconds
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
-from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import (
     MAINLOOPS,
     SCHEDULERS,
@@ -41,18 +35,6 @@ from gemmgen.dsl.ir import (
 
 from gemmgen.errors import GemmgenError
 
-SMS = SM90A.sms
-PEAK_FLOPS = SM90A.peak_flops_f16
-PEAK_BYTES_PER_S = SM90A.peak_bytes_per_s
-L2_BYTES_PER_S = SM90A.l2_bytes_per_s
-LAUNCH_S = 3e-6
-#: what a persistent kernel costs more than a one-CTA-per-tile one when there is little work:
-#: ~0.5 us on the H200 (`gemmgen.backends.triton.search_space.PERSISTENT_START_US`)
-PERSISTENT_START_S = 0.5e-6
-#: the second kernel a split-K program launches (the reduction, or the epilogue after fp32 partials
-#: are added in place): split-K's best cost 1.35 us more than the best unsplit program at
-#: 64x64x256 and 0.9 us more at 64x64x512 (shipped database, H200)
-REDUCE_LAUNCH_S = 1.5e-6
 ALL_BACKENDS = registry.NAMES
 
 
@@ -77,28 +59,6 @@ def _validate(program: Program) -> bool:
     except ProgramError:
         return False
     return True
-
-
-def estimated_seconds(program: Program) -> float:
-    """The roofline prior of the module docstring (a ranking aid, not a prediction)."""
-    p, t = program.problem, program.tile
-    split = max(1, program.split_k)
-    k_slice = math.ceil(p.k / split)
-    ctas = math.ceil(p.m / t.m) * math.ceil(p.n / t.n) * split
-    waves = ctas / SMS if program.scheduler == "stream_k" else math.ceil(ctas / SMS)
-    compute = waves * 2 * t.m * t.n * k_slice / (PEAK_FLOPS / SMS)
-    dram = p.bytes / PEAK_BYTES_PER_S
-    l2 = ctas * (t.m + t.n) * k_slice * 2 / L2_BYTES_PER_S
-    reduce = 0.0
-    if split > 1:
-        partial_bytes = split * p.m * p.n * 4
-        reduce = REDUCE_LAUNCH_S + (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
-    start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
-    return max(compute, dram, l2) + reduce + LAUNCH_S + start
-
-
-def _bucket(seconds: float) -> int:
-    return math.floor(math.log(seconds) / math.log(1.05))
 
 
 def _dedupe(programs: Iterable[Program]) -> list[Program]:
@@ -127,7 +87,7 @@ class HeuristicProposer:
             space = _dedupe(space)
             if self.validate:
                 space = [prog for prog in space if _validate(prog)]
-            order = sorted(range(len(space)), key=lambda i: (_bucket(estimated_seconds(space[i])), i))
+            order = sorted(range(len(space)), key=lambda i: (bucket(estimated_seconds(space[i])), i))
             if order:
                 per_backend.append([space[i] for i in order])
         per_backend.sort(key=lambda progs: estimated_seconds(progs[0]))

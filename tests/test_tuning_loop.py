@@ -6,7 +6,8 @@ import pytest
 
 from gemmgen.backends import validate
 from gemmgen.dsl.ir import Problem
-from gemmgen.policy.proposers import (HeuristicProposer, ProposerError, RandomProposer, estimated_seconds,
+from gemmgen.backends.ranking import estimated_seconds
+from gemmgen.policy.proposers import (HeuristicProposer, ProposerError, RandomProposer,
                                       get_proposer, present_backends, register_proposer)
 from gemmgen.measure.comparison import speedup_lower_bound
 from gemmgen.tune import SELECTION_BASELINE, Measurement, tune

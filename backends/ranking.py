@@ -1,0 +1,54 @@
+"""The ranking room: the roofline prior that orders candidates across backends, read from the
+one hardware model (`gemmgen.dsl.hardware.SM90A`).
+
+    t = max(compute, DRAM, L2) + split-K reduction (a second launch) + launch
+
+where compute counts whole waves of CTAs on the SMs (fractional for stream-K, the one schedule
+that splits a tile's K loop across SMs) at the tensor-core peak per SM, DRAM moves the
+problem's bytes at the peak rate, and L2 feeds every CTA its A and B panels; a persistent or
+stream-K kernel adds its start-up. A ranking aid, not a prediction. Within one backend, its
+search space orders its own programs with the cost model of its family (each backend's
+`search_space.py`, on the same hardware numbers).
+"""
+from __future__ import annotations
+
+import math
+
+from gemmgen.dsl.hardware import SM90A
+from gemmgen.dsl.ir import Program
+
+SMS = SM90A.sms
+PEAK_FLOPS = SM90A.peak_flops_f16
+PEAK_BYTES_PER_S = SM90A.peak_bytes_per_s
+L2_BYTES_PER_S = SM90A.l2_bytes_per_s
+LAUNCH_S = 3e-6
+#: what a persistent kernel costs more than a one-CTA-per-tile one when there is little work:
+#: ~0.5 us on the H200 (`gemmgen.backends.triton.search_space.PERSISTENT_START_US`)
+PERSISTENT_START_S = 0.5e-6
+#: the second kernel a split-K program launches (the reduction, or the epilogue after fp32 partials
+#: are added in place): split-K's best cost 1.35 us more than the best unsplit program at
+#: 64x64x256 and 0.9 us more at 64x64x512 (shipped database, H200)
+REDUCE_LAUNCH_S = 1.5e-6
+
+
+def estimated_seconds(program: Program) -> float:
+    """The roofline prior of the module docstring."""
+    p, t = program.problem, program.tile
+    split = max(1, program.split_k)
+    k_slice = math.ceil(p.k / split)
+    ctas = math.ceil(p.m / t.m) * math.ceil(p.n / t.n) * split
+    waves = ctas / SMS if program.scheduler == "stream_k" else math.ceil(ctas / SMS)
+    compute = waves * 2 * t.m * t.n * k_slice / (PEAK_FLOPS / SMS)
+    dram = p.bytes / PEAK_BYTES_PER_S
+    l2 = ctas * (t.m + t.n) * k_slice * 2 / L2_BYTES_PER_S
+    reduce = 0.0
+    if split > 1:
+        partial_bytes = split * p.m * p.n * 4
+        reduce = REDUCE_LAUNCH_S + (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
+    start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
+    return max(compute, dram, l2) + reduce + LAUNCH_S + start
+
+
+def bucket(seconds: float) -> int:
+    """5 % buckets: estimates this close are a tie."""
+    return math.floor(math.log(seconds) / math.log(1.05))
