@@ -146,15 +146,16 @@ def test_out_may_not_overlap_an_input():
         check_no_alias(c, {"bias": c[3]})
 
 
-def test_operands_of_a_tuned_kernel_start_16_byte_aligned():
+def test_misaligned_operands_are_named():
+    """A tuned kernel moves 16-byte vectors; an offset view is named, and the call then runs
+    torch.matmul instead (with a warning) rather than failing (the GPU test below)."""
     torch = pytest.importorskip("torch")
-    from gemmgen.kernel import KernelCallError, check_aligned
+    from gemmgen.kernel import misaligned
 
     aligned = torch.empty(64, 64, dtype=torch.float16)
-    check_aligned({"a": aligned, "out": aligned, "bias": None})
+    assert misaligned({"a": aligned, "out": aligned, "bias": None}) == []
     shifted = torch.empty(64 * 64 + 1, dtype=torch.float16)[1:].view(64, 64)     # 2 bytes off
-    with pytest.raises(KernelCallError, match=r"out starts at 0x[0-9a-f]+, not on a 16-byte boundary"):
-        check_aligned({"a": aligned, "out": shifted})
+    assert misaligned({"a": aligned, "out": shifted}) == ["out"]
 
 
 @pytest.mark.gpu
@@ -172,8 +173,10 @@ def test_a_kernel_call_checks_its_arguments_on_the_gpu(tmp_path):
     b = torch.randn(256, 256, dtype=torch.float16, device="cuda")
     with pytest.raises(KernelCallError, match="out overlaps a"):
         kernel(a, b, out=a)
-    with pytest.raises(KernelCallError, match="16-byte boundary"):
-        kernel(a, b, out=torch.empty(256 * 256 + 1, dtype=torch.float16, device="cuda")[1:].view(256, 256))
+    shifted = torch.empty(256 * 256 + 1, dtype=torch.float16, device="cuda")[1:].view(256, 256)
+    with pytest.warns(RuntimeWarning, match="16-byte boundary.*runs torch.matmul"):
+        kernel(a, b, out=shifted)
+    assert torch.allclose(shifted.float(), a.float() @ b.float(), rtol=1e-2, atol=1e-1)
     with pytest.raises(KernelCallError, match="CUDA"):
         kernel(a, b, out=torch.empty(256, 256, dtype=torch.float16))
     with pytest.raises(KernelCallError, match="alpha"):
