@@ -192,3 +192,14 @@ def test_the_checker_sees_a_cycle_and_imports_inside_functions(tmp_path):
             "import json", "from gemmgen import y"]
     finally:
         REPO = saved
+
+
+def test_every_package_is_installed(graph):
+    """pyproject lists the packages explicitly: a new room left out would import here, from the
+    checkout, and be missing from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    mods, _ = graph
+    packages = {name for name, path in mods.items() if path.name == "__init__.py"}
+    assert packages == listed
