@@ -33,6 +33,7 @@ import operator
 import re
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -43,7 +44,7 @@ from gemmgen.backends.base import INT32_LIMIT
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.errors import GemmgenError
+from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.kernel import Kernel, Provenance
 from gemmgen.tuning_db import (
     DEFAULT_DEVICE_NAME,
@@ -55,6 +56,8 @@ from gemmgen.tuning_db import (
 )
 from gemmgen.tuning_db.records import SAME_SESSION_BASELINE, toolchain_of
 from gemmgen.tune.adapters import this_device
+from gemmgen.tune.on_demand import summary as tuning_summary
+from gemmgen.tune.on_demand import tune_now
 
 _KERNELS: dict = {}          # call arguments -> Kernel (the warm path)
 _BY_PROBLEM: dict = {}       # (Problem, device name, db token) -> Kernel
@@ -92,7 +95,7 @@ def clear_cache() -> None:
 
 def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: str = "row",
             epilogue: Union[Epilogue, str, None] = None, device=None, db=None,
-            deterministic: Optional[bool] = None) -> Kernel:
+            deterministic: Optional[bool] = None, tune: Optional[float] = None) -> Kernel:
     """The kernel for `problem` (a Problem, or an (M, N, K) tuple with the keywords).
 
     M, N and K are integers (int or numpy's) within the kernels' 32-bit limits (`check_shape`);
@@ -105,7 +108,13 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
     deterministic: pass over programs whose split-K partials are added in arrival order
     (`split_k N unordered`: results may differ in the last bits from run to run); None
     follows `torch.are_deterministic_algorithms_enabled()`.
+    tune: seconds to tune the problem on this GPU first if it was never tuned here (the user's
+    database, `gemmgen.tune.on_demand`; a progress bar and one summary line on stderr); a
+    problem tuned once is not tuned again. Needs a GPU.
     """
+    if tune is not None:
+        return _compile_tuned(problem, tune, a_major=a_major, b_major=b_major, epilogue=epilogue,
+                              device=device, db=db, deterministic=deterministic)
     if deterministic is None:
         deterministic = _torch_deterministic()
     key = (problem, a_major, b_major, epilogue, device, db, deterministic)
@@ -128,6 +137,25 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
                 _KERNELS[key] = kernel
         except TypeError:  # unhashable argument: no warm path for it
             pass
+    return kernel
+
+
+def _compile_tuned(problem, seconds, *, db, **kwargs) -> Kernel:
+    """compile(), after tuning the problem for `seconds` where nothing was measured for it."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise CompileError(f"tune={seconds!r}: give the seconds to spend tuning, a positive number")
+    kernel = compile(problem, db=db, **kwargs)
+    index = _index(_db_token(db), db, kernel.provenance.gpu)
+    if kernel.provenance.how != "baseline" or kernel.problem.key in index.tuned:
+        return kernel                             # measured here before: nothing to tune
+    if not _gpu_present():
+        raise NoGPUError(f"gemmgen.compile(..., tune={seconds})")
+    start = time.monotonic()
+    reports = tune_now([kernel.problem], db=db, time_budget_s=seconds, progress=True)
+    clear_cache()
+    kernel = compile(problem, db=db, **kwargs)
+    print(f"gemmgen: tuned {kernel.problem.key} in {time.monotonic() - start:.0f} s ({tuning_summary(reports)}); "
+          f"serving: {kernel.provenance.summary}", file=sys.stderr)
     return kernel
 
 
@@ -278,8 +306,7 @@ def _current_device(gpu: str):
     """This machine's GPU with its driver and toolchain, where it is the model the records are
     read for, so that winners measured under other versions do not serve; None without one
     (nothing to run here, so nothing to compare)."""
-    torch = _torch()
-    if torch is None or not torch.cuda.is_available():
+    if not _gpu_present():
         return None
     here = this_device()
     return here if here.name == gpu else None
@@ -293,6 +320,11 @@ def _torch():
     except ImportError:
         return None
     return torch
+
+
+def _gpu_present() -> bool:
+    torch = _torch()
+    return torch is not None and torch.cuda.is_available()
 
 
 def _torch_deterministic() -> bool:

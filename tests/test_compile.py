@@ -240,3 +240,49 @@ def test_a_stale_program_warns_and_falls_back(tmp_path):
         k = gemmgen.compile((256, 256, 256), device=GPU, db=db)
     assert k.provenance.how == "baseline"
     clear_cache()
+
+
+def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, capsys):
+    """compile(..., tune=S): the tune loop (fake runner and builder here) records trials into the
+    user's database, the winner serves, and a second compile tunes nothing."""
+    import gemmgen.compile as compile_module
+    from gemmgen.tune import on_demand
+    from tuning_fakes import FakeBuilder, FakeRunner
+
+    class Runner(FakeRunner):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    runs = []
+    monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: runs.append(kw) or Runner())
+    monkeypatch.setattr(on_demand, "PoolBuilder", FakeBuilder)
+    monkeypatch.setattr(compile_module, "_gpu_present", lambda: True)
+    monkeypatch.setattr(compile_module, "this_device", lambda: TEST_GPU)
+    clear_cache()
+    path = tmp_path / "user.sqlite"
+    shape = (1000, 1000, 1000)
+    assert gemmgen.compile(shape, device=GPU, db=path).provenance.how == "baseline"
+    kernel = gemmgen.compile(shape, device=GPU, db=path, tune=30)
+    assert len(runs) == 1 and kernel.provenance.how == "exact" and kernel.provenance.layer == "user"
+    assert "tuned 1000x1000x1000" in capsys.readouterr().err
+    assert len(list(Database(path).trials())) > 0
+    clear_cache()
+    again = gemmgen.compile(shape, device=GPU, db=path, tune=30)
+    assert len(runs) == 1 and again.provenance.how == "exact"          # measured before: no tuning
+    with pytest.raises(CompileError, match="tune=-1"):
+        gemmgen.compile(shape, device=GPU, db=path, tune=-1)
+    clear_cache()
+
+
+def test_tune_on_demand_needs_a_gpu(tmp_path, monkeypatch):
+    import gemmgen.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_gpu_present", lambda: False)
+    clear_cache()
+    with pytest.raises(NoGPUError, match="tune=5"):
+        gemmgen.compile((1000, 1000, 1000), device=GPU, db=tmp_path / "u.sqlite", tune=5)
+    assert not (tmp_path / "u.sqlite").exists()
+    clear_cache()

@@ -410,16 +410,18 @@ def test_addmm_bias_c_alpha_beta_are_honoured():
         assert rel_err(out, ref) < 1e-2
 
 
-def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch):
+def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, capsys):
     """A short tuning budget spent on one-minute CUTLASS builds recorded nothing on the H200;
     tune_keys(backends=("triton",)) keeps the proposals to what builds in seconds."""
     import gemmgen.tune
     from gemmgen.torch_compile import ops as torch_ops
-    from gemmgen.torch_compile import tuning
+    from gemmgen.tune import on_demand
 
     seen = {}
 
     class NoGPU:                               # the worker runner's context-manager face only
+        from tuning_fakes import TEST_GPU as device
+
         def __init__(self, **kwargs):
             pass
 
@@ -435,11 +437,21 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch):
         seen["proposed"] = {prog.backend for p in problems for prog in proposer.propose(p, 6)}
         return gemmgen.tune.TuneReport(shapes=len(problems))
 
-    monkeypatch.setattr(tuning, "WorkerRunner", NoGPU)
+    monkeypatch.setattr(on_demand, "WorkerRunner", NoGPU)
     monkeypatch.setattr(gemmgen.tune, "tune", fake_tune)
     key = torch_ops.kernel_key(2048, 5632, 2048, "row", "col", False, False, "silu", 1.0, 0.0, 0)
     torch_backend.tune_keys([key, key], tmp_path / "t.sqlite", budget=6, time_budget_s=40, backends=("triton",))
+    assert "gemmgen: 1 GEMMs found, 1 tuned, 0 won," in capsys.readouterr().err     # one line per compile
     assert seen == {"backends": ("triton",), "problems": ["2048x5632x2048:rcr:f16:f32:silu+f16"],
                     "proposed": {"triton"}}
     torch_backend.tune_keys([key], tmp_path / "t.sqlite")
     assert set(seen["backends"]) >= {"triton", "cutlass", "cuda"}
+
+
+def test_tune_seconds_is_a_positive_number():
+    from gemmgen.torch_compile.backend import TorchBackendError, pass_options
+
+    assert pass_options(tune_seconds=90).tune_seconds == 90.0
+    for bad in (0, -5, True, "90", float("inf")):
+        with pytest.raises(TorchBackendError, match="tune_seconds"):
+            pass_options(tune_seconds=bad)

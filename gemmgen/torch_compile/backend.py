@@ -13,6 +13,7 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
                   "op": it goes through gemmgen's cuBLAS fallback anyway
     tune_missing  tune shapes the database lacks at compile time (GPU; minutes); default False
     tune_budget   trials per shape when tuning (default 8)
+    tune_seconds  time to spend tuning per compiled graph (default: no limit but tune_budget)
     min_gain_us   take a tuned kernel only if it saves at least this much device time per call
                   (default 5: the op's extra host cost; see docs/torch_compile.md)
     join_siblings join matmuls of one activation by several weights (q, k, v; gate, up) into
@@ -47,8 +48,8 @@ _DEVICE_TYPES = ("cuda", "cpu")
 _BASELINES = ("stock", "op")
 #: Where the pass goes in inductor's config (the first of the post-grad passes).
 PASS_SLOT = "post_grad_custom_pre_pass"
-_OPTION_NAMES = ("ops", "devices", "baseline", "tune_missing", "tune_budget", "min_gain_us", "join_siblings", "db",
-                 "inductor")
+_OPTION_NAMES = ("ops", "devices", "baseline", "tune_missing", "tune_budget", "tune_seconds", "min_gain_us",
+                 "join_siblings", "db", "inductor")
 
 
 class TorchBackendError(GemmgenError):
@@ -57,7 +58,7 @@ class TorchBackendError(GemmgenError):
 
 def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
                  tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0,
-                 db=None, join_siblings: bool = False) -> PassOptions:
+                 db=None, join_siblings: bool = False, tune_seconds: Optional[float] = None) -> PassOptions:
     """Validated PassOptions from user values."""
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
     devices = (devices,) if isinstance(devices, str) else tuple(devices)
@@ -71,20 +72,26 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
         raise TorchBackendError(f"baseline={baseline!r} not understood; choose 'stock' or 'op'")
     if not isinstance(tune_budget, int) or tune_budget < 1:
         raise TorchBackendError(f"tune_budget must be a positive integer, got {tune_budget!r}")
+    if tune_seconds is not None and (isinstance(tune_seconds, bool) or not isinstance(tune_seconds, (int, float))
+                                     or not 0 < tune_seconds < float("inf")):
+        raise TorchBackendError(f"tune_seconds must be a positive number of seconds, got {tune_seconds!r}")
     if not isinstance(min_gain_us, (int, float)) or min_gain_us < 0:
         raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
     if not isinstance(join_siblings, bool):
         raise TorchBackendError(f"join_siblings must be True or False, got {join_siblings!r}")
     return PassOptions(ops=ops, devices=devices, tune_missing=bool(tune_missing), tune_budget=tune_budget,
                        db=None if db is None else str(db), baseline=baseline, min_gain_us=float(min_gain_us),
-                       join_siblings=join_siblings)
+                       join_siblings=join_siblings,
+                       tune_seconds=None if tune_seconds is None else float(tune_seconds))
 
 
 def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
                  tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0, db=None,
-                 join_siblings: bool = False, inductor: Optional[Mapping[str, Any]] = None):
+                 join_siblings: bool = False, inductor: Optional[Mapping[str, Any]] = None,
+                 tune_seconds: Optional[float] = None):
     """A torch.compile backend with these options: torch.compile(m, backend=make_backend(...))."""
-    chosen = pass_options(ops, devices, baseline, tune_missing, tune_budget, min_gain_us, db, join_siblings)
+    chosen = pass_options(ops, devices, baseline, tune_missing, tune_budget, min_gain_us, db, join_siblings,
+                          tune_seconds)
     patches = dict(inductor or {})
 
     def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):

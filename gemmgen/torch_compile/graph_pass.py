@@ -97,6 +97,7 @@ class PassOptions:
     devices: tuple = ("cuda",)
     tune_missing: bool = False
     tune_budget: int = 8
+    tune_seconds: Optional[float] = None
     db: Optional[str] = None
     baseline: str = "stock"
     min_gain_us: float = 5.0
@@ -259,7 +260,7 @@ class GemmgenPass(CustomGraphPass):
         kernels = {k: torch_ops.resolve(k, opts.db) for k in keys}
         lacking = [k for k, kern in kernels.items() if missing(kern)]
         if opts.tune_missing and lacking:
-            tune_keys(lacking, opts.db, opts.tune_budget)
+            tune_keys(lacking, opts.db, opts.tune_budget, opts.tune_seconds, found=len(keys))
             kernels = {k: torch_ops.resolve(k, opts.db) for k in kernels}
         return kernels
 

@@ -3,35 +3,30 @@ measured kernel, tuned into the database before the graph is finished."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import sys
+import time
 from typing import Iterable, Optional
 
 from gemmgen.compile import clear_cache
-from gemmgen.policy.proposers import get_proposer
-from gemmgen.torch_compile.ops import clear_kernels, problem_of
-from gemmgen.tune import split_library, tune_backends
-from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
-from gemmgen.tuning_db import Database, default_db_path
+from gemmgen.torch_compile.ops import clear_kernels, problem_of, resolve
+from gemmgen.tune.on_demand import summary, tune_now
 
 
 def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Optional[float] = None,
-              backends: Optional[Iterable[str]] = None):
-    """Tune the problems of these op keys (`missing_keys()`) into the database (GPU), then
-    forget cached kernels so the next compile sees the winners. Returns the TuneReport.
-
-    `backends` limits the proposals (e.g. ("triton",): builds in seconds, where one CUTLASS
-    build takes a minute, so a short time budget still records trials)."""
+              backends: Optional[Iterable[str]] = None, *, found: Optional[int] = None):
+    """Tune the problems of these op keys (`missing_keys()`) into the database (GPU), with a
+    progress bar, then forget cached kernels so the next compile sees the winners, and print one
+    line: GEMMs found (`found`, else the keys), tuned, won, seconds. Returns the reports
+    (`gemmgen.tune.on_demand.tune_now`)."""
+    keys = list(dict.fromkeys(keys))
     problems = list(dict.fromkeys(problem_of(key) for key in keys))
-    path = Path(db) if db is not None else default_db_path()
-    library, programs = split_library(tuple(backends) if backends else ())
-    proposer = (get_proposer("heuristic", **({"backends": programs} if programs else {}))
-                if programs or not library else None)
-    with Database(path) as database, WorkerRunner(mode="offline") as runner:
-        reports = tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(),
-                                runner=runner, db=database, budget=budget, time_budget_s=time_budget_s,
-                                progress=False)
-    summary = "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()) or "nothing run"
-    logging.getLogger("gemmgen.torch").info("gemmgen: tuned %d missing problems: %s", len(problems), summary)
+    start = time.monotonic()
+    reports = tune_now(problems, db=db, budget=budget, time_budget_s=time_budget_s, backends=backends,
+                       progress=True)
+    logging.getLogger("gemmgen.torch").info("gemmgen: tuned %d missing problems: %s", len(problems), summary(reports))
     clear_cache()
     clear_kernels()
+    won = sum(resolve(key, db).provenance.how != "baseline" for key in keys)
+    print(f"gemmgen: {len(keys) if found is None else found} GEMMs found, {len(problems)} tuned, {won} won, "
+          f"{time.monotonic() - start:.0f} s", file=sys.stderr)
     return reports
