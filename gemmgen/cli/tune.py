@@ -11,6 +11,7 @@ from gemmgen.measure.shapes import PARTS, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
 from gemmgen.tune import split_library, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
+from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
 from gemmgen.tune.neighbours import NEIGHBOURS, WithNeighbours
 from gemmgen.tuning_db import Database, WinnerIndex, default_db_path, shipped_database
 
@@ -49,6 +50,9 @@ def register(subparsers) -> None:
     tune.add_argument("--worker-timeout", type=float, default=60.0, metavar="S",
                       help="seconds one candidate may take in the worker before it counts as hung")
     tune.add_argument("--shard", default=None, metavar="I/N", help="tune every N-th shape from the I-th")
+    tune.add_argument("--distributed", action="store_true",
+                      help="one rank of a torchrun launch: `torchrun --nproc-per-node G -m gemmgen tune "
+                           "--distributed ...` shares the shapes out over G GPUs and gathers the records into --db")
     tune.add_argument("--part", choices=PARTS, default="tuning",
                       help="rows of a shapes file with a `# held_out:` line: the tuning part (default: "
                            "held-out families stay unseen), the held-out families, or all")
@@ -96,6 +100,9 @@ def has_gpu() -> bool:
 
 def _tune(args) -> int:
     # Everything that can be refused is, before the database is opened (or created).
+    rank = Rank.from_env() if args.distributed else None
+    if rank is not None:
+        pin_gpu(rank)                                # before anything initialises CUDA
     library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
     problems = tune_problems(args.shapes, args.shard, args.epilogue, args.part)
     proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
@@ -104,6 +111,8 @@ def _tune(args) -> int:
         raise NoGPUError("gemmgen tune")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     db_path = Path(args.db) if args.db else default_db_path()
+    if rank is not None:
+        return _tune_distributed(args, rank, problems, proposer, library, baselines, db_path)
     with WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout, baselines=baselines) as runner, \
             Database(db_path) as db:
         print(f"tuning on {runner.device.name}, database {db_path}")
@@ -118,6 +127,23 @@ def _tune(args) -> int:
     clear_cache()
     print(f"on {runner.device.name} in {db_path}: {winners} problems with a winning program, "
           f"{served} served by a cuBLASLt algorithm")
+    return 0
+
+
+def _tune_distributed(args, rank, problems, proposer, library, baselines, db_path) -> int:
+    """One rank of `torchrun ... -m gemmgen tune --distributed` (gemmgen.tune.distributed)."""
+    store = connect(rank)
+    with WorkerRunner(mode=args.mode, timeout_s=args.worker_timeout, baselines=baselines) as runner:
+        print(f"rank {rank.rank}/{rank.world}: tuning on {runner.device.name}, {rank.cores()} build jobs")
+        done = run_rank(problems, rank, store, db_path=db_path, tune_one=tune_one_with(
+            proposer=proposer, builder=PoolBuilder(jobs=rank.cores()), runner=runner, budget=args.budget,
+            time_budget_s=args.time_budget, seed=args.seed, library=library))
+    print(f"rank {rank.rank}: {len(done['problems'])} problems tuned")
+    if rank.rank == 0:
+        lost = f"; ranks {done['lost_ranks']} did not finish (run the same command again to finish their work)" \
+            if done["lost_ranks"] else ""
+        print(f"gathered {done['merged']} records into {db_path}{lost}")
+        clear_cache()
     return 0
 
 
