@@ -39,13 +39,16 @@ from pathlib import Path
 from typing import Optional, Union
 
 from gemmgen import backends
-from gemmgen.backends.build import build_many
 from gemmgen.backends.base import INT32_LIMIT
+from gemmgen.backends.build import build_many
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.kernel import Kernel, Provenance
+from gemmgen.tune.adapters import this_device
+from gemmgen.tune.on_demand import summary as tuning_summary
+from gemmgen.tune.on_demand import tune_now
 from gemmgen.tuning_db import (
     DEFAULT_DEVICE_NAME,
     Database,
@@ -55,9 +58,6 @@ from gemmgen.tuning_db import (
     shipped_database,
 )
 from gemmgen.tuning_db.records import SAME_SESSION_BASELINE, toolchain_of
-from gemmgen.tune.adapters import this_device
-from gemmgen.tune.on_demand import summary as tuning_summary
-from gemmgen.tune.on_demand import tune_now
 
 _KERNELS: dict = {}          # call arguments -> Kernel (the warm path)
 _BY_PROBLEM: dict = {}       # (Problem, device name, db token) -> Kernel
@@ -148,7 +148,7 @@ def _compile_tuned(problem, seconds, *, db, **kwargs) -> Kernel:
     index = _index(_db_token(db), db, kernel.provenance.gpu)
     if kernel.provenance.how != "baseline" or kernel.problem.key in index.tuned:
         return kernel                             # measured here before: nothing to tune
-    if not _gpu_present():
+    if not gpu_present():
         raise NoGPUError(f"gemmgen.compile(..., tune={seconds})")
     start = time.monotonic()
     reports = tune_now([kernel.problem], db=db, time_budget_s=seconds, progress=True)
@@ -306,7 +306,7 @@ def _current_device(gpu: str):
     """This machine's GPU with its driver and toolchain, where it is the model the records are
     read for, so that winners measured under other versions do not serve; None without one
     (nothing to run here, so nothing to compare)."""
-    if not _gpu_present():
+    if not gpu_present():
         return None
     here = this_device()
     return here if here.name == gpu else None
@@ -322,7 +322,8 @@ def _torch():
     return torch
 
 
-def _gpu_present() -> bool:
+def gpu_present() -> bool:
+    """Whether torch sees a CUDA device here (tuning needs one; a kernel is checked and timed on one)."""
     torch = _torch()
     return torch is not None and torch.cuda.is_available()
 

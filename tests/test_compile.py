@@ -259,7 +259,7 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     runs = []
     monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: runs.append(kw) or Runner())
     monkeypatch.setattr(on_demand, "PoolBuilder", FakeBuilder)
-    monkeypatch.setattr(compile_module, "_gpu_present", lambda: True)
+    monkeypatch.setattr(compile_module, "gpu_present", lambda: True)
     monkeypatch.setattr(compile_module, "this_device", lambda: TEST_GPU)
     clear_cache()
     path = tmp_path / "user.sqlite"
@@ -280,7 +280,7 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
 def test_tune_on_demand_needs_a_gpu(tmp_path, monkeypatch):
     import gemmgen.compile as compile_module
 
-    monkeypatch.setattr(compile_module, "_gpu_present", lambda: False)
+    monkeypatch.setattr(compile_module, "gpu_present", lambda: False)
     clear_cache()
     with pytest.raises(NoGPUError, match="tune=5"):
         gemmgen.compile((1000, 1000, 1000), device=GPU, db=tmp_path / "u.sqlite", tune=5)

@@ -6,14 +6,15 @@ from pathlib import Path
 
 from gemmgen.backends import registry as backend_registry
 from gemmgen.compile import as_problem, check_epilogue, clear_cache, compile, parse_epilogue, parse_shape
+from gemmgen.compile import gpu_present as has_gpu
 from gemmgen.errors import NoGPUError
 from gemmgen.measure.shapes import PARTS, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
 from gemmgen.tune import split_library, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
 from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
-from gemmgen.tune.neighbours import NEIGHBOURS, WithNeighbours
-from gemmgen.tuning_db import Database, WinnerIndex, default_db_path, shipped_database
+from gemmgen.tune.neighbours import NEIGHBOURS, with_neighbours
+from gemmgen.tuning_db import Database, default_db_path
 
 
 def register(subparsers) -> None:
@@ -88,16 +89,6 @@ def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str
     return [replace(p, epilogue=epi) for p in problems] if epi else problems
 
 
-def has_gpu() -> bool:
-    """Whether torch sees a CUDA device here (tune needs one; compile checks and times with one)."""
-    try:
-        # Deferred: torch (optional, heavy to import).
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def _tune(args) -> int:
     # Everything that can be refused is, before the database is opened (or created).
     rank = Rank.from_env() if args.distributed else None
@@ -117,8 +108,7 @@ def _tune(args) -> int:
             Database(db_path) as db:
         print(f"tuning on {runner.device.name}, database {db_path}")
         if proposer is not None and args.neighbours and not args.programs and args.proposer != "programs":
-            index = WinnerIndex([("user", db), ("shipped", shipped_database())], runner.device.name)
-            proposer = WithNeighbours(proposer, index, args.neighbours)
+            proposer = with_neighbours(proposer, db, runner.device.name, args.neighbours)
         tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(jobs=args.jobs),
                       runner=runner, db=db, budget=args.budget, time_budget_s=args.time_budget,
                       seed=args.seed, progress=not args.no_progress, announce=print)

@@ -16,7 +16,8 @@ from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.dsl.printer import to_text
-from gemmgen.tuning_db.store import WinnerIndex
+from gemmgen.tuning_db import Database
+from gemmgen.tuning_db.store import WinnerIndex, shipped_database
 
 #: neighbours tried before the proposer's own programs, per problem
 NEIGHBOURS = 2
@@ -37,6 +38,11 @@ def neighbour_programs(index: WinnerIndex, problem: Problem, count: int = NEIGHB
         if not diagnose(program):
             found.append(program)
     return found
+
+
+def with_neighbours(proposer, db: Database, device_name: str, count: int = NEIGHBOURS) -> "WithNeighbours":
+    """`proposer` led by the winners near each problem in `db` and the shipped records."""
+    return WithNeighbours(proposer, WinnerIndex([("user", db), ("shipped", shipped_database())], device_name), count)
 
 
 class WithNeighbours:

@@ -13,8 +13,8 @@ from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import get_proposer
 from gemmgen.tune import TuneReport, split_library, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
-from gemmgen.tune.neighbours import WithNeighbours
-from gemmgen.tuning_db import Database, WinnerIndex, default_db_path, shipped_database
+from gemmgen.tune.neighbours import with_neighbours
+from gemmgen.tuning_db import Database, default_db_path
 
 
 def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database] = None, budget: int = 8,
@@ -34,8 +34,7 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
     try:
         with WorkerRunner(mode="offline") as runner:
             if proposer is not None:
-                index = WinnerIndex([("user", database), ("shipped", shipped_database())], runner.device.name)
-                proposer = WithNeighbours(proposer, index)
+                proposer = with_neighbours(proposer, database, runner.device.name)
             return tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(),
                                  runner=runner, db=database, budget=budget, time_budget_s=time_budget_s,
                                  progress=progress)
