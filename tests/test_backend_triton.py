@@ -47,7 +47,6 @@ def text_of(p: Program) -> str:
 REFUSED = {
     "cluster 2x1": ("cluster 1x1", "cluster 2x1"),
     "instr wgmma": ("instr auto", "instr wgmma 64x128x16"),
-    "stream_k": ("scheduler tile", "scheduler stream_k"),
     "ws_pingpong": ("mainloop multistage", "mainloop ws_pingpong"),
     "ws_cooperative": ("warps 4x1\ninstr auto\ncluster 1x1\nstages 4\nmainloop multistage",
                        "warps 8x1\ninstr auto\ncluster 1x1\nstages 4\nmainloop ws_cooperative"),
@@ -81,13 +80,36 @@ def test_unsupported_features_are_refused_by_the_validator_with_a_location(what)
 def test_support_lists_what_triton_can_do():
     s = tb.SUPPORT
     assert s.mainloops == {"multistage"}
-    assert s.schedulers == {"tile", "persistent"}
+    assert s.schedulers == {"tile", "persistent", "stream_k"}
     assert s.split_k_reduces == {"workspace", "unordered", "atomic"}
     assert s.max_cluster == 1 and s.instr_kinds == {None}
     assert s.activations == {"relu", "gelu", "silu"}
 
 
 # -- lowering ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tiles, k_tiles", [(1, 4), (32, 32), (150, 2), (33, 1000), (500, 7), (7, 5)])
+def test_stream_k_shares_out_every_iteration_once(tiles, k_tiles):
+    """The host's grid and the kernel's arithmetic: each iteration has one CTA, at most one wave of
+    CTAs, and a CTA's partial tiles are only its first and its last (its two workspace slots)."""
+    from gemmgen.backends.triton.stream_k import CTA_CAP, work_split, workspace_words
+
+    grid = {"block_m": 16, "block_n": 32, "block_k": 64, "cta_cap": CTA_CAP}
+    m, n, k = 16 * tiles, 32, 64 * k_tiles
+    got_tiles, per, ctas = work_split(grid, m, n, k)
+    assert got_tiles == tiles and ctas <= CTA_CAP
+    owner = [c for c in range(ctas) for _ in range(c * per, min((c + 1) * per, tiles * k_tiles))]
+    assert len(owner) == tiles * k_tiles and owner == sorted(owner)
+    for c in range(ctas):
+        begin, end = c * per, min((c + 1) * per, tiles * k_tiles)
+        for tile in range(begin // k_tiles, (end - 1) // k_tiles + 1):
+            whole = begin <= tile * k_tiles and end >= (tile + 1) * k_tiles
+            assert whole or tile in (begin // k_tiles, (end - 1) // k_tiles)
+            # the kernel's contributors of a tile: the CTAs whose ranges meet it
+            first, last = tile * k_tiles // per, ((tile + 1) * k_tiles - 1) // per
+            assert first <= c <= last and owner[tile * k_tiles] == first and owner[(tile + 1) * k_tiles - 1] == last
+    assert workspace_words(grid, m, n, k) == ctas * 2 * 16 * 32 + tiles
+
 
 def test_lower_is_pure_readable_and_keeps_majors_in_strides():
     p = program(4096, 11008, 4096, b="col", tile=(128, 256, 64), warps=(2, 4), stages=3, swizzle=8,
@@ -169,7 +191,12 @@ def test_every_triton_example_lowers_and_compiles_to_sm_90a(name):
         assert k["metadata"]["target"]["arch"] == 90
     ptx = _sass_facts(art)
     assert ".target sm_90a" in ptx
-    assert "wgmma.mma_async" in ptx or name == "triton_split_k"
+    if p.tile.m >= 64:      # Triton's wgmma needs 64 rows a warpgroup; a thinner tile is mma.sync's
+        assert "wgmma.mma_async" in ptx or name == "triton_split_k"
+    else:
+        assert "mma.sync.aligned" in ptx and "wgmma" not in ptx
+    if p.scheduler == "stream_k":   # the ticket: an acq_rel atomic after a CTA barrier
+        assert "atom.global.gpu.acq_rel.add" in ptx and "bar.sync" in ptx
     if p.scheduler == "persistent":
         assert "cp.async.bulk.tensor" in ptx        # TMA loads
 
@@ -206,20 +233,23 @@ def test_build_many_compiles_in_parallel_and_reports_failures():
 
 # -- the search space ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape", [(64, 64, 12288), (4096, 4096, 4096), (1000, 3000, 77), (64, 4096, 2048)])
+@pytest.mark.parametrize("shape", [(64, 64, 12288), (4096, 4096, 4096), (1000, 3000, 77), (64, 4096, 2048),
+                                   (1, 4096, 4096)])
 def test_space_is_valid_pruned_and_ordered(shape):
-    problem = Problem(*shape)
+    problem = Problem(*shape, b_major="col" if shape[0] <= 128 else "row")
     cands = tb.space(problem)
     assert 1 <= len(cands) <= 60 and len(set(cands)) == len(cands)
     for c in cands:
         assert not backends.diagnose(c), (c, backends.diagnose(c))
     m, n, k = shape
-    if m == 64:
-        assert all(c.tile.m == 64 for c in cands)
+    if m <= 128:   # no tile taller than M needs; stream-K offered where K is long
+        assert all(c.tile.m <= max(64, 16 * -(-m // 16)) for c in cands)
+        assert m > 16 or all(c.tile.m == 16 for c in cands if c.tile.m < 64)
+        assert k < 4 * 128 or any(c.scheduler == "stream_k" for c in cands)
     if k % 8:
         assert all(c.scheduler == "tile" for c in cands)
     if m * n <= 64 * 64 and k >= 4096:
-        assert any(c.split_k > 1 for c in cands[:12])
+        assert any(c.split_k > 1 or c.scheduler == "stream_k" for c in cands[:12])
     if m >= 4096 and n >= 4096:
         assert cands[0].tile.m * cands[0].tile.n >= 128 * 256 and cands[0].scheduler == "persistent"
 
@@ -286,6 +316,14 @@ INTERPRETED = [
              epilogue=Epilogue(alpha=1.5, beta=0.5, bias="n", activation="silu", residual=True, out_dtype="f32")),
      None),
     (program(None, None, None, tile=(32, 32, 16), warps=(4, 1)), (33, 50, 70)),
+    # stream-K: every tile split over CTAs (one k-iteration each); whole tiles beside partial ones
+    # (80x960x32 in 16x32x16 tiles: 150 tiles x 2 k-tiles over 100 CTAs of 3); M below one tile
+    (program(40, 48, 96, b="col", tile=(32, 32, 16), warps=(2, 2), scheduler="stream_k",
+             epilogue=Epilogue(bias="n", activation="relu")), None),
+    (program(80, 960, 32, b="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k",
+             epilogue=Epilogue(alpha=1.5, beta=0.5, residual=True)), None),
+    (program(3, 100, 200, b="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k"), None),
+    (program(None, None, None, a="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k"), (17, 60, 90)),
 ]
 
 

@@ -27,10 +27,10 @@ from typing import Any, Optional
 from gemmgen.backends import build as builds
 from gemmgen.backends.base import Artifact, BackendError, TensorArg, check_launch, refuse_int32_overflow
 from gemmgen.backends.triton.compiler import compile_kernels, import_text, toolchain
-from gemmgen.backends.triton.lowering import grid_size
+from gemmgen.backends.triton.lowering import grid_size, workspace_need
 from gemmgen.backends.triton.rules import INDEXES, index_counts
 from gemmgen.backends.workspace import persistent_buffer
-from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
+from gemmgen.dsl.ir import Program
 
 from gemmgen.errors import NoGPUError
 
@@ -213,15 +213,13 @@ class TritonLauncher:
                     if role != "const":
                         slots.append((len(template), role, 1))
                     template.append(None)
-            kernels.append((lk, grid_size(kern["grid"], m, n), template, tuple(slots)))
-        split = self.meta["split_k"]
-        atomic = self.meta["split_k_reduce"] in ARRIVAL_ORDER_REDUCES
-        ws = 0 if split == 1 else (m * n if atomic else split * m * n)
+            kernels.append((lk, grid_size(kern["grid"], m, n, k), template, tuple(slots)))
+        ws, zeroed = workspace_need(self.meta, m, n, k)
         row_align = max([kern["hints"].get(name, 1) for kern in self.meta["kernels"]
                          for name, _, role in kern["params"] if role in ("stride_c", "stride_residual")] or [1])
         if not hinted:
             row_align = 1
-        return _Plan(device=device, kernels=kernels, workspace_elems=ws, zero_workspace=atomic, shape=(m, n),
+        return _Plan(device=device, kernels=kernels, workspace_elems=ws, zero_workspace=zeroed, shape=(m, n),
                      row_align=row_align, torch_device=a.device)
 
     # -- per call ---------------------------------------------------------------------------
@@ -471,17 +469,16 @@ def _run_module(module, meta, program, tensors: dict, alpha, beta, workspace=Non
     e = program.problem.epilogue
     a, b, out = tensors["a"], tensors["b"], tensors["out"]
     values = static_values(meta, a, b, out)
-    m, n = values["M"], values["N"]
+    m, n, k = values["M"], values["N"], values["K"]
     values.update(tensors, alpha=float(e.alpha if alpha is None else alpha),
                   beta=float(e.beta if beta is None else beta))
     if tensors.get("residual") is not None:
         values["stride_residual"] = tensors["residual"].stride(0)
     if tensors.get("c") is not None:
         values["stride_c"] = tensors["c"].stride(0)
-    if meta["split_k"] > 1:
-        atomic = meta["split_k_reduce"] in ARRIVAL_ORDER_REDUCES
-        size = m * n * (1 if atomic else meta["split_k"])
-        values["workspace"] = (workspace(size, atomic) if workspace else
+    size, zeroed = workspace_need(meta, m, n, k)
+    if size:
+        values["workspace"] = (workspace(size, zeroed) if workspace else
                                torch.zeros(size, dtype=torch.float32, device=a.device))
     if meta["persistent"]:
         for operand in ("a", "b", "out"):
@@ -490,7 +487,7 @@ def _run_module(module, meta, program, tensors: dict, alpha, beta, workspace=Non
     for kern in meta["kernels"]:
         fn = getattr(module, kern["name"])
         extra = {"num_warps": kern["num_warps"], "num_stages": kern["num_stages"]} if options is None else options
-        fn[grid_size(kern["grid"], m, n)](*call_args(kern, values), **kern["constexprs"], **extra)
+        fn[grid_size(kern["grid"], m, n, k)](*call_args(kern, values), **kern["constexprs"], **extra)
 
 
 class JitLauncher:

@@ -30,19 +30,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Optional
 
 from gemmgen.backends.base import Source
+from gemmgen.backends.triton import stream_k
+from gemmgen.backends.triton.pieces import (
+    GENERIC_HINT, SIGNATURE_DTYPE, Args, epilogue_args, epilogue_call, epilogue_fn, epilogue_scalars,
+    operand_stride_divisor, operand_text, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, Program
 
-TRITON_DTYPE = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
-SIGNATURE_DTYPE = {"f16": "fp16", "bf16": "bf16", "f32": "fp32"}
 REDUCE_BLOCK = (32, 128)   # tile of the split-K reduce / finalize kernel
 REDUCE_WARPS = 4
-# A shape-generic kernel is compiled as triton's JIT would specialise it for the common case,
-# M, N, K and row strides multiples of 16; its launcher checks and falls back to an unhinted build.
-GENERIC_HINT = 16
 
 
 def auto_stages(program: Program) -> int:
@@ -64,145 +62,9 @@ def num_stages(program: Program) -> int:
 
 def kernel_name(program: Program) -> str:
     p, t = program.problem, program.tile
-    kind = "persistent" if program.scheduler == "persistent" else "tile"
+    kind = program.scheduler
     digest = hashlib.sha256(repr(program).encode()).hexdigest()[:8]
     return f"gemm_{kind}_{t.m}x{t.n}x{t.k}_{p.a_major[0]}{p.b_major[0]}_{digest}"
-
-
-def _pow2_divisor(value: Optional[int], cap: int = 16) -> int:
-    """Largest power of two dividing `value` (at most `cap`); 1 when unknown."""
-    if not value:
-        return 1
-    d = 1
-    while d < cap and value % (d * 2) == 0:
-        d *= 2
-    return d
-
-
-class _Args:
-    """The kernel's parameter list, built once and shared by the text and the meta."""
-
-    def __init__(self):
-        self.params: list[tuple[str, str, str]] = []   # (name, signature type, role)
-        self.hints: dict[str, int] = {}                # name -> tt.divisibility the compiler may assume
-        self.assumed: list[str] = []                   # hints a shape-generic launcher must check per call
-
-    def add(self, name: str, ty: str, role: str, divisible: int = 1, assumed: bool = False) -> None:
-        self.params.append((name, ty, role))
-        if divisible > 1:
-            self.hints[name] = divisible
-            if assumed:
-                self.assumed.append(name)
-
-    def text(self, indent: str = "    ") -> str:
-        lines = []
-        for name, ty, _ in self.params:
-            lines.append(f"{indent}{name}: tl.constexpr," if ty == "constexpr" else f"{indent}{name},")
-        return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------------
-# Pieces of text shared by both kernels
-
-
-def _tile_coords_fn(raster: str) -> str:
-    """The rasterisation, as every gemmgen backend defines it (docs/backends.md).
-
-    raster m: consecutive tiles walk down M inside bands of GROUP tile columns (n fastest
-    inside a band), so swizzle=1 is plain column order; raster n is the mirror image.
-    Triton's classic GROUP_M ordering is `raster n swizzle=GROUP_M`.
-    """
-    band_dim, walk_dim = ("n", "m") if raster == "m" else ("m", "n")
-    return f'''@triton.jit
-def tile_coords(tile, num_pid_m, num_pid_n, GROUP: tl.constexpr):
-    """Raster {raster}: walk along {walk_dim.upper()} in bands of GROUP tile {'columns' if band_dim == 'n' else 'rows'}
-    ({band_dim} fastest inside a band), so a wave of CTAs shares operand panels in L2."""
-    per_band = GROUP * num_pid_{walk_dim}
-    band = tile // per_band
-    first_{band_dim} = band * GROUP
-    band_width = tl.minimum(num_pid_{band_dim} - first_{band_dim}, GROUP)
-    pid_{band_dim} = first_{band_dim} + (tile % per_band) % band_width
-    pid_{walk_dim} = (tile % per_band) // band_width
-    return pid_m, pid_n
-'''
-
-
-def _epilogue_fn(program: Program) -> tuple[str, list[str]]:
-    """One jit function applying out = cast(act(alpha*acc + beta*c + bias) + residual)."""
-    e = program.problem.epilogue
-    params = ["acc", "offs_m", "offs_n", "M", "N"]
-    body = ["    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)"] if (e.beta != 0.0 or e.residual) else []
-    if e.alpha != 1.0:
-        params.append("alpha")
-        body.append("    acc = acc * alpha")
-    if e.beta != 0.0:
-        params += ["c_ptr", "stride_cm", "beta"]
-        body.append("    c = tl.load(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], mask=mask, other=0.0)")
-        body.append("    acc = acc + beta * c.to(tl.float32)")
-    if e.bias == "n":
-        params.append("bias_ptr")
-        body.append("    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0)")
-        body.append("    acc = acc + bias.to(tl.float32)[None, :]")
-    elif e.bias == "m":
-        params.append("bias_ptr")
-        body.append("    bias = tl.load(bias_ptr + offs_m, mask=offs_m < M, other=0.0)")
-        body.append("    acc = acc + bias.to(tl.float32)[:, None]")
-    if e.activation == "relu":
-        body.append("    acc = tl.maximum(acc, 0.0)")
-    elif e.activation == "gelu":
-        body.append("    acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # exact (erf) GELU")
-    elif e.activation == "silu":
-        body.append("    acc = acc * tl.sigmoid(acc)")
-    if e.residual:
-        params += ["res_ptr", "stride_rm"]
-        body.append("    res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)")
-        body.append("    acc = acc + res.to(tl.float32)")
-    out_ty = TRITON_DTYPE[e.out_dtype]
-    body.append(f"    return acc.to({out_ty})")
-    return ("@triton.jit\n"
-            f"def epilogue({', '.join(params)}):\n"
-            f'    """{e.signature}: fp32 math on the accumulator tile, one rounding to {e.out_dtype}; '
-            'the caller stores it."""\n'
-            + "\n".join(body) + "\n"), params
-
-
-def _epilogue_args(args: _Args, program: Program, bound: bool) -> None:
-    """Kernel parameters the epilogue reads, after the operands: pointers first, then strides, scalars."""
-    e = program.problem.epilogue
-    out = SIGNATURE_DTYPE[e.out_dtype]
-    if e.beta != 0.0:
-        args.add("c_ptr", f"*{out}", "c", 16)
-    if e.bias:
-        args.add("bias_ptr", f"*{out}", "bias", 16)
-    if e.residual:
-        args.add("res_ptr", f"*{out}", "residual", 16)
-
-
-def _epilogue_scalars(args: _Args, program: Program, bound: bool, out_stride: bool = True) -> None:
-    p, e = program.problem, program.problem.epilogue
-    n_div = _pow2_divisor(p.n) if bound else GENERIC_HINT
-    if out_stride:
-        args.add("stride_om", "i32", "stride_out", n_div, assumed=not bound)
-    if e.beta != 0.0:
-        args.add("stride_cm", "i32", "stride_c", n_div, assumed=not bound)
-    if e.residual:
-        args.add("stride_rm", "i32", "stride_residual", n_div, assumed=not bound)
-    if e.alpha != 1.0:
-        args.add("alpha", "fp32", "alpha")
-    if e.beta != 0.0:
-        args.add("beta", "fp32", "beta")
-
-
-def _epilogue_call(params: list[str], acc: str = "acc", offs_n: str = "offs_n") -> str:
-    names = {"acc": acc, "offs_n": offs_n}
-    return f"epilogue({', '.join(names.get(x, x) for x in params)})"
-
-
-def _pointer_store(params: list[str], indent: str) -> str:
-    """Masked store of the epilogue's tile through out's row stride."""
-    return (f"{indent}mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)\n"
-            f"{indent}tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], "
-            f"{_epilogue_call(params)}, mask=mask)")
 
 
 def tma_store(program: Program) -> bool:
@@ -223,48 +85,10 @@ def epilogue_staging_bytes(program: Program) -> int:
     return half * (2 if e.residual or e.beta != 0.0 else 1)
 
 
-def _shape_args(args: _Args, program: Program, bound: bool) -> None:
-    p = program.problem
-    for dim, value in (("M", p.m), ("N", p.n), ("K", p.k)):
-        args.add(dim, "i32", dim, _pow2_divisor(value) if bound else GENERIC_HINT, assumed=not bound)
-
-
-# ----------------------------------------------------------------------------------------------
-# The pointer kernel (scheduler tile)
-
-
-def _operand_text(program: Program) -> dict[str, str]:
-    """Address arithmetic per major-ness: the contiguous dimension has stride 1 in the text itself."""
-    p = program.problem
-    if p.a_major == "row":   # A is (M, K), K contiguous
-        a_ptrs = "a_ptr + rows_a[:, None] * stride_a + offs_k[None, :]"
-        a_step = "BLOCK_K"
-    else:                    # A is a transposed view: K x M storage, M contiguous
-        a_ptrs = "a_ptr + rows_a[:, None] + offs_k[None, :] * stride_a"
-        a_step = "BLOCK_K * stride_a"
-    if p.b_major == "row":   # B is (K, N), N contiguous
-        b_ptrs = "b_ptr + offs_k[:, None] * stride_b + cols_b[None, :]"
-        b_step = "BLOCK_K * stride_b"
-    else:                    # B = W.T with W (N, K), K contiguous: the x @ W.T case
-        b_ptrs = "b_ptr + offs_k[:, None] + cols_b[None, :] * stride_b"
-        b_step = "BLOCK_K"
-    return {"a_ptrs": a_ptrs, "a_step": a_step, "b_ptrs": b_ptrs, "b_step": b_step}
-
-
-def _operand_stride_divisor(program: Program, bound: bool) -> tuple[int, int]:
-    """Divisibility of the operands' row strides: exact when bound, 8 (16 bytes) assumed when generic."""
-    p = program.problem
-    if not bound:
-        return GENERIC_HINT, GENERIC_HINT
-    a = p.k if p.a_major == "row" else p.m
-    b = p.n if p.b_major == "row" else p.k
-    return _pow2_divisor(a), _pow2_divisor(b)
-
-
-def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, _Args, dict, dict]:
+def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, Args, dict, dict]:
     p = program.problem
     ind = SIGNATURE_DTYPE[p.in_dtype]
-    args = _Args()
+    args = Args()
     args.add("a_ptr", f"*{ind}", "a", 16)
     args.add("b_ptr", f"*{ind}", "b", 16)
     args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
@@ -272,13 +96,13 @@ def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]
     if split:
         args.add("ws_ptr", "*fp32", "workspace", 16)
     else:
-        _epilogue_args(args, program, bound)
-    _shape_args(args, program, bound)
-    sa, sb = _operand_stride_divisor(program, bound)
+        epilogue_args(args, program, bound)
+    shape_args(args, program, bound)
+    sa, sb = operand_stride_divisor(program, bound)
     args.add("stride_a", "i32", "stride_a", sa, assumed=not bound)
     args.add("stride_b", "i32", "stride_b", sb, assumed=not bound)
     if not split:
-        _epilogue_scalars(args, program, bound)
+        epilogue_scalars(args, program, bound)
     even_k = bound and p.k % program.tile.k == 0
     m_exact = bound and p.m % program.tile.m == 0
     n_exact = bound and p.n % program.tile.n == 0
@@ -286,7 +110,7 @@ def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]
                   "GROUP": program.swizzle, "SPLIT_K": program.split_k, "EVEN_K": even_k}
     for c in constexprs:
         args.add(c, "constexpr", "const")
-    ops = _operand_text(program)
+    ops = operand_text(program)
     rows = ("tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)" if m_exact
             else "offs_m % M  # wrap past the edge: loads stay in bounds, the store is masked")
     cols = ("tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)" if n_exact
@@ -296,7 +120,7 @@ def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     {_partial_store(program)}"""
     else:
-        tail = _pointer_store(epi_params, "    ")
+        tail = pointer_store(epi_params, "    ")
     if split:
         k_range = """    pid_k = tl.program_id(1)
     k_per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -366,13 +190,13 @@ def _tma_operands(program: Program) -> dict[str, str]:
     return {"a_box": a_box, "a_load": a_load, "b_box": b_box, "b_load": b_load}
 
 
-def _persistent_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, _Args, dict, dict]:
+def _persistent_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, Args, dict, dict]:
     p, t = program.problem, program.tile
     ops = _tma_operands(program)
     values = {"BLOCK_M": t.m, "BLOCK_N": t.n, "BLOCK_K": t.k}
     ind = SIGNATURE_DTYPE[p.in_dtype]
     box = lambda dims: ", ".join(str(values[d]) for d in dims)  # noqa: E731
-    args = _Args()
+    args = Args()
     args.add("a_desc", f"tensordesc<{ind}[{box(ops['a_box'])}]>", "a_desc")
     args.add("b_desc", f"tensordesc<{ind}[{box(ops['b_box'])}]>", "b_desc")
     out_ty = SIGNATURE_DTYPE[p.epilogue.out_dtype]
@@ -385,10 +209,10 @@ def _persistent_kernel(program: Program, name: str, bound: bool, epi_params: lis
     if split:
         args.add("ws_ptr", "*fp32", "workspace", 16)
     else:
-        _epilogue_args(args, program, bound)
-    _shape_args(args, program, bound)
+        epilogue_args(args, program, bound)
+    shape_args(args, program, bound)
     if not split:
-        _epilogue_scalars(args, program, bound, out_stride=not by_tma)
+        epilogue_scalars(args, program, bound, out_stride=not by_tma)
     constexprs = {"BLOCK_M": t.m, "BLOCK_N": t.n, "BLOCK_K": t.k, "GROUP": program.swizzle,
                   "SPLIT_K": program.split_k, "NUM_SMS": SM90A.sms}
     for c in constexprs:
@@ -402,11 +226,11 @@ def _persistent_kernel(program: Program, name: str, bound: bool, epi_params: lis
         # half's TMA store overlaps the second half's epilogue math. TMA clips at the edges.
         acc_lo, acc_hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, {half})), (0, 2, 1)))
         offs_n = pid_n * BLOCK_N + tl.arange(0, {half})
-        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], {_epilogue_call(epi_params, acc="acc_lo")})
+        out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], {epilogue_call(epi_params, acc="acc_lo")})
         out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + {half}],
-                       {_epilogue_call(epi_params, acc="acc_hi", offs_n="offs_n + " + half)})"""
+                       {epilogue_call(epi_params, acc="acc_hi", offs_n="offs_n + " + half)})"""
     else:
-        tail = _pointer_store(epi_params, "        ")
+        tail = pointer_store(epi_params, "        ")
     if split:
         k_range = """        k_begin = (work // num_tiles) * k_per_split
         k_end = tl.minimum(k_begin + k_per_split, k_tiles)"""
@@ -453,15 +277,15 @@ def {name}(
 # The split-K reduce / finalize kernel
 
 
-def _reduce_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, _Args, dict, dict]:
+def _reduce_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, Args, dict, dict]:
     p = program.problem
-    args = _Args()
+    args = Args()
     args.add("ws_ptr", "*fp32", "workspace", 16)
     args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
-    _epilogue_args(args, program, bound)
-    args.add("M", "i32", "M", _pow2_divisor(p.m) if bound else GENERIC_HINT, assumed=not bound)
-    args.add("N", "i32", "N", _pow2_divisor(p.n) if bound else GENERIC_HINT, assumed=not bound)
-    _epilogue_scalars(args, program, bound)
+    epilogue_args(args, program, bound)
+    args.add("M", "i32", "M", pow2_divisor(p.m) if bound else GENERIC_HINT, assumed=not bound)
+    args.add("N", "i32", "N", pow2_divisor(p.n) if bound else GENERIC_HINT, assumed=not bound)
+    epilogue_scalars(args, program, bound)
     constexprs = {"BLOCK_M": REDUCE_BLOCK[0], "BLOCK_N": REDUCE_BLOCK[1], "SPLIT_K": program.split_k}
     for c in constexprs:
         args.add(c, "constexpr", "const")
@@ -488,7 +312,7 @@ def {name}(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
 {body}
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], {_epilogue_call(epi_params)}, mask=mask)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], {epilogue_call(epi_params)}, mask=mask)
 '''
     grid = {"kind": "elementwise", "block_m": REDUCE_BLOCK[0], "block_n": REDUCE_BLOCK[1], "split_k": 1}
     return text, args, constexprs, grid
@@ -497,7 +321,7 @@ def {name}(
 # ----------------------------------------------------------------------------------------------
 
 
-def _kernel_meta(name: str, args: _Args, constexprs: dict, grid: dict, warps: int, stages: int) -> dict:
+def _kernel_meta(name: str, args: Args, constexprs: dict, grid: dict, warps: int, stages: int) -> dict:
     return {"name": name, "params": tuple(args.params), "constexprs": constexprs, "hints": dict(args.hints),
             "assumed": tuple(args.assumed), "num_warps": warps, "num_stages": stages, "grid": grid}
 
@@ -507,8 +331,9 @@ def lower(program: Program) -> Source:
     p = program.problem
     bound = p.is_bound
     name = kernel_name(program)
-    epi_text, epi_params = _epilogue_fn(program)
-    make = _persistent_kernel if program.scheduler == "persistent" else _tile_kernel
+    epi_text, epi_params = epilogue_fn(program)
+    make = {"persistent": _persistent_kernel, "stream_k": stream_k.stream_k_kernel}.get(program.scheduler,
+                                                                                     _tile_kernel)
     main_text, *main = make(program, name, bound, epi_params)
     stages = num_stages(program)
     kernels = [_kernel_meta(name, *main, program.num_warps, stages)]
@@ -526,7 +351,7 @@ def lower(program: Program) -> Source:
               f"{' (divisibility hints from the bound shape)' if bound else ' (shape-generic)'}.\n"
               '"""\n')
     text = "\n\n".join([header + "import triton\nimport triton.language as tl",
-                        _tile_coords_fn(program.raster), epi_text, *texts]).rstrip() + "\n"
+                        tile_coords_fn(program.raster), epi_text, *texts]).rstrip() + "\n"
     meta = {
         "kernels": tuple(kernels),
         "in_dtype": p.in_dtype,
@@ -542,8 +367,21 @@ def lower(program: Program) -> Source:
     return Source(backend="triton", text=text, entry=name, meta=meta)
 
 
-def grid_size(grid: dict, m: int, n: int) -> tuple[int, int, int]:
-    """Launch grid for a kernel's recipe at a concrete M, N."""
+def workspace_need(meta: dict, m: int, n: int, k: int) -> tuple[int, bool]:
+    """fp32 words of scratch a call at M, N, K needs, and whether they must start zeroed."""
+    grid = meta["kernels"][0]["grid"]
+    if grid["kind"] == "stream_k":
+        return stream_k.workspace_words(grid, m, n, k), True
+    if meta["split_k"] == 1:
+        return 0, False
+    arrival = meta["split_k_reduce"] in ARRIVAL_ORDER_REDUCES
+    return m * n * (1 if arrival else meta["split_k"]), arrival
+
+
+def grid_size(grid: dict, m: int, n: int, k: int) -> tuple[int, int, int]:
+    """Launch grid for a kernel's recipe at a concrete M, N, K."""
+    if grid["kind"] == "stream_k":
+        return (stream_k.work_split(grid, m, n, k)[2], 1, 1)
     tiles = math.ceil(m / grid["block_m"]) * math.ceil(n / grid["block_n"])
     if grid["kind"] == "persistent":
         return (min(grid["num_sms"], tiles * grid["split_k"]), 1, 1)

@@ -101,7 +101,7 @@ def _tma_rules(p: Program) -> list[tuple[str, str]]:
 
 SUPPORT = Support(
     mainloops=frozenset({"multistage"}),
-    schedulers=frozenset({"tile", "persistent"}),
+    schedulers=frozenset({"tile", "persistent", "stream_k"}),
     instr_kinds=frozenset({None}),
     split_k_reduces=frozenset({"workspace", "unordered", "atomic"}),
     activations=frozenset({"relu", "gelu", "silu"}),

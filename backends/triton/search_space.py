@@ -34,6 +34,15 @@ from gemmgen.dsl.ir import Problem, Program, Tile
 TILE_MN = (64, 128, 256)
 TILE_K = (32, 64, 128)
 SPLITS = (1, 2, 4, 8, 16)
+SMALL_M = 128                 # x @ W.T at decode and small batch: the weight's bytes are the time
+SMALL_TILE_M = (16, 32)
+SMALL_TILE_N = (32,)
+STREAM_K_MIN_K_TILES = 4
+#: At M <= SMALL_M the estimate sees one DRAM floor for every candidate, so the space starts
+#: with what measured best on the H200 (benchmarks/small_m.py, Llama-3-8B's q, gate and down at
+#: M = 1, 16, 128): (scheduler, tile N, tile K, stages, warps, split-K), tile M from M.
+SMALL_M_HEAD = (("stream_k", 64, 128, 6, 4, 1), ("tile", 128, 128, 4, 4, 1), ("tile", 64, 128, 4, 4, 4),
+                ("stream_k", 128, 128, 4, 4, 1), ("stream_k", 32, 128, 6, 4, 1), ("stream_k", 128, 128, 3, 8, 1))
 DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
 DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
 L2_BYTES_PER_S = SM90A.l2_bytes_per_s
@@ -50,7 +59,11 @@ SPACE_SIZE = 48
 
 
 def warp_layout(block_m: int, num_warps: int) -> tuple[int, int]:
-    """How Triton lays out warps for wgmma: 4 along M per warpgroup, more along M while rows last."""
+    """How Triton lays out warps: for wgmma 4 along M per warpgroup, more along M while rows last;
+    a tile under 64 rows is mma.sync's, 16 rows a warp, the other warps side by side along N."""
+    if block_m < 64:
+        wm = min(num_warps, block_m // 16)
+        return wm, num_warps // wm
     wm, wn = 4, 1
     while wm * wn < num_warps:
         if block_m > 16 * wm:
@@ -108,10 +121,17 @@ def estimate_us(p: Program) -> float:
     else:                             # waves of SMs x CTAs-per-SM, CTAs on one SM sharing its tensor cores
         sharing = min(per_sm, math.ceil(ctas / SM90A.sms))
         compute = math.ceil(ctas / (SM90A.sms * per_sm)) * sharing * cta_s
+    if p.scheduler == "stream_k":   # one wave; a CTA streams `per` k-iterations, then fixes up
+        k_tiles = math.ceil(k / t.k)
+        per = math.ceil(tiles * k_tiles / SM90A.sms)
+        iter_s = max(2 * t.m * t.n * t.k / (peak_sm * eff), (t.m + t.n) * t.k * 2 / sm_bytes_per_s)
+        # each tile a CTA enters starts a fresh pipeline; a partial tile costs a write and a read
+        segments = math.ceil(per / k_tiles) + 1
+        compute = per * iter_s + segments * (MEMORY_LATENCY_S + t.m * t.n * 4 * 2 / SM_BYTES_PER_S)
     dram = (m * k + k * n + m * n) * 2 / DRAM_BYTES_PER_S
     l2 = (m * k * math.ceil(n / t.n) + k * n * math.ceil(m / t.m)) * 2 / L2_BYTES_PER_S
     total = max(compute, dram, l2) * 1e6 + LAUNCH_US
-    if p.scheduler == "persistent":
+    if p.scheduler in ("persistent", "stream_k"):
         total += PERSISTENT_START_US
     if split > 1:
         ws_bytes = m * n * 4 * (2 * split if p.split_k_reduce == "workspace" else 2)
@@ -124,23 +144,43 @@ def _tile_fits(size: int, dim: int) -> bool:
     return size <= max(64, 1 << max(0, (dim - 1).bit_length()))
 
 
+def _tile_choices(pr: Problem) -> Iterable[tuple[int, int, int]]:
+    """The usual tiles; at M <= SMALL_M also tiles of 16 or 32 rows (no wider than M needs) and
+    32 columns, so that a thin activation meets enough tiles of the weight to fill the SMs."""
+    small = pr.m <= SMALL_M
+    tile_m = SMALL_TILE_M + TILE_MN if small else TILE_MN
+    tile_n = SMALL_TILE_N + TILE_MN if small else TILE_MN
+    for bm, bn, bk in itertools.product(tile_m, tile_n, TILE_K):
+        if bm < 64 and bm > max(16, 1 << max(0, (pr.m - 1).bit_length())):
+            continue
+        if _tile_fits(bm, pr.m) and _tile_fits(bn, pr.n) and bk <= max(32, 1 << max(0, (pr.k - 1).bit_length())):
+            yield bm, bn, bk
+
+
+def _schedulers(pr: Problem, tile: Tile) -> tuple[str, ...]:
+    """Pointer and persistent TMA kernels; at M <= SMALL_M also stream-K, where one CTA a tile
+    leaves SMs idle over a K loop of at least STREAM_K_MIN_K_TILES."""
+    out = ("tile",) if tma_misaligned(pr) else ("tile", "persistent")
+    tiles = math.ceil(pr.m / tile.m) * math.ceil(pr.n / tile.n)
+    if pr.m <= SMALL_M and tiles < SM90A.sms and math.ceil(pr.k / tile.k) >= STREAM_K_MIN_K_TILES:
+        out += ("stream_k",)
+    return out
+
+
 def _base_candidates(pr: Problem) -> Iterable[Program]:
     m, n, k = pr.m, pr.n, pr.k
-    schedulers = ("tile",) if tma_misaligned(pr) else ("tile", "persistent")
-    for bm, bn, bk in itertools.product(TILE_MN, TILE_MN, TILE_K):
-        if not (_tile_fits(bm, m) and _tile_fits(bn, n) and bk <= max(32, 1 << max(0, (k - 1).bit_length()))):
-            continue
+    for bm, bn, bk in _tile_choices(pr):
         if bm * bn > 128 * 256:
             continue
         tile = Tile(bm, bn, bk)
         for warps in (4, 8):
             if bm * bn // (32 * warps) > 128 or (bm * bn <= 64 * 64 and warps == 8):
                 continue
-            for stages in (2, 3, 4, 5):
+            for stages in (2, 3, 4, 5, 6) if m <= SMALL_M else (2, 3, 4, 5):
                 if _smem(tile, stages) > SM90A.max_smem_per_block - 2048:
                     continue
-                for scheduler in schedulers:
-                    for split in SPLITS:
+                for scheduler in _schedulers(pr, tile):
+                    for split in (SPLITS if scheduler != "stream_k" else (1,)):
                         k_iters = math.ceil(math.ceil(k / bk) / split)
                         if split > 1 and (k_iters < 2 or math.ceil(m / bm) * math.ceil(n / bn) >= SM90A.sms):
                             continue
@@ -197,12 +237,29 @@ def generic_space(problem: Problem) -> list[Program]:
             for t, w, s, sched in configs]
 
 
+def small_m_head(problem: Problem) -> list[Program]:
+    """SMALL_M_HEAD at this problem: tile M the smallest power of two (16 to 128) that holds M,
+    and 64 beside 128; those the backend's rules accept."""
+    rows = min(128, max(16, 1 << max(0, (problem.m - 1).bit_length())))
+    out = []
+    for bm in (rows, 64) if rows == 128 else (rows,):
+        for scheduler, bn, bk, stages, warps, split in SMALL_M_HEAD:
+            p = Program(problem=problem, backend="triton", tile=Tile(bm, bn, bk), warps=warp_layout(bm, warps),
+                        mainloop="multistage", stages=stages, scheduler=scheduler, raster="n", swizzle=8,
+                        split_k=split, split_k_reduce="unordered" if split > 1 else "workspace")
+            if not any(rule(p) for rule in SUPPORT.extra_rules):
+                out.append(p)
+    return out
+
+
 def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
     """Up to `size` candidate programs for `problem`, best first (unvalidated)."""
     if not problem.is_bound:
         return generic_space(problem)
     ranked = sorted(_base_candidates(problem), key=estimate_us)
     head = _diverse(ranked[: 6 * size], size)
+    if problem.m <= SMALL_M:
+        head = small_m_head(problem) + head
     out, seen = [], set()
     for i, p in enumerate(head):
         for q in ([p] + (_raster_variants(p)[1:3] if i == 0 and p.problem.m * p.problem.n >= 2048 * 2048 else [])):
