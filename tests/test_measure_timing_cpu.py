@@ -6,6 +6,7 @@ from torch.autograd import DeviceType
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.measure.errors import FloorViolation, MeasureError
+from gemmgen.measure import timing
 from gemmgen.measure.timing import TimingOptions, _Entry, _summarise, attribute_activities
 
 
@@ -118,8 +119,6 @@ def test_a_lost_profiler_record_costs_a_second_run_not_the_batch(monkeypatch):
 
     import torch.profiler
 
-    from gemmgen.measure import timing
-
     class Profile(contextlib.AbstractContextManager):
         profiler = types.SimpleNamespace(kineto_results=types.SimpleNamespace(events=lambda: []))
 
@@ -149,3 +148,16 @@ def test_a_lost_profiler_record_costs_a_second_run_not_the_batch(monkeypatch):
     outcomes[:] = [lost] * timing.PROFILE_ATTEMPTS
     timing._profile_device([entry], "offline", TimingOptions(), None, lambda: None)
     assert len(runs) == timing.PROFILE_ATTEMPTS and entry.error is lost and entry.device_us == []
+
+
+def test_the_flush_reads_its_buffer_unless_asked_to_write():
+    """A reading flush leaves the L2 clean; a writing one leaves dirty lines that a memory-bound
+    kernel would write back inside its own time (docs/measure.md). A typo is refused."""
+    import torch
+
+    reading = timing._flusher(TimingOptions(flush_bytes=4096), "cpu")
+    assert int(reading()) == 0                          # a sum over the (zeroed) buffer: a read
+    writing = timing._flusher(TimingOptions(flush_bytes=4096, flush="write"), "cpu")
+    assert isinstance(writing(), torch.Tensor)
+    with pytest.raises(ValueError, match="flush='dirty'"):
+        timing._flusher(TimingOptions(flush_bytes=4096, flush="dirty"), "cpu")

@@ -1,7 +1,7 @@
 """time(fn, problem, mode): device time from CUPTI kernel records, and host-inclusive time.
 
 Device time. Calls run inside torch.profiler (CUPTI activity records), each wrapped in
-a `record_function` range and preceded by the L2 flush (a fill of 128+ MiB). Every GPU
+a `record_function` range and preceded by the L2 flush (a read of 128+ MiB). Every GPU
 activity (kernel, memset, memcpy) a call launched, on whatever stream, is attributed to
 it (attribute_activities: by CUPTI correlation to the torch op that launched it, or,
 for launches from library code outside torch ops, by GPU time between the flushes);
@@ -15,6 +15,11 @@ Inputs (rotation.py): every call, timed or not, gets fresh random normal inputs 
 rotation of buffers, refilled outside the timed range, with `out` poisoned; sampled calls
 (each kernel's last among them) are judged by the check's rules. A failed sample makes the
 timing a MeasureError naming it, never a time.
+
+The flush reads a buffer of max(128 MiB, 4 x L2), so the L2 it leaves holds clean lines. A
+flush that wrote the buffer (`TimingOptions(flush="write")`) left ~60 MiB of dirty lines
+that the timed kernel's own reads then evicted, writing them back inside its time: a
+memory-bound kernel paid for up to 60 MiB of writes it never made (docs/measure.md).
 
 Modes: `offline` (L2 flushed, calls back to back), `server` (L2 flushed, then the
 device is synchronised and the host sleeps a seeded exponential gap, mean
@@ -64,6 +69,7 @@ class TimingOptions:
     host_reps: int = 30
     seed: int = 0
     flush_bytes: Optional[int] = None   # None: max(128 MiB, 4 x L2)
+    flush: str = "read"             # "read" leaves L2 clean; "write" (a fill) leaves it dirty
     check_floor: bool = True
     timer: str = "cupti"            # or "events": CUDA events on the calling stream (a fallback)
     clocks: bool = True             # sample the SM clock during the timed loop (NVML)
@@ -143,8 +149,12 @@ def _flusher(options: TimingOptions, device) -> Callable[[], None]:
     if size is None:
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0
         size = max(128 << 20, 4 * l2)
-    buf = torch.empty(size, dtype=torch.uint8, device=device)
-    return lambda: buf.zero_()
+    buf = torch.zeros(size // 8, dtype=torch.int64, device=device)
+    if options.flush == "write":
+        return lambda: buf.zero_()
+    if options.flush != "read":
+        raise ValueError(f"flush={options.flush!r}: write 'read' (L2 left clean) or 'write' (left dirty)")
+    return lambda: torch.sum(buf)
 
 
 def _sleep_until(deadline: float) -> None:
