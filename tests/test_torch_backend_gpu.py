@@ -37,13 +37,16 @@ def rel_err(out, ref) -> float:
 
 
 def record_winners(db: str, programs, device_ms: float) -> None:
-    """Made-up winners: these tests check the plumbing, not speed."""
+    """Made-up winners: these tests check the plumbing, not speed. Recorded under this process's
+    device and toolchain, as a tuning run records them (a winner measured under another one
+    does not serve)."""
     from gemmgen.dsl import to_text
-    from gemmgen.tuning_db import BaselineTime, Database, Device, Trial
+    from gemmgen.tune.adapters import this_device
+    from gemmgen.tuning_db import BaselineTime, Database, Trial
 
     with Database(db) as database:
         for program in programs:
-            database.record(Trial(problem=program.problem, device=Device(torch.cuda.get_device_name()),
+            database.record(Trial(problem=program.problem, device=this_device(),
                                   program=to_text(program), backend=program.backend, status="ok", build_ok=True,
                                   check_passed=True, device_ms=device_ms, spread=0.0,
                                   baselines={"torch": BaselineTime(1.0, 0.0)}))
@@ -124,9 +127,10 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
 
 
 def _split_k_program(problem, backend: str):
-    from gemmgen import backends
+    from gemmgen.dsl.ir import Program, Tile
     if backend == "triton":
-        return next(q for q in backends.get("triton").space(problem) if q.split_k > 1)
+        return Program(problem=problem, backend="triton", tile=Tile(64, 64, 32), warps=(4, 1), mainloop="multistage",
+                       stages=2, split_k=2, split_k_reduce="unordered")
     from cuda_backend_cases import multistage
     return multistage(problem, tile=(64, 64, 64), warps=(2, 2), stages=4, split_k=4, reduce="unordered")
 
