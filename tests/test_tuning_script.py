@@ -35,3 +35,18 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
     assert (out / "trials.jsonl").read_text().count("\n") == 6
     assert len(list(Database(tmp_path / "w2.sqlite").trials())) == 6
     clear_cache()
+
+
+def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
+    """--max-m keeps a layer set's decode and small-batch rows: nothing above it is measured."""
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n16,1024,1024\n128,2048,512\n256,1024,1024\n")
+    out = tmp_path / "out"
+    args = ["--shapes", str(shapes), "--out", str(out), "--ship", "", "--db", str(tmp_path / "w.sqlite"),
+            "--budget", "1", "--backends", "triton", "--time-budget", "600", "--max-m", "128"]
+    runner = FakeRunner()
+    assert load_script("tune_h200").main(args, make_runner=lambda **kw: runner, builder=FakeBuilder()) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(r["problem"].split("x")[0] for r in summary["rows"]) == ["128", "16"]
+    assert {t.problem.m for t in read_jsonl(out / "trials.jsonl")} == {16, 128}
+    clear_cache()

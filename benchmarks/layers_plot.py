@@ -1,0 +1,101 @@
+"""A layer-set bench read by model family: speedup against M, one line per family.
+
+Reads a `gemmgen bench` results.json made on a layer set (benchmarks/shapes/llm_layers.csv)
+and the set itself (each row's model and layer), and writes beside the results:
+
+  by_m.png   gemmgen.compile's speedup over torch.matmul (device time) against M, one line per
+             family: the geomean over that family's measured layers at each M
+  by_m.txt   per M: shapes, geomean speedup over torch.matmul and over cuBLASLt autotuning,
+             median fraction of the bandwidth floor of gemmgen and of torch.matmul
+
+    python benchmarks/layers_plot.py benchmarks/results/gemmgen_llm_layers_offline
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def per_shape(rows: list[dict]) -> dict:
+    """(M, N, K) -> {candidate name: its row}, passing and timed rows only."""
+    out: dict = defaultdict(dict)
+    for r in rows:
+        if r.get("status") == "ok" and r.get("device_ms"):
+            out[(r["m"], r["n"], r["k"])][r["name"]] = r
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", help="a folder holding a gemmgen bench results.json")
+    ap.add_argument("--shapes", default=str(REPO / "benchmarks/shapes/llm_layers.csv"))
+    ap.add_argument("--candidate", default="gemmgen")
+    args = ap.parse_args(argv)
+
+    from gemmgen.measure.numerics import geomean
+    from gemmgen.measure.shapes import held_out_models, parse_shapes
+
+    folder = Path(args.results)
+    doc = json.loads((folder / "results.json").read_text())
+    shapes = per_shape(doc["rows"])
+    # (M, N, K) -> the families of the bench's part that have that layer (families share shapes)
+    part = doc["meta"].get("part") or "all"
+    held = held_out_models(args.shapes)
+    families: dict = defaultdict(set)
+    for s in parse_shapes(Path(args.shapes).read_text().splitlines(), args.shapes):
+        if part == "all" or (s.model in held) == (part == "held-out"):
+            families[(s.m, s.n, s.k)].add(s.model)
+    speedups: dict = defaultdict(lambda: defaultdict(list))   # family -> M -> speedups
+    by_m: dict = defaultdict(list)
+    for key, names in sorted(shapes.items()):
+        if args.candidate not in names or "torch" not in names:
+            continue
+        cand, torch_row = names[args.candidate], names["torch"]
+        sp = torch_row["device_ms"] / cand["device_ms"]
+        lt = names.get("lt_autotune")
+        by_m[key[0]].append((sp, lt["device_ms"] / cand["device_ms"] if lt else None,
+                             cand["fraction_of_floor"], torch_row["fraction_of_floor"]))
+        for family in families.get(key, ()):
+            speedups[family][key[0]].append(sp)
+    lines = [f"{'M':>5} {'shapes':>6} {'x torch':>8} {'x lt_autotune':>13} {'floor frac':>10} {'torch floor frac':>16}"]
+    for m in sorted(by_m):
+        rs = by_m[m]
+        lts = [r[1] for r in rs if r[1]]
+        lines.append(f"{m:>5} {len(rs):>6} {geomean([r[0] for r in rs]):>8.3f} "
+                     f"{(geomean(lts) if lts else float('nan')):>13.3f} {_median([r[2] for r in rs]):>10.3f} "
+                     f"{_median([r[3] for r in rs]):>16.3f}")
+    text = "\n".join(lines)
+    (folder / "by_m.txt").write_text(text + "\n")
+    print(text)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for family in sorted(speedups):
+        ms = sorted(speedups[family])
+        ax.plot(ms, [geomean(speedups[family][m]) for m in ms], marker="o", label=family)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M (tokens in the batch)")
+    ax.set_ylabel(f"{args.candidate} speedup over torch.matmul (device time)")
+    ax.set_title(f"x @ W.T layers on the H200: geomean per family and M ({doc['meta'].get('date', '')[:10]})")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(folder / "by_m.png", dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
