@@ -13,6 +13,9 @@ Lookup, in order:
    it) serves;
 3. otherwise the baseline: torch.matmul (cuBLAS) with the epilogue in torch.
 
+`compile((None, N, K), ...)` leaves M to the call: it returns a `gemmgen.dispatch.DispatchKernel`
+that serves each M from a table of the Ms measured for (·, N, K).
+
 A program is served only where it was measured faster: a neighbour's winner, re-bound to a
 shape it was never timed at, measured 0.75x torch.matmul at some off-grid shapes on the H200,
 so it is a candidate for tuning (`gemmgen tune` proposes it, `gemmgen.tune.neighbours`),
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import replace
 import re
 import sys
 import threading
@@ -43,6 +47,7 @@ from gemmgen.backends.base import INT32_LIMIT
 from gemmgen.backends.build import build_many
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
+from gemmgen.dispatch import DispatchKernel, Row, table
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.kernel import Kernel, Provenance
@@ -99,7 +104,8 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
     """The kernel for `problem` (a Problem, or an (M, N, K) tuple with the keywords).
 
     M, N and K are integers (int or numpy's) within the kernels' 32-bit limits (`check_shape`);
-    alpha and beta are finite. Anything else raises a CompileError that names it.
+    alpha and beta are finite. Anything else raises a CompileError that names it. M may be
+    None: the batch is then read at each call (`gemmgen.dispatch.DispatchKernel`).
 
     device: None (the current CUDA device, or 'NVIDIA H200' without a GPU), a CUDA
     device (index, 'cuda:1', torch.device) or a GPU name to look records up for.
@@ -112,6 +118,12 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
     database, `gemmgen.tune.on_demand`; a progress bar and one summary line on stderr); a
     problem tuned once is not tuned again. Needs a GPU.
     """
+    if _dynamic_m(problem):
+        if tune is not None:
+            raise CompileError("tune= needs the M to tune at: compile (M, N, K) for each batch size to tune, "
+                               "then (None, N, K) serves what was measured")
+        return _compile_dynamic(problem, a_major=a_major, b_major=b_major, epilogue=epilogue, device=device,
+                                db=db, deterministic=_torch_deterministic() if deterministic is None else deterministic)
     if tune is not None:
         return _compile_tuned(problem, tune, a_major=a_major, b_major=b_major, epilogue=epilogue,
                               device=device, db=db, deterministic=deterministic)
@@ -137,6 +149,58 @@ def compile(problem: Union[Problem, tuple], *, a_major: str = "row", b_major: st
                 _KERNELS[key] = kernel
         except TypeError:  # unhashable argument: no warm path for it
             pass
+    return kernel
+
+
+def _dynamic_m(problem) -> bool:
+    """(None, N, K), or a Problem whose M alone is None."""
+    if isinstance(problem, Problem):
+        return problem.m is None and problem.n is not None and problem.k is not None
+    return isinstance(problem, tuple) and len(problem) == 3 and problem[0] is None
+
+
+def _compile_dynamic(problem, *, a_major, b_major, epilogue, device, db, deterministic) -> DispatchKernel:
+    """The dynamic-M kernel: the table of gemmgen.dispatch over the Ms measured for (·, N, K)."""
+    key = ("dynamic", problem, a_major, b_major, epilogue, device, db, deterministic)
+    try:
+        hit = _KERNELS.get(key)
+    except TypeError:       # unhashable argument: no cache for it
+        hit = None
+    if hit is not None:
+        return hit
+    if isinstance(problem, Problem):
+        first = as_problem(problem.with_shape(1, problem.n, problem.k))
+    elif None in problem[1:]:
+        raise ShapeError(f"shape {problem!r}: only M may be left to the call (None); give N and K, "
+                         "e.g. gemmgen.compile((None, 4096, 4096))")
+    else:
+        first = as_problem((1, *problem[1:]), a_major=a_major, b_major=b_major, epilogue=epilogue)
+    generic = replace(first, m=None)
+    gpu = device_name(device)
+    index = _index(_db_token(db), db, gpu)
+
+    def at(m: int) -> Kernel:
+        return compile(generic.with_shape(m, first.n, first.k), device=device, db=db, deterministic=deterministic)
+
+    points = {m: at(m) for m in index.m_points(generic)}
+
+    def make(m: int, row: Row) -> Kernel:
+        problem_m = generic.with_shape(*check_shape((m, first.n, first.k)))
+        if row.how == "range":
+            program = row.program.bind(problem_m)
+            if not backends.diagnose(program):
+                return Kernel(problem_m, program, Provenance(
+                    "range", gpu, backend=program.backend, tuned_problem=generic.key,
+                    note=f"that won at M = {row.ends[0]} and M = {row.ends[1]} on {gpu}, re-bound to M = {m}"))
+        return Kernel(problem_m, None, Provenance(
+            "baseline", gpu, note=f"no kernel measured at M = {m} nor one program that won at the measured Ms "
+                                  f"on both sides of it on {gpu}; serving torch.matmul (cuBLAS)"))
+
+    kernel = DispatchKernel(generic, table(points), make, points)
+    try:
+        _KERNELS[key] = kernel
+    except TypeError:
+        pass
     return kernel
 
 
@@ -218,7 +282,8 @@ def as_problem(problem, *, a_major="row", b_major="row", epilogue=None) -> Probl
     """The checked Problem for gemmgen.compile's arguments (a Problem is checked as it is)."""
     if isinstance(problem, Problem):
         if not problem.is_bound:
-            raise CompileError(f"problem {problem.key} is shape-generic; give M, N and K")
+            raise CompileError(f"problem {problem.key} is shape-generic; give N and K (M may be left to the "
+                               "call: gemmgen.compile((None, N, K)))")
         dims = (problem.m, problem.n, problem.k)
         check_epilogue(problem.epilogue)
         shape = check_shape(dims)

@@ -33,7 +33,7 @@ class KernelCallError(GemmgenError):
 
 
 #: Backends and databases as a user calls them.
-_BACKEND_NAMES = {"triton": "Triton", "cutlass": "CUTLASS", "cuda": "CUDA C"}
+BACKEND_NAMES = {"triton": "Triton", "cutlass": "CUTLASS", "cuda": "CUDA C"}
 _LAYERS = {"user": "your tuning database", "shipped": "the records shipped with gemmgen"}
 
 
@@ -42,8 +42,9 @@ class Provenance:
     """Where a kernel's program came from.
 
     how: 'exact' (the winner measured at this problem), 'library' (a vendor library's
-    fastest algorithm for this problem, measured beside torch.matmul) or 'baseline'
-    (torch.matmul; `note` says why). `summary` and `describe()` say the same in words.
+    fastest algorithm for this problem, measured beside torch.matmul), 'range' (a dynamic-M
+    kernel's program that won at the measured Ms on both sides of this one, `gemmgen.dispatch`)
+    or 'baseline' (torch.matmul; `note` says why). `summary` and `describe()` say the same in words.
     """
 
     how: str
@@ -75,7 +76,7 @@ class Provenance:
     @property
     def summary(self) -> str:
         """Why this kernel serves, in one line."""
-        program = f"{_BACKEND_NAMES.get(self.backend, self.backend or 'a')} program"
+        program = f"{BACKEND_NAMES.get(self.backend, self.backend or 'a')} program"
         versus = (f"{self.torch_speedup:.2f}x torch.matmul" if self.torch_speedup
                   else f"{self.best_baseline_ms / self.device_ms:.2f}x {self.best_baseline}"
                   if self.device_ms and self.best_baseline_ms else "")
@@ -83,6 +84,8 @@ class Provenance:
             return f"measured fastest for this shape on {self.gpu}: {program}" + (f", {versus}" if versus else "")
         if self.how == "library":
             return f"cuBLASLt algorithm measured {versus or 'faster than torch.matmul'} for this shape on {self.gpu}"
+        if self.how == "range":
+            return f"{program} {self.note}"
         return self.note or f"serving torch.matmul (cuBLAS): no tuned kernel for this shape on {self.gpu}"
 
     def describe(self) -> str:

@@ -180,8 +180,8 @@ def test_argument_errors():
         gemmgen.compile((4, 4, 4), a_major="diagonal")
     with pytest.raises(CompileError, match="epilogue item"):
         gemmgen.compile((4, 4, 4), epilogue="bias=k")
-    with pytest.raises(CompileError, match="shape-generic"):
-        gemmgen.compile(Problem(None, 4, 4))
+    with pytest.raises(CompileError, match="shape-generic; give N and K"):
+        gemmgen.compile(Problem(None, None, 4))
     assert parse_epilogue("alpha=0.5 bias=n gelu residual out=f16") == Epilogue(
         alpha=0.5, bias="n", activation="gelu", residual=True)
     assert isinstance(CompileError("x"), GemmgenError)

@@ -190,6 +190,7 @@ class WinnerIndex:
             for choice in db.library_winners(device_name):
                 self.library[choice.problem.key] = (layer, choice)
         self._valid: dict[tuple[str, Optional[int]], bool] = {}
+        self._m_points: Optional[dict[str, set[int]]] = None   # "NxK:..." -> Ms with records, built on first need
 
     def __len__(self) -> int:
         return len(self.exact)
@@ -200,6 +201,17 @@ class WinnerIndex:
             if self.servable(layer, trial):
                 return Found(trial, layer, True)
         return None
+
+    def m_points(self, problem: Problem) -> list[int]:
+        """The Ms with a record for `problem`'s N, K, majors and epilogue (its M is ignored): a
+        winner, a library choice or a tuning run, in any layer; ascending."""
+        if self._m_points is None:
+            self._m_points = {}
+            for key in (*self.exact, *self.tuned, *self.library):
+                m, _, rest = key.partition("x")
+                if m.isdigit():
+                    self._m_points.setdefault(rest, set()).add(int(m))
+        return sorted(self._m_points.get(problem.key.partition("x")[2], ()))
 
     def stale_winner(self, problem: Problem) -> Optional[Found]:
         """The winner at this problem that does not serve because it was measured under another

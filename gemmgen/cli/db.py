@@ -1,5 +1,7 @@
 """`gemmgen db stats | list | show MxNxK | export FILE | merge FILE`: look into and move tuning results.
 
+`show *xNxK` prints the dynamic-M table that `gemmgen.compile((None, N, K))` serves from.
+
 The reading commands open the database read-only (they never create, migrate or write it) and, on
 a fresh install with no database yet, read the records gemmgen ships.
 """
@@ -12,9 +14,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from gemmgen.compile import as_problem, parse_shape
+from gemmgen.compile import ShapeError, as_problem, parse_shape
+from gemmgen.compile import compile as compile_kernel
 from gemmgen.errors import GemmgenError
-from gemmgen.tuning_db import Database, default_db_path, shipped_database
+from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, Database, default_db_path, shipped_database
 from gemmgen.tuning_db.exchange import export, merge
 
 #: Rows `gemmgen db list` prints unless --limit says otherwise.
@@ -57,7 +60,8 @@ def register(subparsers) -> None:
                                                                          f"(default {LIST_LIMIT}; 0: all)")
     listing.set_defaults(func=_list)
 
-    show = sub.add_parser("show", parents=[common], help="the trials and the winner of one problem")
+    show = sub.add_parser("show", parents=[common], help="the trials and the winner of one problem "
+                                                         "(*xNxK: the table of M for a dynamic batch)")
     show.add_argument("shape", metavar="MxNxK", nargs="+")
     show.add_argument("--a-major", choices=("row", "col"), default="row")
     show.add_argument("--b-major", choices=("row", "col"), default="row")
@@ -131,6 +135,8 @@ def _shape(words: list[str]) -> tuple[int, int, int]:
 
 
 def _show(args) -> int:
+    if len(args.shape) == 1 and args.shape[0].startswith("*"):
+        return _show_dynamic(args)
     problem = as_problem(_shape(args.shape), a_major=args.a_major, b_major=args.b_major,
                          epilogue=args.epilogue)
     with _open(args) as db:
@@ -174,6 +180,20 @@ def _show(args) -> int:
     for device, win in winners.items():
         print(f"winner on {device}: " + (f"trial #{win.id}" if win else
                                          "none (nothing beat the best baseline beyond its noise)"))
+    return 0
+
+
+def _show_dynamic(args) -> int:
+    """`db show *xNxK`: the rows of M that gemmgen.compile((None, N, K)) serves, and how."""
+    text = args.shape[0]
+    try:
+        _, n, k = parse_shape("1" + text[1:])
+    except ShapeError:
+        raise GemmgenError(f"shape {text!r}: write *xNxK for every M at N and K, e.g. *x4096x4096") from None
+    with _open(args) as db:
+        kernel = compile_kernel((None, n, k), a_major=args.a_major, b_major=args.b_major, epilogue=args.epilogue,
+                                device=args.device or DEFAULT_DEVICE_NAME, db=db)
+        print(kernel.describe())
     return 0
 
 
