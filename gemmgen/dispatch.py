@@ -91,6 +91,15 @@ class DispatchKernel:
         self._points = dict(points)
         self._by_m: dict[int, Kernel] = dict(points)
 
+    def _measured(self, row: Row) -> bool:
+        """Whether the row's Ms run a measured program or library algorithm (not torch.matmul)."""
+        return row.how == "range" or (row.how == "point" and self._points[row.lo].provenance.how != "baseline")
+
+    @property
+    def serves_measured(self) -> bool:
+        """Whether some M is served by a measured program or library algorithm."""
+        return any(self._measured(row) for row in self.rows)
+
     def row_for(self, m: int) -> Row:
         return self.rows[bisect.bisect_right(self._starts, m) - 1]
 
@@ -105,8 +114,7 @@ class DispatchKernel:
         return kernel(a, b, bias=bias, residual=residual, c=c, out=out, alpha=alpha, beta=beta)
 
     def describe(self) -> str:
-        served = sum(row.how == "range" or (row.how == "point" and self._points[row.lo].provenance.how != "baseline")
-                     for row in self.rows)
+        served = sum(self._measured(row) for row in self.rows)
         lines = [f"dynamic-M kernel for {self.problem.key}: {len(self._points)} measured Ms; "
                  f"{served} of its {len(self.rows)} rows serve a measured program or algorithm, "
                  "the rest torch.matmul"]

@@ -455,3 +455,71 @@ def test_tune_seconds_is_a_positive_number():
     for bad in (0, -5, True, "90", float("inf")):
         with pytest.raises(TorchBackendError, match="tune_seconds"):
             pass_options(tune_seconds=bad)
+
+
+# -- a symbolic M (dynamic=True): one graph for every batch, each call served at its M -----------
+
+
+def test_a_dynamic_batch_is_rewritten_once_and_runs_every_m(fresh):
+    """With dynamic=True the projections' M is a symbol; the pass rewrites them all the same, and
+    one compiled graph serves every batch and sequence length, matching eager."""
+    model = tiny_llama().eval()
+    compiled = torch.compile(model, backend="gemmgen", dynamic=True, options=CPU)
+    with torch.no_grad():
+        for batch, seq in ((2, 8), (3, 5), (2, 11)):     # (batch 1 is a size dynamo specialises)
+            ids = torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seq))
+            assert rel_err(compiled(ids).logits, model(ids).logits) < 1e-2
+    stats = torch_backend.stats()
+    assert "dynamic_shape" not in stats["skipped"] and sum(stats["replaced"].values()) >= LAYERS * 7 + 1
+    assert all(key.startswith("*x") for key in stats["problems"]), stats["problems"]
+    assert stats["graphs"] == 1          # one graph for every M: no recompilation per batch
+
+
+def symbolic_graph():
+    """cuda_graph's mm + relu and addmm(bias), traced with a symbolic M (the weight static)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    def f(x, w, b):
+        return torch.relu(torch.mm(x, w.t())), torch.addmm(b, x, w.t())
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic_rows = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.empty(64, 32, dtype=torch.float16), symbolic_context=dynamic_rows)
+    w, b = (mode.from_tensor(torch.empty(*s, dtype=torch.float16), static_shapes=True) for s in ((48, 32), (48,)))
+    with mode:
+        return make_fx(f)(x, w, b).graph
+
+
+def test_a_symbolic_m_is_taken_where_some_batch_size_has_a_winner(tmp_path, monkeypatch):
+    """The CUDA decision for a symbolic M, on CPU (the graph's device read as CUDA 0): the plain
+    matmul is taken once a batch size of its (., N, K) has a winner, its relu left to inductor;
+    the addmm, whose epilogue nobody tuned, stays with inductor."""
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.torch_compile import graph_pass
+    from gemmgen.torch_compile.ops import clear_kernels, resolve, serve
+
+    monkeypatch.setattr(graph_pass, "_cuda_index", lambda device: 0)
+    db = tmp_path / "tuning.sqlite"
+    options = PassOptions(db=str(db), devices=("cuda", "cpu"))
+    clear_cache(), clear_kernels(), torch_backend.reset_stats()
+    graph = symbolic_graph()
+    GemmgenPass(options)(graph)
+    assert torch_backend.stats()["skipped"] == {"dynamic_m_untuned": 2} and not gemm_nodes(graph)
+
+    for m in (8, 16):
+        record_winner(db, Problem(m, 48, 32, "row", "col"))
+    clear_cache(), clear_kernels(), torch_backend.reset_stats()
+    graph = symbolic_graph()
+    GemmgenPass(options)(graph)
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"mm": 1} and stats["skipped"] == {"dynamic_m_untuned": 1}
+    (node,) = gemm_nodes(graph)
+    assert node.args[6] == "none"                                    # the relu stays for inductor
+    assert [n for n in graph.nodes if n.target is torch.ops.aten.relu.default]
+    # at run time each M is served from the table: the winners, the program between them, cuBLAS
+    key = lambda m: (m, 48, 32, "row", "col", False, False, "none", 1.0, 0.0, 0)  # noqa: E731
+    assert [serve(key(m)).provenance.how for m in (8, 12, 16, 40)] == ["exact", "range", "exact", "baseline"]
+    assert serve(key(8)) is resolve(key(8), str(db))      # at a measured M: exactly what compile serves

@@ -224,3 +224,34 @@ def test_operands_made_by_pointwise_kernels_keep_the_majors_the_pass_chose(fresh
     for o, r in zip(out, pointwise_operands(x, y, w, v)):
         assert rel_err(o, r) < 1e-2
 
+
+
+def test_a_dynamic_batch_runs_kernels_served_per_m(fresh, tmp_path):
+    """dynamic=True: the projections' M is a symbol. With made-up winners for each projection's
+    plain problem at M = 16 and 48 (plumbing, not speed), one compiled graph runs every batch:
+    at 16 and 48 the winners, at 32 the same program re-bound, elsewhere torch.matmul; all
+    matching eager."""
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.torch_compile.ops import _SERVED, clear_kernels
+
+    model = tiny_llama().eval()
+    db = str(tmp_path / "user.sqlite")
+    widths = {(64, 64), (32, 64), (128, 64), (64, 128), (256, 64)}       # q/o, k/v, gate/up, down, lm_head
+    from gemmgen import backends
+    programs = []
+    for n, k in widths:              # one program per width, won at both Ms
+        program = backends.get("triton").space(Problem(48, n, k, "row", "col"))[0]
+        programs += [program, program.bind(Problem(16, n, k, "row", "col"))]
+    assert not any(backends.diagnose(p) for p in programs)
+    record_winners(db, programs, device_ms=0.001)
+    clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
+    compiled = torch.compile(model, backend="gemmgen", dynamic=True, options={"db": db})
+    with torch.no_grad():
+        for batch, seq in ((2, 8), (4, 8), (2, 16), (3, 7)):              # M = 16, 32, 32, 21
+            ids = torch.randint(0, 256, (batch, seq), device="cuda")
+            assert rel_err(compiled(ids).logits, model(ids).logits) < 1e-2
+    stats = torch_backend.stats()
+    assert sum(stats["replaced"].values()) >= LAYERS * 7 + 1 and "dynamic_shape" not in stats["skipped"]
+    served = {key[0]: kernel.provenance.how for key, kernel in _SERVED.items()}
+    assert served[16] == "exact" and served[32] == "range" and served[21] == "range"

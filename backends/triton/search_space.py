@@ -244,6 +244,10 @@ def small_m_head(problem: Problem) -> list[Program]:
     out = []
     for bm in (rows, 64) if rows == 128 else (rows,):
         for scheduler, bn, bk, stages, warps, split in SMALL_M_HEAD:
+            k_tiles = math.ceil(problem.k / bk)
+            if (bk > max(32, 1 << max(0, (problem.k - 1).bit_length()))       # no K tile past K
+                    or (scheduler == "stream_k" and k_tiles < STREAM_K_MIN_K_TILES) or k_tiles < 2 * split):
+                continue
             p = Program(problem=problem, backend="triton", tile=Tile(bm, bn, bk), warps=warp_layout(bm, warps),
                         mainloop="multistage", stages=stages, scheduler=scheduler, raster="n", swizzle=8,
                         split_k=split, split_k_reduce="unordered" if split > 1 else "workspace")

@@ -18,6 +18,12 @@ bare matmul's baseline, measured at the same M, N, K and majors.
 With `join_siblings`, matmuls of one activation by several weights (q, k, v) may first be
 joined into one wider GEMM where the database's times say it pays (joins.py).
 
+A matmul whose M is symbolic (`dynamic=True`, `mark_dynamic` on the batch) while N, K and the
+strides are not is rewritten when gemmgen serves some batch size of its (·, N, K) with a
+measured program or algorithm (`gemmgen.dispatch`): the op then serves each call's M from that
+table, and torch.matmul elsewhere. Its activation stays with inductor, so that at the batch
+sizes torch.matmul serves the graph runs what inductor would have run.
+
 What is not rewritten stays for inductor, counted by reason in `stats()`.
 """
 from __future__ import annotations
@@ -125,16 +131,18 @@ class _Candidate:
     act_standalone: bool = False        # inductor would run the activation as a kernel of its own
     device: Optional[int] = None
     chosen: bool = False
+    dynamic_m: bool = False             # M is symbolic: its key has M = None (a dispatch over M)
 
     def key(self, fused: bool = True, bare: bool = False) -> tuple:
         """The op key with the activation (fused) or without; bare: no epilogue at all."""
         m, k = self.a.meta["val"].shape
         n = self.b.meta["val"].shape[1]
+        m = None if self.dynamic_m else int(m)
         if bare:
-            return torch_ops.kernel_key(int(m), int(n), int(k), self.a_major, self.b_major,
+            return torch_ops.kernel_key(m, int(n), int(k), self.a_major, self.b_major,
                                         False, False, "none", 1.0, 0.0, self.device)
         act = self.activation if fused else "none"
-        return torch_ops.kernel_key(int(m), int(n), int(k), self.a_major, self.b_major,
+        return torch_ops.kernel_key(m, int(n), int(k), self.a_major, self.b_major,
                                     self.bias is not None, self.c is not None, act, self.alpha,
                                     self.beta, self.device)
 
@@ -156,6 +164,14 @@ def major_of(shape, stride) -> Optional[str]:
 
 def _is_static(t) -> bool:
     return all(isinstance(d, int) for d in (*t.shape, *t.stride(), t.storage_offset()))
+
+
+def _dynamic_m(a, b) -> bool:
+    """A symbolic M alone: A row-major (M x K) with static K, strides and offset; B all static.
+    (Read without comparing the symbol, so that no guard on M is added.)"""
+    rows, cols = a.shape
+    return (not isinstance(rows, int) and isinstance(cols, int) and _is_static(b)
+            and tuple(a.stride()) == (cols, 1) and isinstance(a.storage_offset(), int))
 
 
 class GemmgenPass(CustomGraphPass):
@@ -193,7 +209,8 @@ class GemmgenPass(CustomGraphPass):
                     skipped[found] += 1
                 else:
                     candidates.append(found)
-        joins = self._choose_joins(candidates) if self.options.join_siblings else []
+        static = [c for c in candidates if not c.dynamic_m]
+        joins = self._choose_joins(static) if self.options.join_siblings else []
         in_joins = {id(c) for join in joins for c in join.members}
         candidates = [c for c in candidates if id(c) not in in_joins]
         self._choose_kernels(candidates, skipped)
@@ -238,15 +255,17 @@ class GemmgenPass(CustomGraphPass):
             return "dtype"
         if va.device.type not in opts.devices:
             return f"device_{va.device.type}"
-        if not (_is_static(va) and _is_static(vb)):
+        dynamic = not (_is_static(va) and _is_static(vb))
+        if dynamic and not _dynamic_m(va, vb):
             return "dynamic_shape"
-        a_major, b_major = major_of(va.shape, va.stride()), major_of(vb.shape, vb.stride())
+        a_major = "row" if dynamic else major_of(va.shape, va.stride())
+        b_major = major_of(vb.shape, vb.stride())
         if a_major is None or b_major is None:
             return "layout"
         if va.storage_offset() % ALIGN_ELEMS or vb.storage_offset() % ALIGN_ELEMS:
             return "misaligned"
         cand = _Candidate(node, a, b, a_major, b_major, alpha=alpha,
-                          device=_cuda_index(va.device))
+                          device=_cuda_index(va.device), dynamic_m=dynamic)
         if is_addmm and beta != 0.0:
             reason = _addmm_input(cand, inp, beta, va.shape[0], vb.shape[1])
             if reason:
@@ -292,9 +311,11 @@ class GemmgenPass(CustomGraphPass):
     def _choose_kernels(self, candidates: list, skipped: Counter) -> None:
         """Look kernels up (tuning the missing ones if asked) and mark what gets rewritten."""
         opts = self.options
-        cuda = [c for c in candidates if c.device is not None]
         for cand in candidates:
             cand.chosen = cand.device is None          # CPU nodes: the reference op, for testing
+        for cand in [c for c in candidates if c.device is not None and c.dynamic_m]:
+            _choose_dynamic(cand, opts, skipped)
+        cuda = [c for c in candidates if c.device is not None and not c.dynamic_m]
         if not cuda:
             return
         keys = {c.key(**kw) for c in cuda for kw in ({"fused": True}, {"fused": False}, {"bare": True})}
@@ -317,6 +338,17 @@ class GemmgenPass(CustomGraphPass):
                 _note_missing(cand.key(bare=True))
             else:
                 skipped["gain_below_overhead"] += 1
+
+
+def _choose_dynamic(cand: _Candidate, opts: PassOptions, skipped: Counter) -> None:
+    """A symbolic-M matmul: taken, without its activation, when some batch size of its (., N, K)
+    is served by a measured program or algorithm (module docstring)."""
+    _drop_activation(cand)
+    dispatch = torch_ops.resolve(cand.key(fused=False), opts.db)
+    if opts.baseline == "op" or dispatch.serves_measured:
+        cand.chosen = True
+    else:
+        skipped["dynamic_m_untuned"] += 1
 
 
 def _note_missing(key: tuple) -> None:

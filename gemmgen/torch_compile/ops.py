@@ -32,7 +32,10 @@ from gemmgen.runtime.epilogue import reference as epilogue_reference
 ACTIVATIONS = ("none", *EPILOGUE_ACTIVATIONS)
 
 #: (m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device) -> Kernel
+#: (m None: the DispatchKernel over M)
 _KERNELS: dict = {}
+#: the same keys -> the Kernel a call at that M runs (`serve`)
+_SERVED: dict = {}
 _LOCK = threading.Lock()
 #: Where run-time misses look kernels up (set by the backend that compiled the graph).
 _LOOKUP = {"db": None}
@@ -67,7 +70,8 @@ def problem_key(key: tuple) -> str:
 
 
 def resolve(key: tuple, db=None):
-    """The gemmgen Kernel for a key, from the cache or `gemmgen.compile` (then cached)."""
+    """The gemmgen Kernel for a key, from the cache or `gemmgen.compile` (then cached): what it
+    serves at that very problem; for M = None, the DispatchKernel over M (`gemmgen.dispatch`)."""
     kernel = _KERNELS.get(key)
     if kernel is not None:
         return kernel
@@ -81,10 +85,22 @@ def resolve(key: tuple, db=None):
     return _KERNELS[key]
 
 
+def serve(key: tuple):
+    """The Kernel a call at the key's M runs: what the dynamic-M table of its (., N, K) serves there
+    (at a measured M exactly `resolve(key)`; between two Ms where one program won, that program)."""
+    kernel = _SERVED.get(key)
+    if kernel is None:
+        kernel = resolve((None, *key[1:])).kernel_for(key[0])
+        with _LOCK:
+            _SERVED.setdefault(key, kernel)
+    return kernel
+
+
 def clear_kernels() -> None:
     """Forget the op's kernels (after tuning in this process, say)."""
     with _LOCK:
         _KERNELS.clear()
+        _SERVED.clear()
         _LAUNCHERS.clear()
     clear_joined()
 
@@ -133,7 +149,7 @@ def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta):
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
         launch(a, b, out, bias=bias, residual=None, c=c, alpha=alpha, beta=beta)
         return out
-    kernel = _KERNELS.get(key) or resolve(key)
+    kernel = _SERVED.get(key) or serve(key)
     out = kernel(a, b, bias=bias, c=c)            # the checked call: operands against the problem
     _LAUNCHERS[(key, a.stride(), b.stride())] = kernel.launcher
     return out
