@@ -44,13 +44,12 @@ from typing import Optional, Union
 
 from gemmgen import backends
 from gemmgen.backends.base import INT32_LIMIT
-from gemmgen.backends.build import build_many
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dispatch import DispatchKernel, Row, table
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError, NoGPUError
-from gemmgen.kernel import Kernel, Provenance
+from gemmgen.kernel import Kernel, Provenance, build_ahead
 from gemmgen.tune.adapters import this_device
 from gemmgen.tune.on_demand import summary as tuning_summary
 from gemmgen.tune.on_demand import tune_now
@@ -471,14 +470,7 @@ def prebuild(problems, *, device=None, db=None, jobs: Optional[int] = None) -> d
     """Build, in parallel on every core, the artifacts of the kernels compile() picks for
     `problems` into the on-disk cache, so that first calls load instead of compiling.
     Returns counts: kernels, baselines (nothing to build), built, failed."""
-
-    kernels = [compile(p, device=device, db=db) for p in problems]
-    tuned = [k for k in kernels if k.ir is not None]
-    sources = [backends.get(k.ir.backend).lower(k.ir) for k in tuned]
-    results = build_many(sources, jobs=jobs) if sources else []
-    failed = [f"{k.problem.key}: {r}" for k, r in zip(tuned, results) if isinstance(r, Exception)]
-    return {"kernels": len(kernels), "baselines": len(kernels) - len(tuned),
-            "built": len(tuned) - len(failed), "failed": failed}
+    return build_ahead([compile(p, device=device, db=db) for p in problems], jobs=jobs)
 
 
 class _CallableModule(type(threading)):

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional
 
 from gemmgen.backends.base import INT32_LIMIT
 from gemmgen.dsl.ir import Problem, Program
-from gemmgen.kernel import BACKEND_NAMES, Kernel
+from gemmgen.kernel import BACKEND_NAMES, Kernel, build_ahead
 
 #: The last M the table reaches, the kernels' own limit (they index with 32-bit integers).
 M_LIMIT = INT32_LIMIT - 1
@@ -108,6 +108,11 @@ class DispatchKernel:
         if kernel is None:
             kernel = self._by_m[m] = self._make(m, self.row_for(m))
         return kernel
+
+    def prebuild(self, ms, *, jobs: Optional[int] = None) -> dict:
+        """Build the kernels of these Ms ahead of their first calls (in parallel, no GPU needed):
+        a program re-bound to a new M is otherwise compiled on that M's first call."""
+        return build_ahead((self.kernel_for(m) for m in ms), jobs=jobs)
 
     def __call__(self, a, b, bias=None, residual=None, c=None, out=None, alpha=None, beta=None):
         kernel = self._by_m.get(a.shape[0]) or self.kernel_for(a.shape[0])

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from gemmgen import backends
 from gemmgen.backends.base import BackendError, TensorArg, refuse_aliasing
+from gemmgen.backends.build import build_many
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
@@ -276,6 +277,19 @@ class Kernel:
                           f"built or loaded ({exc}); using torch.matmul instead", RuntimeWarning)
             self._launch = baseline_launcher(self.problem)
         return self._launch
+
+
+def build_ahead(kernels, *, jobs: Optional[int] = None) -> dict:
+    """Build, in parallel on every core, the artifacts of these kernels' programs into the disk
+    cache, so that their first calls load instead of compiling. Counts: kernels, baselines
+    (nothing to build), built, failed."""
+    kernels = list(kernels)
+    tuned = [k for k in kernels if k.ir is not None]
+    sources = [backends.get(k.ir.backend).lower(k.ir) for k in tuned]
+    results = build_many(sources, jobs=jobs) if sources else []
+    failed = [f"{k.problem.key}: {r}" for k, r in zip(tuned, results) if isinstance(r, Exception)]
+    return {"kernels": len(kernels), "baselines": len(kernels) - len(tuned),
+            "built": len(tuned) - len(failed), "failed": failed}
 
 
 def _operand(name, t, shape, major, dtype, torch, device=None) -> None:

@@ -116,3 +116,16 @@ def test_db_show_prints_the_table(db, capsys):
     assert out.startswith(f"dynamic-M kernel for *x{N}x{K}:rcr") and "M = 1..7: torch.matmul (cuBLAS)" in out and "M = 9..15: the Triton" in out
     assert cli_main(["db", "--db", str(db.path), "show", "*x4096"]) == 2
     assert "write *xNxK" in capsys.readouterr().err
+
+
+def test_prebuild_builds_the_programs_of_the_ms_asked_for(db, monkeypatch):
+    """Re-bound programs are compiled per M: prebuild builds those of the given Ms in one pool."""
+    import gemmgen.kernel as kernel_module
+
+    built = []
+    monkeypatch.setattr(kernel_module, "build_many", lambda sources, jobs=None: built.extend(sources) or
+                        [object()] * len(sources))
+    k = gemmgen.compile((None, N, K), b_major="col", epilogue="bias=n", device=GPU, db=db)
+    counts = k.prebuild([8, 12, 20, 32])
+    assert counts == {"kernels": 4, "baselines": 1, "built": 3, "failed": []}   # 20: torch.matmul
+    assert len(built) == 3 and all(s.backend == "triton" for s in built)
