@@ -171,7 +171,8 @@ def _dynamic_m(a, b) -> bool:
     (Read without comparing the symbol, so that no guard on M is added.)"""
     rows, cols = a.shape
     return (not isinstance(rows, int) and isinstance(cols, int) and _is_static(b)
-            and tuple(a.stride()) == (cols, 1) and isinstance(a.storage_offset(), int))
+            and all(isinstance(d, int) for d in (*a.stride(), a.storage_offset()))
+            and tuple(a.stride()) == (cols, 1))
 
 
 class GemmgenPass(CustomGraphPass):
