@@ -103,7 +103,7 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
     then runs gemmgen-generated kernels for all of them and still matches eager. With CUDA
     graphs the calls go warm-up, recording, replays, and the replays follow new inputs."""
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_compile.ops import _KERNELS, clear_kernels, problem_of
+    from gemmgen.torch_compile.ops import _SERVED, clear_kernels, problem_of
 
     clear_cache(), clear_kernels()      # the op's kernels are cached by key; the other case made them
     model = tiny_llama().eval()
@@ -123,7 +123,7 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
             assert rel_err(compiled(x).logits, model(x).logits) < 1e-2
     assert sum(torch_backend.stats()["replaced"].values()) == LAYERS * 7 + 1
     used = set(torch_backend.stats()["problems"])
-    assert {k.backend for key, k in _KERNELS.items() if problem_of(key).key in used} == {"triton"}
+    assert {k.backend for key, k in _SERVED.items() if problem_of(key).key in used} == {"triton"}   # what ran
 
 
 def _split_k_program(problem, backend: str):
@@ -141,7 +141,7 @@ def test_split_k_workspaces_stay_out_of_the_cuda_graph_pool(fresh, tmp_path, bac
     its first call, which with CUDA graphs is the graph's warm-up; it must not land in the
     graph's pool, which inductor checks, and the replays must stay right on new inputs."""
     from gemmgen.compile import clear_cache
-    from gemmgen.torch_compile.ops import _KERNELS, clear_kernels, problem_of
+    from gemmgen.torch_compile.ops import _SERVED, clear_kernels, problem_of
 
     clear_cache(), clear_kernels()      # the op's kernels are cached by key; the other backend's case made one
     w = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
@@ -160,7 +160,7 @@ def test_split_k_workspaces_stay_out_of_the_cuda_graph_pool(fresh, tmp_path, bac
     for step in range(4):
         x = torch.randn(64, 4096, device="cuda", dtype=torch.float16)
         assert rel_err(compiled(x), model(x)) < 1e-2, step
-    [kernel] = _KERNELS.values()
+    [kernel] = _SERVED.values()                   # the kernel the calls ran
     assert kernel.backend == backend and kernel.ir.split_k > 1
 
 
