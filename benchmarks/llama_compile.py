@@ -424,7 +424,7 @@ def kernels_used() -> list:
     from gemmgen.torch_compile import ops as torch_ops
 
     return [{"problem": torch_ops.problem_key(key), "backend": k.backend, "via": k.provenance.how}
-            for key, k in torch_ops._KERNELS.items()]
+            for key, k in torch_ops.served_kernels().items()]
 
 
 def plot(rows, path: Path) -> None:

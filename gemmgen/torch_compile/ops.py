@@ -96,6 +96,11 @@ def serve(key: tuple):
     return kernel
 
 
+def served_kernels() -> dict:
+    """Op key -> the Kernel its calls ran, for every key called since `clear_kernels`."""
+    return dict(_SERVED)
+
+
 def clear_kernels() -> None:
     """Forget the op's kernels (after tuning in this process, say)."""
     with _LOCK:
