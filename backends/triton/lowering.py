@@ -1,6 +1,6 @@
 """Program -> Triton source text: the pure half of the Triton backend.
 
-Two kernel shapes come out of here, both with the whole epilogue fused:
+Three kernel shapes come out of here, each with the whole epilogue fused:
 
 * `scheduler tile`: a pointer kernel, one CTA per output tile (times split-K
   slices); Triton pipelines its `tl.load`s with cp.async over `num_stages`.
@@ -10,6 +10,8 @@ Two kernel shapes come out of here, both with the whole epilogue fused:
   loaded through host-built TMA tensor descriptors (out-of-bounds boxes read
   zeros, so no masks at all), the tile loop flattened into the K loop so the
   next tile's loads overlap this tile's epilogue.
+* `scheduler stream_k` (stream_k.py): one wave of pointer-kernel CTAs sharing
+  out every tile's k-iterations, partial tiles added in K order in the same launch.
 
 Split-K writes fp32 partials; a second kernel in the same module reduces them
 (in slice order for `workspace`, so results are deterministic) and applies the
