@@ -37,7 +37,7 @@ from gemmgen.backends.base import Source
 from gemmgen.backends.triton import stream_k
 from gemmgen.backends.triton.pieces import (
     GENERIC_HINT, SIGNATURE_DTYPE, Args, epilogue_args, epilogue_call, epilogue_fn, epilogue_scalars,
-    operand_stride_divisor, operand_text, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
+    operand_stride_divisor, pointer_mainloop, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, Program
 
@@ -112,7 +112,6 @@ def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]
                   "GROUP": program.swizzle, "SPLIT_K": program.split_k, "EVEN_K": even_k}
     for c in constexprs:
         args.add(c, "constexpr", "const")
-    ops = operand_text(program)
     rows = ("tl.max_contiguous(tl.multiple_of(offs_m, BLOCK_M), BLOCK_M)" if m_exact
             else "offs_m % M  # wrap past the edge: loads stay in bounds, the store is masked")
     cols = ("tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)" if n_exact
@@ -148,20 +147,7 @@ def {name}(
     cols_b = {cols}
     k_tiles = tl.cdiv(K, BLOCK_K)
 {k_range}
-    a_ptrs = {ops["a_ptrs"]}
-    b_ptrs = {ops["b_ptrs"]}
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(k_begin, k_end):
-        if EVEN_K:  # K is a multiple of BLOCK_K: no K mask
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - kt * BLOCK_K
-            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.float32)
-        a_ptrs += {ops["a_step"]}
-        b_ptrs += {ops["b_step"]}
+{pointer_mainloop(program, "    ")}
 {tail}
 '''
     grid = {"kind": "tiles", "block_m": program.tile.m, "block_n": program.tile.n, "split_k": program.split_k}

@@ -2,6 +2,7 @@
 the fused epilogue, the operands' address arithmetic. Pure functions of the program."""
 from __future__ import annotations
 
+import textwrap
 from typing import Optional
 
 from gemmgen.dsl.ir import Program
@@ -140,11 +141,32 @@ def epilogue_call(params: list[str], acc: str = "acc", offs_n: str = "offs_n") -
     return f"epilogue({', '.join(names.get(x, x) for x in params)})"
 
 
-def pointer_store(params: list[str], indent: str) -> str:
-    """Masked store of the epilogue's tile through out's row stride."""
+def pointer_store(params: list[str], indent: str, acc: str = "acc") -> str:
+    """Masked store of the epilogue's tile (of accumulator `acc`) through out's row stride."""
     return (f"{indent}mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)\n"
             f"{indent}tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], "
-            f"{epilogue_call(params)}, mask=mask)")
+            f"{epilogue_call(params, acc=acc)}, mask=mask)")
+
+
+def pointer_mainloop(program: Program, indent: str) -> str:
+    """The pointer kernels' K loop over k-tiles k_begin..k_end into `acc` (cp.async-pipelined
+    by Triton): operand pointers from `rows_a`, `cols_b` and `offs_k`, K masked unless EVEN_K."""
+    ops = operand_text(program)
+    text = f"""a_ptrs = {ops["a_ptrs"]}
+b_ptrs = {ops["b_ptrs"]}
+acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+for kt in range(k_begin, k_end):
+    if EVEN_K:  # K is a multiple of BLOCK_K: no K mask
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        k_left = K - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+    acc = tl.dot(a, b, acc, out_dtype=tl.float32)
+    a_ptrs += {ops["a_step"]}
+    b_ptrs += {ops["b_step"]}"""
+    return textwrap.indent(text, indent)
 
 
 def shape_args(args: Args, program: Program, bound: bool) -> None:

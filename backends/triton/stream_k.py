@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from gemmgen.backends.triton.pieces import (
-    SIGNATURE_DTYPE, Args, epilogue_args, epilogue_call, epilogue_scalars, operand_stride_divisor, operand_text,
+    SIGNATURE_DTYPE, Args, epilogue_args, epilogue_scalars, operand_stride_divisor, pointer_mainloop, pointer_store,
     shape_args)
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
@@ -63,15 +63,8 @@ def stream_k_kernel(program: Program, name: str, bound: bool, epi_params: list[s
                   "CTA_CAP": CTA_CAP, "EVEN_K": bound and p.k % t.k == 0}
     for c in constexprs:
         args.add(c, "constexpr", "const")
-    ops = operand_text(program)
-
-    def store(acc: str, indent: str = " " * 16) -> str:
-        # a store in each branch: an accumulator yielded out of the branches broke Triton 3.6's
-        # layout pass (RemoveLayoutConversions) at 128x64 tiles with an f32 output
-        return (f"{indent}mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)\n"
-                f"{indent}tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], "
-                f"{epilogue_call(epi_params, acc=acc)}, mask=mask)")
-
+    # A store in each branch: an accumulator yielded out of the branches broke Triton 3.6's
+    # layout pass (RemoveLayoutConversions) at 128x64 tiles with an f32 output.
     text = f'''@triton.jit
 def {name}(
 {args.text()}
@@ -98,20 +91,7 @@ def {name}(
         rows_a = offs_m % M  # wrap past the edge: loads stay in bounds, the store is masked
         cols_b = offs_n % N
         offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)
-        a_ptrs = {ops["a_ptrs"]}
-        b_ptrs = {ops["b_ptrs"]}
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_begin, k_end):
-            if EVEN_K:  # K is a multiple of BLOCK_K: no K mask
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                k_left = K - kt * BLOCK_K
-                a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-            acc = tl.dot(a, b, acc, out_dtype=tl.float32)
-            a_ptrs += {ops["a_step"]}
-            b_ptrs += {ops["b_step"]}
+{pointer_mainloop(program, " " * 8)}
         if (k_begin > 0) | (k_end < k_tiles):
             # slot 0: this CTA's first tile; slot 1: its last (no other tile can be partial)
             slot = (pid * 2 + (tile != first_tile).to(tl.int32)) * BLOCK_M * BLOCK_N
@@ -126,9 +106,9 @@ def {name}(
                     c_slot = (c * 2 + (tile != (c * per) // k_tiles).to(tl.int32)) * BLOCK_M * BLOCK_N
                     tile_sum += tl.load(ws_ptr + c_slot + slot_offs, cache_modifier=".cg")
                 tl.atomic_xchg(counters + tile, 0, sem="relaxed", scope="gpu")
-{store("tile_sum")}
+{pointer_store(epi_params, " " * 16, acc="tile_sum")}
         else:   # the whole tile's K loop was this CTA's
-{store("acc", " " * 12)}
+{pointer_store(epi_params, " " * 12)}
 '''
     grid = {"kind": "stream_k", "block_m": t.m, "block_n": t.n, "block_k": t.k, "cta_cap": CTA_CAP, "split_k": 1}
     return text, args, constexprs, grid
