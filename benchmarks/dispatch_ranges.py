@@ -1,12 +1,19 @@
-"""Dynamic M between measured batch sizes: is the re-bound program still faster?
+"""Dynamic M between measured batch sizes: is what gemmgen serves ever slower than torch.matmul?
 
 For each (N, K) of `x @ W.T` given, `gemmgen.compile((None, N, K), b_major="col")` over the
-shipped records; every M of every `range` row (Ms between two measured ones where the same
-program won) and the two measured ends is timed beside torch.matmul in one session
-(gemmgen.measure.time_many, offline, CUPTI device time, L2 flushed). Writes
-OUT/dispatch_ranges.json and prints one line per M.
+shipped records (no tuning at any M of the sweep), and the kernel it serves at each M is timed
+beside torch.matmul in one session (gemmgen.measure.time_many, offline, CUPTI device time, L2
+flushed). Writes OUT/dispatch_ranges.json and prints one line per timed M.
+
+Two sweeps:
+- default: every M of every `range` row (Ms between two measured ones where the same program
+  won) and the measured ends;
+- `--dense 512`: every M from 1 to 512. Where the table serves torch.matmul itself, the call is
+  torch.matmul, so only every `--control-every`-th such M is timed, as a noise control
+  (torch.matmul against itself); every other M is timed.
 
     python benchmarks/dispatch_ranges.py --out benchmarks/results/dispatch_ranges
+    python benchmarks/dispatch_ranges.py --dense 512 --out benchmarks/results/dispatch_dense
 """
 from __future__ import annotations
 
@@ -15,35 +22,62 @@ import json
 import sys
 from pathlib import Path
 
-WIDTHS = ((11008, 4096), (4096, 4096), (12288, 4096))
+from gemmgen.measure.numerics import geomean
+
+# (N, K) of Llama-2-7B's gate/up, q/k/v/o, joined qkv and down
+WIDTHS = ((11008, 4096), (4096, 4096), (12288, 4096), (4096, 11008))
+
+
+def sweep_ms(dynamic, dense: int | None, control_every: int) -> list[int]:
+    """The Ms to time: the range rows and their ends, or every M to `dense` (torch-served ones sampled)."""
+    if dense is None:
+        ms = set()
+        for row in (r for r in dynamic.rows if r.how == "range"):
+            ms.update(range(row.ends[0], row.ends[1] + 1))
+        return sorted(ms)
+    served_torch = [m for m in range(1, dense + 1) if dynamic.kernel_for(m).provenance.how == "baseline"]
+    controls = set(served_torch[::control_every])
+    return [m for m in range(1, dense + 1) if m in controls or m not in served_torch]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--dense", type=int, default=None, metavar="M", help="sweep every M from 1 to M")
+    ap.add_argument("--control-every", type=int, default=32,
+                    help="dense sweep: time every n-th M that torch.matmul itself serves")
     args = ap.parse_args(argv)
 
     import gemmgen
     from gemmgen.measure.baselines import make
     from gemmgen.measure.timing import time_many
 
-    rows = []
+    rows, counts = [], {}
     for n, k in WIDTHS:
         dynamic = gemmgen.compile((None, n, k), b_major="col")
-        for row in (r for r in dynamic.rows if r.how == "range"):
-            for m in range(row.ends[0], row.ends[1] + 1):
-                kernel = dynamic.kernel_for(m)
-                problem = kernel.problem
-                timed = time_many([("gemmgen", kernel.fn, problem), ("torch", make("torch", problem).fn, problem)])
-                ms = {name: (None if isinstance(t, Exception) else t.device_ms) for name, t in timed.items()}
-                speedup = ms["torch"] / ms["gemmgen"] if ms["torch"] and ms["gemmgen"] else None
-                rows.append({"m": m, "n": n, "k": k, "how": kernel.provenance.how, "gemmgen_ms": ms["gemmgen"],
-                             "torch_ms": ms["torch"], "speedup": speedup})
-                print(f"{m:>5}x{n}x{k} {kernel.provenance.how:>6} "
-                      + (f"{speedup:.3f}x torch.matmul" if speedup else str(timed)), flush=True)
+        if args.dense:
+            hows = [dynamic.kernel_for(m).provenance.how for m in range(1, args.dense + 1)]
+            counts[f"{n}x{k}"] = {how: hows.count(how) for how in sorted(set(hows))}
+        for m in sweep_ms(dynamic, args.dense, args.control_every):
+            kernel = dynamic.kernel_for(m)
+            problem = kernel.problem
+            timed = time_many([("gemmgen", kernel.fn, problem), ("torch", make("torch", problem).fn, problem)])
+            ms = {name: (None if isinstance(t, Exception) else t.device_ms) for name, t in timed.items()}
+            speedup = ms["torch"] / ms["gemmgen"] if ms["torch"] and ms["gemmgen"] else None
+            rows.append({"m": m, "n": n, "k": k, "how": kernel.provenance.how, "gemmgen_ms": ms["gemmgen"],
+                         "torch_ms": ms["torch"], "speedup": speedup})
+            print(f"{m:>5}x{n}x{k} {kernel.provenance.how:>8} "
+                  + (f"{speedup:.3f}x torch.matmul" if speedup else str(timed)), flush=True)
+    summary = {}
+    for how in sorted({r["how"] for r in rows}):
+        got = [r["speedup"] for r in rows if r["how"] == how and r["speedup"]]
+        if got:
+            summary[how] = {"timed": len(got), "geomean": geomean(got), "min": min(got), "max": max(got)}
+    print(json.dumps({"served_per_width": counts, "timed": summary}, indent=1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "dispatch_ranges.json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    (out / "dispatch_ranges.json").write_text(json.dumps(
+        {"command": " ".join(sys.argv), "served_per_width": counts, "summary": summary, "rows": rows}, indent=1))
     return 0
 
 
