@@ -97,6 +97,13 @@ class BackendError(GemmgenError):
     """A backend could not build or load a program; the message says why."""
 
 
+def refuse_swapped(program: Program) -> None:
+    """A backend lowers the program it computes; a `swap_ab` one goes through `backends.lower`."""
+    if program.swap_ab:
+        raise BackendError("a swap_ab program is lowered and loaded through gemmgen.backends.lower / load, "
+                           "which hand the backend the transposed problem it computes")
+
+
 # ---- the limits and argument checks every launcher applies (pure: shapes, pointers, devices) ----
 
 #: The generated kernels count in 32-bit integers (dimensions, tile counts, and in Triton's

@@ -32,7 +32,8 @@ REDUCE_LAUNCH_S = 1.5e-6
 
 
 def estimated_seconds(program: Program) -> float:
-    """The roofline prior of the module docstring."""
+    """The roofline prior of the module docstring (of the problem the program computes)."""
+    program = program.computed
     p, t = program.problem, program.tile
     split = max(1, program.split_k)
     k_slice = math.ceil(p.k / split)

@@ -29,8 +29,8 @@ def run(path: Path, with_torch: bool, seen: set) -> None:
     case = make_case(problem, "main", seed=20261130)
     a, b = lay_out(case.a, problem.a_major), lay_out(case.b, problem.b_major)
     out = empty_laid_out(problem.m, problem.n, problem.c_major, TORCH_DTYPES[problem.epilogue.out_dtype], "cuda")
-    backend = backends.get(program.backend)
-    launcher = backend.load(backend.build(backend.lower(program)), program)
+    source = backends.lower(program)
+    launcher = backends.load(backends.get(program.backend).build(source), program)
     torch.cuda.synchronize()
     with torch.cuda.nvtx.range("profile"):
         launcher(a, b, out, bias=case.bias, residual=case.residual, c=case.c)

@@ -63,7 +63,9 @@ class Facts:
 
 
 def facts(program: Program, hw: Hardware = SM90A) -> Facts:
-    """The derived facts of `program` (validated or not; garbage in, garbage facts out)."""
+    """The derived facts of `program` (validated or not; garbage in, garbage facts out), of the
+    problem it computes (`swap_ab`: the transposed one)."""
+    program = program.computed
     stages = res.resolved_stages(program, hw)
     shape_free = dict(
         threads=res.threads(program, hw),

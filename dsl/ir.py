@@ -143,6 +143,20 @@ class Problem:
         return f"{dims}:{majors}:{self.in_dtype}:{self.acc_dtype}:{self.epilogue.signature}"
 
 
+_FLIP = {"row": "col", "col": "row"}
+
+
+def transposed(problem: Problem) -> Problem:
+    """C^T = B^T A^T as a problem: N x M x K, B^T as the first operand and A^T as the second,
+    every major flipped (a transposed row-major matrix is column-major), the bias on the
+    other axis. The same bytes: only how they are read changes."""
+    e = problem.epilogue
+    bias = {"m": "n", "n": "m"}.get(e.bias) if e.bias else None
+    return replace(problem, m=problem.n, n=problem.m, a_major=_FLIP[problem.b_major],
+                   b_major=_FLIP[problem.a_major], c_major=_FLIP[problem.c_major],
+                   epilogue=replace(e, bias=bias))
+
+
 @dataclass(frozen=True)
 class Tile:
     m: int
@@ -167,6 +181,9 @@ class Program:
     `None` for `instr`, `stages`, `smem_swizzle` and `epilogue_tile` (`tile ... epilogue=MxN`)
     means the backend chooses; `grid_sms` (`scheduler persistent N`) caps the SMs a persistent
     grid uses, `None` meaning all of them.
+    `swap_ab` computes C^T = B^T A^T: the operands trade places, so a small M (the batch of
+    `x @ W.T`) becomes the narrow N of the tile and the weight's N fills its M side. Every
+    schedule decision then describes the transposed problem; `computed` is that program.
     `warps` (WM, WN) are the math warps that share one CTA tile, WM along M and WN
     along N; warp-specialized mainloops add a producer warpgroup, and ws_pingpong
     runs two such consumer groups on alternating tiles (docs/dsl.md, "Resource model").
@@ -188,6 +205,7 @@ class Program:
     split_k: int = 1
     split_k_reduce: SplitKReduce = "workspace"
     epilogue_tile: Optional[tuple[int, int]] = None
+    swap_ab: bool = False
     spans: Mapping[str, tuple[int, int]] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -213,9 +231,17 @@ class Program:
             problem = self.problem.with_shape(int(m), int(n), int(k))
         return replace(self, problem=problem)
 
+    @property
+    def computed(self) -> "Program":
+        """The program the backend lowers: itself, or with `swap_ab` the same decisions over the
+        transposed problem (C^T = B^T A^T), which its launch is called with."""
+        if not self.swap_ab:
+            return self
+        return replace(self, problem=transposed(self.problem), swap_ab=False)
+
     def ctas(self) -> int:
         """CTAs of the grid before persistence: output tiles times split-K slices."""
-        p = self.problem
+        p = self.computed.problem
         if not p.is_bound:
             raise ValueError("the program is shape-generic; bind it first")
         tiles = math.ceil(p.m / self.tile.m) * math.ceil(p.n / self.tile.n)  # type: ignore[operator]

@@ -19,7 +19,7 @@ from gemmgen.dsl.diagnostics import ProgramError
 
 REQUIRED = ("gemm", "backend", "tile", "warps", "mainloop")
 STATEMENTS = ("gemm", "epilogue", "backend", "tile", "warps", "instr", "cluster", "stages",
-              "mainloop", "scheduler", "raster", "smem_swizzle", "split_k")
+              "mainloop", "scheduler", "raster", "smem_swizzle", "split_k", "swap_ab")
 
 # How each statement is written; quoted in error messages so the fix is one look away.
 USAGE = {
@@ -36,6 +36,7 @@ USAGE = {
     "raster": "raster m|n swizzle=S, e.g. raster m swizzle=8",
     "smem_swizzle": "smem_swizzle auto|0|32|64|128",
     "split_k": "split_k 1 | split_k N workspace | split_k N unordered | split_k N atomic",
+    "swap_ab": "swap_ab  (compute C^T = B^T A^T; the other statements describe that N x M x K problem)",
 }
 
 # Readable names for the grammar's pattern terminals (string literals print as themselves).
@@ -204,6 +205,9 @@ class _ToIR(Transformer):
                               at, "split_k")
         return ("split_k", at, (n, reduce or "workspace"))
 
+    def swap_ab(self, meta, children):
+        return ("swap_ab", _pos(meta), True)
+
     # -- the program -------------------------------------------------------
     def start(self, meta, statements):
         found: dict[str, tuple[tuple[int, int], Any]] = {}
@@ -233,7 +237,7 @@ class _ToIR(Transformer):
             mainloop=value["mainloop"], instr=value.get("instr"), cluster=value.get("cluster", (1, 1)),
             stages=value.get("stages"), scheduler=scheduler, grid_sms=grid_sms, raster=raster,
             swizzle=swizzle, smem_swizzle=value.get("smem_swizzle"), split_k=split_k,
-            split_k_reduce=reduce, epilogue_tile=epilogue_tile,
+            split_k_reduce=reduce, epilogue_tile=epilogue_tile, swap_ab=value.get("swap_ab", False),
             spans={name: at for name, (at, _) in found.items()},
         )
 

@@ -38,7 +38,8 @@ def epilogue_line(e: Epilogue) -> str:
 
 
 def statements(program: Program) -> list[tuple[str, str]]:
-    """(statement name, canonical line) pairs in canonical order."""
+    """(statement name, canonical line) pairs in canonical order (`swap_ab` only when set, so
+    the text of every other program is what it always was)."""
     p = program
     instr = "auto" if p.instr is None else f"{p.instr.kind} {p.instr.m}x{p.instr.n}x{p.instr.k}"
     split_k = "1" if p.split_k == 1 else f"{p.split_k} {p.split_k_reduce}"
@@ -57,7 +58,7 @@ def statements(program: Program) -> list[tuple[str, str]]:
         ("raster", f"raster {p.raster} swizzle={p.swizzle}"),
         ("smem_swizzle", f"smem_swizzle {'auto' if p.smem_swizzle is None else p.smem_swizzle}"),
         ("split_k", f"split_k {split_k}"),
-    ]
+    ] + ([("swap_ab", "swap_ab")] if p.swap_ab else [])
 
 
 def to_text(program: Program) -> str:

@@ -8,6 +8,7 @@ program built in code.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from gemmgen.dsl.checks import CHECKS, VALUE_CHECKS
@@ -36,7 +37,14 @@ def diagnose(program: Program, hw: Hardware = SM90A, *,
              backend_rules: Optional[BackendRules] = None) -> list[Diagnostic]:
     """Every problem found: hardware and problem errors, then the backend's, each group in
     source order (value errors alone if a field holds something outside the language).
-    A backend's extra rules run only on a program the language accepts."""
+    A backend's extra rules run only on a program the language accepts. A `swap_ab` program is
+    checked as the program it computes (`Program.computed`), each finding saying so."""
+    if program.swap_ab:
+        t = program.computed.problem
+        dims = "x".join("*" if d is None else str(d) for d in (t.m, t.n, t.k))
+        return [replace(d, message=f"with swap_ab the kernel computes C^T = B^T A^T ({dims}, "
+                                   f"a={t.a_major} b={t.b_major} c={t.c_major}): {d.message}")
+                for d in diagnose(program.computed, hw, backend_rules=backend_rules)]
     value_errors = [f for check in VALUE_CHECKS for f in check(program, hw)]
     if value_errors:
         return _in_order(program, value_errors)

@@ -165,7 +165,7 @@ class Kernel:
                 self._source = torch_call_source(self.problem)
             else:
 
-                self._source = backends.get(self.ir.backend).lower(self.ir).text
+                self._source = backends.lower(self.ir).text
         return self._source
 
     def describe(self) -> str:
@@ -269,9 +269,9 @@ class Kernel:
             self._launch = baseline_launcher(self.problem)
             return self._launch
         try:
-            module = backends.get(self.ir.backend)
+            source = backends.lower(self.ir)
             # build() goes through the backends' on-disk artifact cache (backends/build.py)
-            self._launch = module.load(module.build(module.lower(self.ir)), self.ir)
+            self._launch = backends.load(backends.get(source.backend).build(source), self.ir)
         except GemmgenError as exc:
             warnings.warn(f"gemmgen: the {self.ir.backend} kernel for {self.problem.key} could not be "
                           f"built or loaded ({exc}); using torch.matmul instead", RuntimeWarning)
@@ -285,7 +285,7 @@ def build_ahead(kernels, *, jobs: Optional[int] = None) -> dict:
     (nothing to build), built, failed."""
     kernels = list(kernels)
     tuned = [k for k in kernels if k.ir is not None]
-    sources = [backends.get(k.ir.backend).lower(k.ir) for k in tuned]
+    sources = [backends.lower(k.ir) for k in tuned]
     results = build_many(sources, jobs=jobs) if sources else []
     failed = [f"{k.problem.key}: {r}" for k, r in zip(tuned, results) if isinstance(r, Exception)]
     return {"kernels": len(kernels), "baselines": len(kernels) - len(tuned),

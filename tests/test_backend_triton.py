@@ -28,9 +28,9 @@ def cache_dir(tmp_path_factory, monkeypatch):
     return root
 
 
-def program(m=256, n=256, k=256, *, a="row", b="row", tile=(128, 128, 64), warps=(8, 1), epilogue=Epilogue(),
-            **kw) -> Program:
-    problem = Problem(m, n, k, a_major=a, b_major=b, epilogue=epilogue)
+def program(m=256, n=256, k=256, *, a="row", b="row", c="row", tile=(128, 128, 64), warps=(8, 1),
+            epilogue=Epilogue(), **kw) -> Program:
+    problem = Problem(m, n, k, a_major=a, b_major=b, c_major=c, epilogue=epilogue)
     return Program(problem=problem, backend="triton", tile=Tile(*tile), warps=warps, mainloop="multistage", **kw)
 
 
@@ -184,7 +184,8 @@ def _sass_facts(artifact) -> str:
 @pytest.mark.parametrize("name", sorted(triton_examples()))
 def test_every_triton_example_lowers_and_compiles_to_sm_90a(name):
     p = backends.validate(dsl.parse(triton_examples()[name].read_text(), filename=name))
-    art = tb.build(tb.lower(p))
+    art = tb.build(backends.lower(p))
+    p = p.computed                                    # what the PTX computes (swap_ab: the transposed problem)
     assert art.backend == "triton" and art.meta["arch"] == "sm_90a"
     for k in art.meta["kernels"]:
         assert k["cubin"][:4] == b"\x7fELF"
@@ -242,10 +243,15 @@ def test_space_is_valid_pruned_and_ordered(shape):
     for c in cands:
         assert not backends.diagnose(c), (c, backends.diagnose(c))
     m, n, k = shape
-    if m <= 128:   # no tile taller than M needs; stream-K offered where K is long
-        assert all(c.tile.m <= max(64, 16 * -(-m // 16)) for c in cands)
-        assert m > 16 or all(c.tile.m == 16 for c in cands if c.tile.m < 64)
+    if m <= 128:   # no tile taller (swap_ab: wider) than M needs; stream-K offered where K is long
+        plain = [c for c in cands if not c.swap_ab]
+        assert all(c.tile.m <= max(64, 16 * -(-m // 16)) for c in plain)
+        assert m > 16 or all(c.tile.m == 16 for c in plain if c.tile.m < 64)
         assert k < 4 * 128 or any(c.scheduler == "stream_k" for c in cands)
+        swapped = [c for c in cands if c.swap_ab]
+        assert (len(swapped) >= 3) == (m <= 64) and all(c.tile.n == max(16, 1 << (m - 1).bit_length())
+                                                       for c in swapped)
+        assert any(c.swap_ab for c in cands[:4]) == (m <= 64)      # measured early within a small budget
     if k % 8:
         assert all(c.scheduler == "tile" for c in cands)
     if m * n <= 64 * 64 and k >= 4096:
@@ -269,15 +275,19 @@ def _operands(p: Program, m, n, k, seed):
     a = torch.randn(m, k, generator=g) if pr.a_major == "row" else torch.randn(k, m, generator=g).t()
     b = torch.randn(k, n, generator=g) if pr.b_major == "row" else torch.randn(n, k, generator=g).t()
     odt = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[e.out_dtype]
+
+    def like_out(fill=None):   # an M x N matrix laid out as the output (c=row or c=col)
+        t = torch.randn(m, n, generator=g) if fill is None else torch.full((m, n), fill)
+        return (t if pr.c_major == "row" else t.t().contiguous().t()).to(odt)
+
     extra = {}
     if e.bias:
         extra["bias"] = torch.randn(n if e.bias == "n" else m, generator=g).to(odt)
     if e.residual:
-        extra["residual"] = torch.randn(m, n, generator=g).to(odt)
+        extra["residual"] = like_out()
     if e.beta:
-        extra["c"] = torch.randn(m, n, generator=g).to(odt)
-    out = torch.full((m, n), float("nan"), dtype=odt)
-    return a.half(), b.half(), out, extra
+        extra["c"] = like_out()
+    return a.half(), b.half(), like_out(float("nan")), extra
 
 
 def _reference(p: Program, a, b, extra):
@@ -324,6 +334,21 @@ INTERPRETED = [
              epilogue=Epilogue(alpha=1.5, beta=0.5, residual=True)), None),
     (program(3, 100, 200, b="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k"), None),
     (program(None, None, None, a="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k"), (17, 60, 90)),
+    # column-major output (what a swap_ab program computes into), through every store path
+    (program(37, 45, 77, b="col", c="col", tile=(32, 32, 16), warps=(4, 1),
+             epilogue=Epilogue(alpha=2.0, beta=0.5, bias="m", activation="gelu", residual=True)), None),
+    (program(40, 48, 96, c="col", tile=(32, 16, 16), warps=(4, 1), split_k=3, epilogue=Epilogue(bias="n")), None),
+    (program(80, 72, 32, b="col", c="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k",
+             epilogue=Epilogue(beta=0.5, residual=True, out_dtype="f32")), None),
+]
+
+# swap_ab: x @ W.T at small M as C^T = W x^T, run through backends.load's SwappedLauncher
+SWAPPED = [
+    (program(3, 100, 72, b="col", tile=(64, 16, 16), warps=(4, 1), swap_ab=True,
+             epilogue=Epilogue(alpha=2.0, beta=0.5, bias="n", activation="silu", residual=True)), None),
+    (program(17, 60, 90, b="col", tile=(16, 32, 16), warps=(1, 4), scheduler="stream_k", swap_ab=True,
+             epilogue=Epilogue(bias="n", activation="relu")), None),
+    (program(None, None, None, b="col", tile=(64, 16, 16), warps=(4, 1), swap_ab=True), (1, 48, 40)),
 ]
 
 
@@ -342,3 +367,55 @@ def test_generated_kernels_compute_the_right_numbers_under_the_interpreter():
         assert not out.isnan().any(), p
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 2e-3, (p, err)
+
+
+def test_swap_ab_programs_compute_x_at_w_transposed_under_the_interpreter():
+    """The launcher of a swap_ab program hands its kernel B^T, A^T and out^T (views: nothing is
+    copied); the kernel of the transposed problem then writes the caller's row-major out."""
+    from gemmgen.backends.swap import SwappedLauncher
+    from gemmgen.backends.triton.launch import interpret_many
+
+    cases, refs = [], []
+    for i, (p, shape) in enumerate(SWAPPED):
+        assert not backends.diagnose(p), p
+        m, n, k = shape or (p.problem.m, p.problem.n, p.problem.k)
+        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=100 + i)
+        calls = []
+        SwappedLauncher(lambda *args, **kw: calls.append((args, kw)))(a, b, out, **extra)
+        (a_t, b_t, out_t), kw = calls[0]
+        assert a_t.data_ptr() == b.data_ptr() and b_t.data_ptr() == a.data_ptr() and out_t.data_ptr() == out.data_ptr()
+        alpha, beta = kw.pop("alpha"), kw.pop("beta")
+        cases.append((backends.lower(p), p.computed, dict(a=a_t, b=b_t, out=out_t, **kw), alpha, beta))
+        refs.append(_reference(p, a, b, extra))
+    outs = interpret_many(cases)
+    for (p, _), out_t, ref in zip(SWAPPED, outs, refs):
+        out = out_t.t()
+        assert out.shape == ref.shape and not out.isnan().any(), p
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 2e-3, (p, err)
+
+
+def test_swap_ab_lowers_the_transposed_problem_and_refuses_what_it_cannot_write():
+    p = program(16, 4096, 4096, b="col", tile=(64, 16, 64), warps=(4, 1), swap_ab=True,
+                epilogue=Epilogue(bias="n"))
+    assert p.computed.problem == Problem(4096, 16, 4096, a_major="row", b_major="col", c_major="col",
+                                         epilogue=Epilogue(bias="m"))
+    assert dsl.parse(dsl.to_text(p)) == p and "swap_ab" in dsl.to_text(p)
+    assert "swap_ab" not in dsl.to_text(replace(p, swap_ab=False))      # other programs' text is unchanged
+    text = backends.lower(p).text
+    assert "C col-major" in text and "offs_n[None, :] * stride_om" in text
+    with pytest.raises(BackendError, match="backends.lower"):
+        tb.lower(p)                                  # the backend alone would compute the wrong problem
+    [found] = backends.diagnose(dsl.parse(dsl.to_text(replace(p, scheduler="persistent"))))
+    assert found.statement == "gemm" and found.line == 1
+    assert "with swap_ab the kernel computes C^T = B^T A^T (4096x16x4096" in found.message
+    assert "persistent writes its output row-major" in found.message
+    cutlass = replace(p, backend="cutlass", tile=Tile(128, 64, 64), warps=(4, 1))
+    assert any("c=col" in d.message for d in backends.diagnose(cutlass))
+
+
+def test_swap_ab_program_compiles_for_sm_90a():
+    p = program(16, 4096, 4096, b="col", tile=(64, 16, 128), warps=(4, 1), scheduler="stream_k", stages=4,
+                swap_ab=True)
+    [result] = builds.build_many([backends.lower(p)], jobs=1)
+    assert not isinstance(result, Exception), result

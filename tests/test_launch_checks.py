@@ -67,7 +67,9 @@ def test_triton_refuses_large_k_times_n(name):
     # M, N and K each fit easily; B's K x N elements do not fit Triton's int32 offsets.
     program = _example(name).bind((64, 65536, 32768))
     messages = [d.message for d in backends.diagnose(program) if "2^31" in d.message]
-    assert any("K x N (B's elements) is 2147483648" in m for m in messages), messages
+    # swap_ab computes C^T = B^T A^T, whose first operand holds the weight
+    weight = "M x K (A's elements)" if program.swap_ab else "K x N (B's elements)"
+    assert any(f"{weight} is 2147483648" in m for m in messages), messages
 
 
 @pytest.mark.parametrize("name", [n for n in EXAMPLES if not n.startswith("triton")])

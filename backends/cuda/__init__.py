@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from gemmgen.backends.base import Artifact, BackendError, Source, Support
+from gemmgen.backends.base import Artifact, BackendError, Source, Support, refuse_swapped
 from gemmgen.backends.build import cached_build
 from gemmgen.backends.cuda.compile import (
     NVCC_FLAGS,
@@ -73,6 +73,7 @@ SUPPORT = Support(
 
 def lower(program: Program) -> Source:
     """Program -> CUDA C text (pure). Refuses what SUPPORT refuses, with the rule's message."""
+    refuse_swapped(program)
     if program.backend != NAME:
         raise BackendError(f"program is for backend {program.backend!r}, not {NAME!r}")
     problems = _family_rules(program)

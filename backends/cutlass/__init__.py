@@ -21,7 +21,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from gemmgen.backends.base import Artifact, BackendError, Source
+from gemmgen.backends.base import Artifact, BackendError, Source, refuse_swapped
 from gemmgen.backends.build import cached_build, lookup
 from gemmgen.backends.cuda.compile import parse_resources
 from gemmgen.backends.cutlass.emit import (
@@ -44,6 +44,7 @@ NVCC_TIMEOUT_S = 1800
 
 def lower(program: Program) -> Source:
     """The instance's translation unit; runtime choices stay out, so equal builds share a digest."""
+    refuse_swapped(program)
     spec = instance_spec(program)
     return Source(backend=NAME, text=emit_source(spec), entry=WRAPPER_ENTRY, meta={"spec": spec.as_meta})
 

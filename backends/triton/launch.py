@@ -175,8 +175,10 @@ class TritonLauncher:
             if rows > 1 and cols > 1 and tuple(t.stride()) != want:
                 raise BackendError(f"{name} has strides {tuple(t.stride())}; a {major}-major {name} of this shape "
                                    f"needs {want} (make it contiguous, or pass the transposed view)")
-        if out.stride(1) != 1:
-            raise BackendError(f"out has strides {tuple(out.stride())}; the kernel writes row-major output")
+        c_major = self.meta["c_major"]
+        inner = out.stride(1) if c_major == "row" else out.stride(0)
+        if inner != 1 and (n if c_major == "row" else m) > 1:
+            raise BackendError(f"out has strides {tuple(out.stride())}; the kernel writes {c_major}-major output")
 
     def _check_device(self, *tensors) -> None:
         device = tensors[0].device
@@ -275,9 +277,9 @@ class TritonLauncher:
                 self._check_extra(role, t, plan)
             dyn[role] = t
         if residual is not None:
-            dyn["stride_residual"] = residual.stride(0)
+            dyn["stride_residual"] = line_stride(residual, self.meta)
         if c is not None:
-            dyn["stride_c"] = c.stride(0)
+            dyn["stride_c"] = line_stride(c, self.meta)
         dyn["alpha"] = self.alpha if alpha is None else alpha
         dyn["beta"] = self.beta if beta is None else beta
         check_call(self.program, plan.device, *_call_args(a, b, out, bias, residual, c),
@@ -317,8 +319,10 @@ class TritonLauncher:
             need = n if self.program.problem.epilogue.bias == "n" else m
             if t.dim() != 1 or t.shape[0] < need or t.stride(0) != 1:
                 raise BackendError(f"bias must be a contiguous 1-D tensor of length {need}")
-        elif tuple(t.shape) != (m, n) or t.stride(1) != 1 or t.stride(0) % plan.row_align:
-            raise BackendError(f"{role} must be ({m}, {n}) with contiguous rows whose stride is a multiple of "
+        elif (tuple(t.shape) != (m, n) or t.stride(1 if self.meta["c_major"] == "row" else 0) != 1
+              or line_stride(t, self.meta) % plan.row_align):
+            lines = "rows" if self.meta["c_major"] == "row" else "columns"
+            raise BackendError(f"{role} must be ({m}, {n}) with contiguous {lines} whose stride is a multiple of "
                                f"{plan.row_align}; got shape {tuple(t.shape)}, strides {tuple(t.stride())}")
         if t.data_ptr() % 16:
             raise BackendError(f"{role} must start at a 16-byte aligned address")
@@ -342,12 +346,18 @@ def check_call(program: Program, device: int, m: int, n: int, k: int, out: Tenso
     refuse_int32_overflow(counts, INDEXES)
 
 
+def line_stride(t, meta: dict) -> int:
+    """The stride between the lines of an output-shaped matrix (out, c, residual): its rows'
+    for c=row, its columns' for c=col."""
+    return t.stride(0) if meta["c_major"] == "row" else t.stride(1)
+
+
 def static_values(meta: dict, a, b, out) -> dict:
     """Kernel arguments fixed by the shapes and strides, keyed by role."""
     m, k = a.shape
     n = out.shape[1]
     a_major, b_major = meta["majors"]
-    values = {"M": m, "N": n, "K": k, "stride_out": out.stride(0),
+    values = {"M": m, "N": n, "K": k, "stride_out": line_stride(out, meta),
               "stride_a": a.stride(0) if a_major == "row" else a.stride(1),
               "stride_b": b.stride(0) if b_major == "row" else b.stride(1)}
     # c and residual are read with their own row strides; they must satisfy the same hints as out's.
@@ -473,9 +483,9 @@ def _run_module(module, meta, program, tensors: dict, alpha, beta, workspace=Non
     values.update(tensors, alpha=float(e.alpha if alpha is None else alpha),
                   beta=float(e.beta if beta is None else beta))
     if tensors.get("residual") is not None:
-        values["stride_residual"] = tensors["residual"].stride(0)
+        values["stride_residual"] = line_stride(tensors["residual"], meta)
     if tensors.get("c") is not None:
-        values["stride_c"] = tensors["c"].stride(0)
+        values["stride_c"] = line_stride(tensors["c"], meta)
     size, zeroed = workspace_need(meta, m, n, k)
     if size:
         values["workspace"] = (workspace(size, zeroed) if workspace else

@@ -33,11 +33,11 @@ from __future__ import annotations
 import hashlib
 import math
 
-from gemmgen.backends.base import Source
+from gemmgen.backends.base import Source, refuse_swapped
 from gemmgen.backends.triton import stream_k
 from gemmgen.backends.triton.pieces import (
     GENERIC_HINT, SIGNATURE_DTYPE, Args, epilogue_args, epilogue_call, epilogue_fn, epilogue_scalars,
-    operand_stride_divisor, pointer_mainloop, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
+    operand_stride_divisor, out_offsets, pointer_mainloop, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, Program
 
@@ -121,7 +121,7 @@ def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     {_partial_store(program)}"""
     else:
-        tail = pointer_store(epi_params, "    ")
+        tail = pointer_store(program, epi_params, "    ")
     if split:
         k_range = """    pid_k = tl.program_id(1)
     k_per_split = tl.cdiv(k_tiles, SPLIT_K)
@@ -218,7 +218,7 @@ def _persistent_kernel(program: Program, name: str, bound: bool, epi_params: lis
         out_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N + {half}],
                        {epilogue_call(epi_params, acc="acc_hi", offs_n="offs_n + " + half)})"""
     else:
-        tail = pointer_store(epi_params, "        ")
+        tail = pointer_store(program, epi_params, "        ")
     if split:
         k_range = """        k_begin = (work // num_tiles) * k_per_split
         k_end = tl.minimum(k_begin + k_per_split, k_tiles)"""
@@ -300,7 +300,7 @@ def {name}(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ws = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
 {body}
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], {epilogue_call(epi_params)}, mask=mask)
+    tl.store(out_ptr + {out_offsets(program, "stride_om")}, {epilogue_call(epi_params)}, mask=mask)
 '''
     grid = {"kind": "elementwise", "block_m": REDUCE_BLOCK[0], "block_n": REDUCE_BLOCK[1], "split_k": 1}
     return text, args, constexprs, grid
@@ -316,6 +316,7 @@ def _kernel_meta(name: str, args: Args, constexprs: dict, grid: dict, warps: int
 
 def lower(program: Program) -> Source:
     """The readable Triton module for `program`, plus the loader's recipe in `meta`."""
+    refuse_swapped(program)
     p = program.problem
     bound = p.is_bound
     name = kernel_name(program)
@@ -335,7 +336,7 @@ def lower(program: Program) -> Source:
               f"tile {t.m}x{t.n}x{t.k}, {program.num_warps} warps, {stages} stages, scheduler {program.scheduler}, "
               f"raster {program.raster} swizzle={program.swizzle}, split_k {program.split_k}"
               f"{' ' + program.split_k_reduce if program.split_k > 1 else ''}.\n"
-              f"A {p.a_major}-major, B {p.b_major}-major; M, N, K are runtime arguments"
+              f"A {p.a_major}-major, B {p.b_major}-major, C {p.c_major}-major; M, N, K are runtime arguments"
               f"{' (divisibility hints from the bound shape)' if bound else ' (shape-generic)'}.\n"
               '"""\n')
     text = "\n\n".join([header + "import triton\nimport triton.language as tl",
@@ -346,6 +347,7 @@ def lower(program: Program) -> Source:
         "out_dtype": p.epilogue.out_dtype,
         "shape": (p.m, p.n, p.k) if bound else None,
         "majors": (p.a_major, p.b_major),
+        "c_major": p.c_major,
         "split_k": program.split_k,
         "split_k_reduce": program.split_k_reduce,
         "persistent": program.scheduler == "persistent",

@@ -70,6 +70,14 @@ def tile_coords(tile, num_pid_m, num_pid_n, GROUP: tl.constexpr):
 '''
 
 
+def out_offsets(program: Program, stride: str) -> str:
+    """Element offsets of the (offs_m, offs_n) tile in an M x N matrix laid out as the output
+    (`c=`): the contiguous dimension has stride 1, the other `stride` (out, c and residual)."""
+    if program.problem.c_major == "row":
+        return f"offs_m[:, None] * {stride} + offs_n[None, :]"
+    return f"offs_m[:, None] + offs_n[None, :] * {stride}"
+
+
 def epilogue_fn(program: Program) -> tuple[str, list[str]]:
     """One jit function applying out = cast(act(alpha*acc + beta*c + bias) + residual)."""
     e = program.problem.epilogue
@@ -80,7 +88,7 @@ def epilogue_fn(program: Program) -> tuple[str, list[str]]:
         body.append("    acc = acc * alpha")
     if e.beta != 0.0:
         params += ["c_ptr", "stride_cm", "beta"]
-        body.append("    c = tl.load(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], mask=mask, other=0.0)")
+        body.append(f"    c = tl.load(c_ptr + {out_offsets(program, 'stride_cm')}, mask=mask, other=0.0)")
         body.append("    acc = acc + beta * c.to(tl.float32)")
     if e.bias == "n":
         params.append("bias_ptr")
@@ -98,7 +106,7 @@ def epilogue_fn(program: Program) -> tuple[str, list[str]]:
         body.append("    acc = acc * tl.sigmoid(acc)")
     if e.residual:
         params += ["res_ptr", "stride_rm"]
-        body.append("    res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)")
+        body.append(f"    res = tl.load(res_ptr + {out_offsets(program, 'stride_rm')}, mask=mask, other=0.0)")
         body.append("    acc = acc + res.to(tl.float32)")
     out_ty = TRITON_DTYPE[e.out_dtype]
     body.append(f"    return acc.to({out_ty})")
@@ -123,7 +131,8 @@ def epilogue_args(args: Args, program: Program, bound: bool) -> None:
 
 def epilogue_scalars(args: Args, program: Program, bound: bool, out_stride: bool = True) -> None:
     p, e = program.problem, program.problem.epilogue
-    n_div = pow2_divisor(p.n) if bound else GENERIC_HINT
+    # the output's line stride: N elements a row (c=row) or M a column (c=col)
+    n_div = pow2_divisor(p.n if p.c_major == "row" else p.m) if bound else GENERIC_HINT
     if out_stride:
         args.add("stride_om", "i32", "stride_out", n_div, assumed=not bound)
     if e.beta != 0.0:
@@ -141,10 +150,10 @@ def epilogue_call(params: list[str], acc: str = "acc", offs_n: str = "offs_n") -
     return f"epilogue({', '.join(names.get(x, x) for x in params)})"
 
 
-def pointer_store(params: list[str], indent: str, acc: str = "acc") -> str:
-    """Masked store of the epilogue's tile (of accumulator `acc`) through out's row stride."""
+def pointer_store(program: Program, params: list[str], indent: str, acc: str = "acc") -> str:
+    """Masked store of the epilogue's tile (of accumulator `acc`) through out's line stride."""
     return (f"{indent}mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)\n"
-            f"{indent}tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], "
+            f"{indent}tl.store(out_ptr + {out_offsets(program, 'stride_om')}, "
             f"{epilogue_call(params, acc=acc)}, mask=mask)")
 
 

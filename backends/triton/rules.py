@@ -91,6 +91,9 @@ def tma_misaligned(problem: Problem) -> list[str]:
 def _tma_rules(p: Program) -> list[tuple[str, str]]:
     if p.scheduler != "persistent":
         return []
+    if p.problem.c_major == "col":
+        return [("gemm", "scheduler persistent writes its output row-major (TMA tiles of rows): for c=col "
+                         "use scheduler tile or stream_k")]
     bad = tma_misaligned(p.problem)
     if bad:
         return [("scheduler", "scheduler persistent loads operands by TMA, which needs every row stride to be a "
@@ -113,7 +116,7 @@ SUPPORT = Support(
     auto_stages=True,
     majors_a=frozenset({"row", "col"}),
     majors_b=frozenset({"row", "col"}),
-    majors_c=frozenset({"row"}),
+    majors_c=frozenset({"row", "col"}),
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
     in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_tile_rules, _problem_rules, _tma_rules),

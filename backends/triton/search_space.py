@@ -43,6 +43,13 @@ STREAM_K_MIN_K_TILES = 4
 #: M = 1, 16, 128): (scheduler, tile N, tile K, stages, warps, split-K), tile M from M.
 SMALL_M_HEAD = (("stream_k", 64, 128, 6, 4, 1), ("tile", 128, 128, 4, 4, 1), ("tile", 64, 128, 4, 4, 4),
                 ("stream_k", 128, 128, 4, 4, 1), ("stream_k", 32, 128, 6, 4, 1), ("stream_k", 128, 128, 3, 8, 1))
+#: At M <= SWAP_MAX_M, programs of the swapped problem C^T = W x^T (`swap_ab`): the weight's N
+#: fills the tile's M side and the batch is a tile N of 16-64. Measured best with benchmarks/
+#: small_m.py (1.14x torch.matmul at 16x4096x4096, where no other idea passed 1.06x; no gain at
+#: M = 128): (scheduler, tile M, tile K, stages), 4 warps, tile N from M.
+SWAP_MAX_M = 64
+SWAP_HEAD = (("tile", 64, 128, 6), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6), ("tile", 128, 128, 4),
+             ("stream_k", 128, 128, 4))
 DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
 DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
 L2_BYTES_PER_S = SM90A.l2_bytes_per_s
@@ -96,6 +103,7 @@ def _efficiency(t: Tile, warps: int, stages: int, persistent: bool) -> float:
 
 def estimate_us(p: Program) -> float:
     """Rough device time of `p` in microseconds; see the module docstring."""
+    p = p.computed
     pr, t = p.problem, p.tile
     m, n, k = pr.m, pr.n, pr.k
     stages = p.stages or 3
@@ -256,6 +264,29 @@ def small_m_head(problem: Problem) -> list[Program]:
     return out
 
 
+def swapped_head(problem: Problem) -> list[Program]:
+    """SWAP_HEAD at this problem, as `swap_ab` programs: tile N the smallest power of two (16 to
+    64) that holds M; those the backend's rules accept for the transposed problem."""
+    if problem.m > SWAP_MAX_M:
+        return []
+    cols = max(16, 1 << max(0, (problem.m - 1).bit_length()))
+    out = []
+    for scheduler, bm, bk, stages in SWAP_HEAD:
+        k_tiles = math.ceil(problem.k / bk)
+        if bk > max(32, 1 << max(0, (problem.k - 1).bit_length())) or (
+                scheduler == "stream_k" and k_tiles < STREAM_K_MIN_K_TILES):
+            continue
+        p = Program(problem=problem, backend="triton", tile=Tile(bm, cols, bk), warps=warp_layout(bm, 4),
+                    mainloop="multistage", stages=stages, scheduler=scheduler, raster="n", swizzle=8, swap_ab=True)
+        if not any(rule(p.computed) for rule in SUPPORT.extra_rules):
+            out.append(p)
+    return out
+
+
+def _interleave(*lists: list) -> list:
+    return [x for group in itertools.zip_longest(*lists) for x in group if x is not None]
+
+
 def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
     """Up to `size` candidate programs for `problem`, best first (unvalidated)."""
     if not problem.is_bound:
@@ -263,7 +294,7 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
     ranked = sorted(_base_candidates(problem), key=estimate_us)
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
-        head = small_m_head(problem) + head
+        head = _interleave(small_m_head(problem), swapped_head(problem)) + head
     out, seen = [], set()
     for i, p in enumerate(head):
         for q in ([p] + (_raster_variants(p)[1:3] if i == 0 and p.problem.m * p.problem.n >= 2048 * 2048 else [])):

@@ -106,9 +106,9 @@ def {name}(
                     c_slot = (c * 2 + (tile != (c * per) // k_tiles).to(tl.int32)) * BLOCK_M * BLOCK_N
                     tile_sum += tl.load(ws_ptr + c_slot + slot_offs, cache_modifier=".cg")
                 tl.atomic_xchg(counters + tile, 0, sem="relaxed", scope="gpu")
-{pointer_store(epi_params, " " * 16, acc="tile_sum")}
+{pointer_store(program, epi_params, " " * 16, acc="tile_sum")}
         else:   # the whole tile's K loop was this CTA's
-{pointer_store(epi_params, " " * 12)}
+{pointer_store(program, epi_params, " " * 12)}
 '''
     grid = {"kind": "stream_k", "block_m": t.m, "block_n": t.n, "block_k": t.k, "cta_cap": CTA_CAP, "split_k": 1}
     return text, args, constexprs, grid

@@ -78,14 +78,14 @@ def programs_from_space(space: str, shapes_csv: str, backend: str, top: int) -> 
 
 
 def run_build(args: argparse.Namespace) -> int:
-    module = backends.get(args.backend)
+    backends.get(args.backend)                 # an unknown or missing backend is refused first
     if args.space:
         if not args.shapes:
             raise GemmgenError("--space needs --shapes CSV (the shapes to enumerate candidates for)")
         programs = programs_from_space(args.space, args.shapes, args.backend, args.top)
     else:
         programs = programs_from_files(args.programs, args.backend)
-    sources = [module.lower(p) for p in programs]
+    sources = [backends.lower(p) for p in programs]
     jobs = args.jobs or default_jobs()
     print(f"building {len(sources)} {args.backend} program(s) with {jobs} job(s) into {cache_root()}")
     bar = None

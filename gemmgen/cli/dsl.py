@@ -187,7 +187,7 @@ def _lower(program, backend: str) -> str:
     if backend not in backends.names():
         raise CommandError(f"--lower {backend}: unknown backend; choose one of {', '.join(backends.names())}")
     try:
-        module = backends.get(backend)
+        backends.get(backend)                  # imports it: refused here if it is not installed
     except ImportError as exc:
         raise CommandError(f"--lower {backend}: the {backend} backend is not available here "
                            f"({exc.__class__.__name__}: {exc})") from None
@@ -197,7 +197,7 @@ def _lower(program, backend: str) -> str:
     if problems:
         raise CommandError(f"--lower {backend}: not lowering an invalid program: {problems[0].message}")
     try:
-        source = module.lower(program)
+        source = backends.lower(program)
     except GemmgenError:
         raise
     except Exception as exc:  # a backend bug must still reach the user as one line

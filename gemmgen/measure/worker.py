@@ -73,9 +73,10 @@ class TrialResult:
 # ---- loaders: top-level, so a job can name them -------------------------------------------
 
 def load_backend(backend: str, artifact, program_text: str) -> Callable:
-    """A built kernel: gemmgen.backends.get(backend).load(artifact, gemmgen.dsl.parse(text))."""
+    """A built kernel: gemmgen.backends.load(artifact, gemmgen.dsl.parse(text)) (the program
+    names its backend; `backend` is kept in the job for what it reports)."""
 
-    return backends.get(backend).load(artifact, dsl.parse(program_text))
+    return backends.load(artifact, dsl.parse(program_text))
 
 
 def load_named(spec: str, problem: Problem) -> Callable:

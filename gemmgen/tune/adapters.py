@@ -31,7 +31,7 @@ class PoolBuilder:
         sources, where = [], []
         for i, program in enumerate(programs):
             try:
-                sources.append(backends.get(program.backend).lower(program))
+                sources.append(backends.lower(program))
                 where.append(i)
             except Exception as exc:  # noqa: BLE001 - a lowering bug costs this trial, not the run
                 outcomes[i] = BuildOutcome(program, error=f"lowering failed: {type(exc).__name__}: {exc}")
