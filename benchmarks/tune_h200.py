@@ -3,7 +3,7 @@
     python benchmarks/tune_h200.py --shapes benchmarks/shapes/cudal2_sample100.csv \
         --time-budget 420 --out benchmarks/results/tune_h200
 
-Resumable across GPU sessions: OUT/trials.jsonl (every trial, the export format) is
+Resumable across GPU sessions: OUT/trials.jsonl (every trial of the run's shapes, the export format) is
 merged into the working database first, tuning skips every (problem, program) pair
 already measured on this GPU, and the script ends by writing OUT/trials.jsonl again and
 every trial into tuning_db/shipped/h200.jsonl.gz (merged with what is there): winners are a
@@ -65,7 +65,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.cli.tune import tune_problems
     from gemmgen.tuning_db import Database, default_db_path
-    from gemmgen.tuning_db.exchange import export, merge
+    from gemmgen.tuning_db.exchange import export, export_lines, merge
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,11 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
                       db=db, budget=args.budget, time_budget_s=args.time_budget)
     finally:
         getattr(runner, "close", lambda: None)()
-    written = export(db, out / "trials.jsonl")
+    # this run's problems only: the working database also holds every shipped record
+    keys = {p.key for p in problems}
+    mine = [line for line in export_lines(db) if json.loads(line).get("problem") in keys]
+    (out / "trials.jsonl").write_text("".join(line + "\n" for line in mine))
+    written = len(mine)
     if args.ship:
         shipped = export(db, args.ship)
     clear_cache()

@@ -71,6 +71,25 @@ def new_small_model(tokenizer, config: SmallConfig = SmallConfig(), seed: int = 
     return LlamaForCausalLM(cfg)
 
 
+def extend_vocabulary(model, tokenizer, words) -> list[str]:
+    """Make each new grammar word (and it after a space) one token of a trained policy, keeping
+    every existing token id: the tokens are added to the tokenizer and the tied embedding grows
+    by zero rows (logit 0: the model proposes the word rarely until training teaches it).
+    Returns the tokens added."""
+    vocab = tokenizer.get_vocab()
+    new = [t for word in words for t in (word, " " + word) if t not in vocab]
+    if new:
+        tokenizer.add_tokens(new)
+        old = model.get_input_embeddings().weight.shape[0]
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        # Deferred: torch (optional, heavy to import).
+        import torch
+
+        with torch.no_grad():
+            model.get_input_embeddings().weight[old:] = 0.0
+    return new
+
+
 def save_policy(model, tokenizer, path: str | Path, meta: Optional[dict] = None) -> Path:
     """Weights (safetensors), config, tokenizer and what produced them, in one folder."""
     path = Path(path)
@@ -203,5 +222,5 @@ def describe(model) -> dict:
 
 
 __all__ = ["CHECKPOINT_DIR", "LoraSettings", "PolicyModelError", "SmallConfig", "cache_root", "describe",
-           "load_base_model", "load_policy", "new_small_model", "plain_checkpoint", "save_policy",
+           "extend_vocabulary", "load_base_model", "load_policy", "new_small_model", "plain_checkpoint", "save_policy",
            "smollm2_gguf", "with_lora"]

@@ -79,3 +79,26 @@ def test_the_tokenizer_knows_itself(tokenizer, tmp_path):
     assert is_dsl_tokenizer(again)
     text = EXAMPLES[0].read_text()
     assert again.encode(text) == tokenizer.encode(text)
+
+
+def test_a_new_grammar_word_joins_a_trained_policy_without_moving_any_token():
+    import torch
+
+    from gemmgen.policy.model import extend_vocabulary, load_policy
+
+    model, tokenizer = load_policy()
+    before = tokenizer.get_vocab()
+    text = "tile 64x16x128\nsplit_k 1\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :, :len(before)]
+    assert extend_vocabulary(model, tokenizer, ["zz_word"]) == ["zz_word", " zz_word"]
+    after = tokenizer.get_vocab()
+    assert all(after[t] == i for t, i in before.items())
+    assert len(tokenizer.encode("\nzz_word", add_special_tokens=False)) == 2
+    assert model.get_output_embeddings().weight.shape[0] == len(tokenizer)
+    with torch.no_grad():
+        again = model(torch.tensor([ids])).logits[0]
+    assert torch.equal(again[:, :len(before)], logits)          # the policy's choices are unchanged
+    assert torch.all(again[:, len(before):] == 0)                # the new word is not favoured
+    assert extend_vocabulary(model, tokenizer, ["zz_word"]) == []
