@@ -20,7 +20,15 @@ read above db_best where trials came from sessions at other clocks.
 
     python benchmarks/policy_eval.py --out benchmarks/results/policy_eval --time-budget 150
 
-On several GPUs, one process per GPU with --shard i/n (same --max-problems, one shared database),
+On G GPUs, one torchrun rank each: every rank takes the next problem from one shared counter,
+measures on its own GPU into its own database and writes its rows (DIR/rank<R>/policy_eval.json)
+after every problem; rank 0 gathers the records into --db and the rows into one report. A rank
+that dies loses only the problem it was measuring; the same command again measures only that
+(gemmgen.tune.distributed):
+
+    torchrun --nproc-per-node 8 benchmarks/policy_eval.py --distributed --out DIR --time-budget 600
+
+Or by hand, one process per GPU with --shard i/n (same --max-problems, one shared database),
 then one table from the shards:
 
     python benchmarks/policy_eval.py --out DIR --merge DIR0/policy_eval.json DIR1/policy_eval.json
@@ -36,6 +44,7 @@ import warnings
 from pathlib import Path
 
 from gemmgen.measure.numerics import geomean
+from gemmgen.tune.distributed import GATHER_TIMEOUT_S, Rank, connect, pin_gpu, share_out
 
 METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "db_prior", "db_best")
 
@@ -96,20 +105,29 @@ def main(argv=None) -> int:
                         help="evaluate every N-th of the picked problems from the I-th (one process per GPU)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="measure nothing: one table and plot from the policy_eval.json of several shards")
+    parser.add_argument("--distributed", action="store_true",
+                        help="one rank of `torchrun --nproc-per-node G benchmarks/policy_eval.py --distributed ...`: "
+                             "the problems shared out over G GPUs, one report")
     args = parser.parse_args(argv)
     if args.merge:
         return merge(args.merge, Path(args.out))
 
+    if args.distributed and args.shard:
+        parser.error("--distributed shares the problems out itself: leave out --shard")
+    rank = None
+    if args.distributed:
+        rank = Rank.from_env(how="benchmarks/policy_eval.py --distributed ...")
+        pin_gpu(rank)                                        # before anything starts CUDA
     import torch
 
     from gemmgen.policy.lm_proposer import PolicyProposer
     from gemmgen.policy.training.reward import BaselinesOnce
-    from gemmgen.tune import tune
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.tuning_db import Database, default_db_path
 
     warnings.simplefilter("ignore")
-    torch.set_num_threads(min(8, torch.get_num_threads()))   # shards share the host's cores
+    cores = rank.cores() if rank else None
+    torch.set_num_threads(min(8, cores or torch.get_num_threads()))   # shards share the host's cores
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -119,26 +137,78 @@ def main(argv=None) -> int:
     policy = PolicyProposer(args.checkpoint, backends=backends)
     meta = {"problems_planned": len(problems), "checkpoint": args.checkpoint or "shipped",
             "policy_version": policy.version, "backends": list(backends), "k": args.k, "shard": args.shard}
-    rows = []
+    settings = dict(policy=policy, backends=backends, k=args.k, seed=args.seed, builder=PoolBuilder(jobs=cores))
+    db_path = Path(args.db) if args.db else default_db_path()
     # torch.matmul is the one baseline the speedups use.
-    with Database(args.db or default_db_path()) as db, WorkerRunner(baselines=("torch",)) as raw_runner:
-        device = raw_runner.device.name
-        candidates = EvalCandidates(policy, backends, args.k, args.seed, db, device)
+    with WorkerRunner(baselines=("torch",)) as raw_runner:
+        runner = BaselinesOnce(raw_runner)
+        if rank is not None:
+            eval_rank(problems, rank, connect(rank), db_path=db_path, out=out, meta=meta, runner=runner,
+                      time_budget_s=args.time_budget, **settings)
+            return 0
+        rows = []
 
-        def report_shape(problem):
-            rows.append(candidates.row(problem))
-            row = rows[-1]
-            scores = "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS)
-            print(f"[{time.monotonic() - started:6.0f} s] {problem.key}: {scores}", flush=True)
+        def on_row(row):
+            rows.append(row)
+            print_row(row, started)
             write_json(rows, out, {**meta, "wall_s": round(time.monotonic() - started, 1), "partial": True})
 
-        # One loop call: proposing and building the next shapes overlap measuring this one.
-        # The budget holds the union of the three methods' k programs.
-        tune(problems, proposer=candidates, builder=PoolBuilder(), runner=BaselinesOnce(raw_runner), db=db,
-             budget=3 * args.k, time_budget_s=args.time_budget, progress=False, build_chunk=4,
-             on_shape=report_shape)
+        with Database(db_path) as db:
+            evaluate(problems, db=db, runner=runner, time_budget_s=args.time_budget, on_row=on_row, **settings)
     write_report(rows, out, {**meta, "wall_s": round(time.monotonic() - started, 1)})
     return 0
+
+
+def evaluate(problems, *, policy, backends, k: int, seed: int, builder, runner, db, time_budget_s, on_row) -> None:
+    """Measure every method's candidates for `problems` in one tuning-loop call (proposing and
+    building the next shapes overlap measuring this one; the budget holds the union of the three
+    methods' k programs); `on_row(row)` once each problem is measured."""
+    from gemmgen.tune import tune
+
+    candidates = EvalCandidates(policy, backends, k, seed, db, runner.device.name)
+    tune(problems, proposer=candidates, builder=builder, runner=runner, db=db, budget=3 * k,
+         time_budget_s=time_budget_s, progress=False, build_chunk=4, on_shape=lambda p: on_row(candidates.row(p)))
+
+
+def rank_dir(out: Path, rank: int) -> Path:
+    """Where one rank of a --distributed run writes its rows."""
+    return out / f"rank{rank}"
+
+
+def eval_rank(problems, rank, store, *, db_path: Path, out: Path, meta: dict, time_budget_s: float,
+              gather_timeout_s: float = GATHER_TIMEOUT_S, **settings) -> dict:
+    """One rank of a --distributed run: problems from the shared counter, each evaluated into
+    this rank's database, its rows written after each; rank 0 then writes the one report from
+    every rank's rows (a rank that died: up to its last problem). Returns `share_out`'s dict."""
+    started = time.monotonic()
+    rows = []
+    own = {**meta, "shard": f"rank {rank.rank}/{rank.world}", "problems_planned": None}
+
+    def write():
+        write_json(rows, rank_dir(out, rank.rank), {**own, "wall_s": round(time.monotonic() - started, 1)})
+
+    def on_row(row):
+        rows.append(row)
+        print_row(row, started)
+        write()
+
+    def one(problem, db):
+        left = max(0.0, time_budget_s - (time.monotonic() - started))
+        evaluate([problem], db=db, time_budget_s=left, on_row=on_row, **settings)
+
+    write()                                # this run's rows only, never an earlier run's
+    done = share_out(problems, rank, store, db_path=db_path, work=one, gather_timeout_s=gather_timeout_s,
+                     stop=lambda: time.monotonic() - started > time_budget_s)
+    if rank.rank == 0:
+        parts = [rank_dir(out, r) / "policy_eval.json" for r in range(rank.world)]
+        merge([p for p in parts if p.is_file()], out, problems_planned=len(problems), ranks=rank.world,
+              lost_ranks=done["lost_ranks"], wall_s=round(time.monotonic() - started, 1))
+    return done
+
+
+def print_row(row, started: float) -> None:
+    scores = "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS)
+    print(f"[{time.monotonic() - started:6.0f} s] {row['problem']}: {scores}", flush=True)
 
 
 class EvalCandidates:
@@ -197,8 +267,9 @@ def write_report(rows, out: Path, meta: dict) -> None:
     print_table(summary)
 
 
-def merge(paths, out: Path) -> int:
-    """One report from shards: their rows together; the wall time is the longest shard's."""
+def merge(paths, out: Path, **meta) -> int:
+    """One report from shards: their rows together; the wall time is the longest shard's;
+    `meta` is said in the summary too, over what the shards say."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
     versions = {d["summary"].get("policy_version") for d in docs}
     if len(versions) > 1:
@@ -209,7 +280,7 @@ def merge(paths, out: Path) -> int:
         "wall_s": max(d["summary"].get("wall_s") or 0 for d in docs),
         "problems_planned": sum(d["summary"].get("problems_planned") or 0 for d in docs),
         **{k: first.get(k) for k in ("checkpoint", "policy_version", "backends", "k")},
-        "shards": [d["summary"].get("shard") for d in docs]})
+        "shards": [d["summary"].get("shard") for d in docs], **meta})
     return 0
 
 

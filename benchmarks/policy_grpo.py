@@ -14,6 +14,11 @@ measured speedups. Writes the trained policy, the reward curve (JSON + PNG) and 
    programs of other backends get no reward and so no gradient.
 
 Resumable: --resume continues the trainer from <out>/grpo/work/trainer.
+
+On G GPUs, GRPO over torchrun ranks (every rank measures its own rollouts on its own GPU, rank 0
+gathers the records into --db and writes the report; no supervised refresh, --checkpoint instead):
+
+    torchrun --nproc-per-node 8 benchmarks/policy_grpo.py --distributed --out DIR --minutes 10
 """
 from __future__ import annotations
 
@@ -39,9 +44,17 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default="triton", help="backends measured for the reward")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--distributed", action="store_true",
+                        help="one rank of `torchrun --nproc-per-node G benchmarks/policy_grpo.py --distributed ...`")
     args = parser.parse_args(argv)
 
     from gemmgen.policy import model as pm
+    from gemmgen.tune.distributed import DistributedError, Rank
+
+    rank = Rank.from_env(how="benchmarks/policy_grpo.py --distributed ...") if args.distributed else None
+    if rank is not None and args.sft_minutes > 0:
+        raise DistributedError("--distributed trains GRPO only: run the supervised refresh first, without torchrun "
+                               "(python -m gemmgen.policy.training.sft --out SFT ...), then pass --checkpoint SFT")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,9 +89,11 @@ def main(argv=None) -> int:
         checkpoint=str(start_from), out=str(out / "grpo"), db=args.db, problems=args.problems,
         minutes=args.minutes, max_steps=args.max_steps, prompts_per_step=args.prompts_per_step,
         generations=args.generations, lr=args.lr, resume=args.resume, seed=args.seed,
-        backends=tuple(b for b in args.backends.split(",") if b))
+        backends=tuple(b for b in args.backends.split(",") if b), distributed=args.distributed)
     t0 = time.monotonic()
     grpo_chunk(grpo_args)
+    if rank is not None and rank.rank != 0:
+        return 0                         # rank 0 gathered the records and writes the report
     report["grpo"] = {"minutes": round((time.monotonic() - t0) / 60, 2), **pm.read_meta(out / "grpo").get("grpo", {})}
     curve = json.loads((out / "grpo" / "work" / "curves" / "grpo.json").read_text())
     rewards = [(row["step"], row["reward"]) for row in curve if "reward" in row]

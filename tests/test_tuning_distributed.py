@@ -1,9 +1,7 @@
 """Distributed tuning on the CPU: ranks as processes sharing torch.distributed's TCPStore, with the
 stub runner and builder of the tune loop's tests; work shared out, a killed rank survived,
 records gathered, and a second run finishing what was left."""
-import multiprocessing as mp
 import os
-import socket
 import time
 
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from gemmgen.dsl.ir import Problem
 from gemmgen.tune.distributed import DistributedError, Rank, connect, cost_order, pin_gpu, run_rank, tune_one_with
 from gemmgen.tuning_db import Database
+from ranks import launch
 from tuning_fakes import FakeBuilder, FakeRunner, ListProposer
 
 pytest.importorskip("torch.distributed")
@@ -21,15 +20,7 @@ PROBLEMS = [Problem(m, n, k) for m, n, k in
 VARIANTS = [((64, 64, 64), 3), ((128, 64, 64), 4)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank, world, port, db_path, die_on, results):
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
+def _rank_main(env, die_on, results, db_path):
     me = Rank.from_env(env)
     store = connect(me, env, timeout_s=60)
     inner = tune_one_with(proposer=ListProposer(VARIANTS), builder=FakeBuilder(), runner=FakeRunner(),
@@ -47,18 +38,9 @@ def _rank_main(rank, world, port, db_path, die_on, results):
 
 
 def _launch(world, db_path, die=None):
-    """Run `world` ranks; `die`: (rank, nth problem) that exits mid-problem. Rank 0's summary and
+    """Run `world` ranks; `die`: {rank: nth problem}, exits mid-problem. Rank 0's summary and
     every rank's list of problems."""
-    ctx = mp.get_context("spawn")
-    results, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(db_path), die[1] if die and die[0] == r else 0,
-                                                  results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = [results.get(timeout=120) for _ in range(world - (1 if die else 0))]
-    for p in procs:
-        p.join(timeout=60)
-    return {o["rank"]: o for o in out}
+    return launch(_rank_main, world, str(db_path), die=die)
 
 
 def _trial_counts(db_path):
@@ -90,7 +72,7 @@ def test_the_problems_are_shared_out_and_gathered(tmp_path, world):
 
 def test_a_killed_rank_loses_only_its_problem_and_a_second_run_finishes(tmp_path):
     db_path = tmp_path / "tuning.sqlite"
-    out = _launch(3, db_path, die=(1, 2))                # rank 1 dies on its second problem
+    out = _launch(3, db_path, die={1: 2})                # rank 1 dies on its second problem
     assert out[0]["lost_ranks"] == [1]
     finished = {key for o in out.values() for key in o["problems"]}
     gathered = _tuned(db_path)

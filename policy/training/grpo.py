@@ -9,6 +9,11 @@ invalid. The reward is `reward.SpeedupReward` on the GPU; tests pass a stub.
 Runs in chunks: `max_steps` or `minutes`, whichever first; trainer checkpoints
 under `<work>/trainer`, `resume=True` continues from the last one; the reward
 curve goes to `<work>/curves/grpo.{json,png}`.
+
+On G GPUs, one rank each (`torchrun --nproc-per-node G -m gemmgen.policy.training.grpo
+--distributed ...`): trl deals every rank its own prompts, each rank measures its own
+completions on its own GPU into its own database (`reward.measure_rewards`), and rank 0
+gathers the records and writes the policy.
 """
 from __future__ import annotations
 
@@ -27,15 +32,19 @@ from gemmgen.policy.constrained import GrammarSampler, sample
 from gemmgen.policy.prompt import prompt_text
 from gemmgen.policy.training import data
 from gemmgen.policy.training.curves import write_curves
-from gemmgen.policy.training.reward import SpeedupReward, problem_to_json
+from gemmgen.policy.training.reward import measure_rewards, problem_to_json
 from gemmgen.policy.training.sft import (
     _time_budget_callback,
     last_checkpoint,
     weights_digest,
 )
-from gemmgen.tuning_db import Database, default_db_path
+from gemmgen.tuning_db import default_db_path
 
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
+from gemmgen.tune.distributed import Rank, connect, pin_gpu
+
+#: the torchrun command line a --distributed chunk runs under
+HOW = "-m gemmgen.policy.training.grpo --distributed ..."
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,9 @@ def constrained_rollout(settings: GRPOSettings) -> Callable:
             end = start
             while end < len(prompts) and prompts[end] == prompts[start]:
                 end += 1
-            seed = settings.seed * 1_000_003 + trainer.state.global_step * 1009 + start
+            # the rank too: two ranks dealt the same prompt sample different programs
+            seed = (settings.seed * 1_000_003 + trainer.state.global_step * 1009 + start
+                    + trainer.accelerator.process_index * 7919)
             samples = sample(model, tokenizer, sampler, prompts[start], end - start,
                              temperature=settings.temperature, max_new_tokens=settings.max_new_tokens, seed=seed)
             ids = tokenizer.encode(prompts[start], add_special_tokens=False)
@@ -124,6 +135,8 @@ def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir:
 
     trainer.train(resume_from_checkpoint=last_checkpoint(work_dir / "trainer") if resume else None)
 
+    if not trainer.is_world_process_zero():
+        return trainer
     name = getattr(reward_fn, "__name__", "reward")
     write_curves(trainer.state.log_history, work_dir / "curves", "grpo",
                  ["reward", f"rewards/{name}/mean", "reward_std", "completions/mean_length", "loss"])
@@ -146,15 +159,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backends", default="triton", help="backends measured for the reward (others: no reward)")
+    parser.add_argument("--distributed", action="store_true",
+                        help=f"one rank of `torchrun --nproc-per-node G {HOW}`: G GPUs measure G times the rollouts")
     args = parser.parse_args(argv)
     args.backends = tuple(b for b in args.backends.split(",") if b)
     return grpo_chunk(args)
 
 
+def pin_rank(args) -> Optional[Rank]:
+    """With --distributed, this process's rank, pinned to its GPU before CUDA starts; else None."""
+    if not getattr(args, "distributed", False):
+        return None
+    rank = Rank.from_env(how=HOW)
+    pin_gpu(rank)
+    # It now sees one GPU, its device 0: what accelerate's device and barriers index by LOCAL_RANK.
+    os.environ["LOCAL_RANK"] = "0"
+    return rank
+
+
 def grpo_chunk(args) -> int:
-
-
     started = time.monotonic()
+    rank = pin_rank(args)
     out = Path(args.out)
     model, tokenizer = pm.load_policy(out if args.resume and (out / "config.json").is_file() else args.checkpoint)
     rng = random.Random(args.seed)
@@ -163,14 +188,21 @@ def grpo_chunk(args) -> int:
     settings = GRPOSettings(max_steps=args.max_steps, minutes=args.minutes, prompts_per_step=args.prompts_per_step,
                             generations=args.generations, learning_rate=args.lr, seed=args.seed)
     reward_log: list = []
-    with Database(args.db or default_db_path()) as db, WorkerRunner() as runner:
-        reward = SpeedupReward(PoolBuilder(), runner, db, proposer_version="grpo", log=reward_log,
-                               backends=getattr(args, "backends", None))
-        trainer = run_grpo(model, tokenizer, problems, reward, out / "work", settings, resume=args.resume)
+    with WorkerRunner() as runner:
+        trainer, reward, gathered = measure_rewards(
+            lambda reward: run_grpo(model, tokenizer, problems, reward, out / "work", settings, resume=args.resume),
+            db_path=Path(args.db) if args.db else default_db_path(), runner=runner, rank=rank,
+            store=connect(rank) if rank else None, builder=PoolBuilder(jobs=rank.cores() if rank else None),
+            proposer_version="grpo", log=reward_log, backends=getattr(args, "backends", None))
+    if rank is not None and rank.rank != 0:
+        return 0
+    counts = list(gathered.get("ranks", {}).values()) or [{"measured": reward.measured, "reused": reward.reused}]
     meta = {**pm.read_meta(args.checkpoint or pm.CHECKPOINT_DIR), "stage": "grpo"}
     pm.save_policy(trainer.model, tokenizer, out, meta={})
     meta["grpo"] = {"steps": trainer.state.global_step, "wall_minutes": round((time.monotonic() - started) / 60, 2),
-                    "problems": len(problems), "measured_pairs": reward.measured, "reused_pairs": reward.reused,
+                    "problems": len(problems), "measured_pairs": sum(c["measured"] for c in counts),
+                    "reused_pairs": sum(c["reused"] for c in counts), "ranks": rank.world if rank else 1,
+                    "lost_ranks": gathered.get("lost_ranks", []),
                     "prompts_per_step": settings.prompts_per_step, "generations": settings.generations,
                     "backends": list(getattr(args, "backends", None) or [])}
     meta["weights_sha256"] = weights_digest(out)

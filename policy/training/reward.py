@@ -13,13 +13,18 @@ through `gemmgen.tune.tune` with the answers as a fixed proposal: the loop's
 builder (CPU pool) and runner (isolated GPU worker) do the work and record every
 trial, and a (problem, program) pair the database already holds for this GPU is
 read back instead of timed again. Baselines are timed once per problem per run.
+
+On G GPUs (torchrun, trl's data parallelism) every rank scores its own completions on its own
+GPU, into its own database, and rank 0 gathers them at the end (`measure_rewards`): G ranks
+measure G times as many rollouts.
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import asdict
-from typing import Mapping, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence, TypeVar
 
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Epilogue, Problem, Program
@@ -27,9 +32,13 @@ from gemmgen.policy.constrained import Sample
 from gemmgen.policy.lm_proposer import judge
 
 from gemmgen.tune import tune
+from gemmgen.tune.distributed import GATHER_TIMEOUT_S, Rank, finish, seed_rank
+from gemmgen.tuning_db import Database
+from gemmgen.tuning_db.exchange import export
 
 INVALID_REWARD = -2.0
 FAILED_REWARD = -2.0
+T = TypeVar("T")
 
 
 def problem_to_json(problem: Problem) -> str:
@@ -84,8 +93,11 @@ class SpeedupReward:
     __name__ = "speedup"
 
     def __init__(self, builder, runner, db, *, proposer_version: str = "", log: Optional[list] = None,
-                 backends: Optional[Sequence[str]] = None):
+                 backends: Optional[Sequence[str]] = None, export_to: Optional[Path] = None):
+        """`export_to`: a file the database is exported to after every call that measured
+        something (a rank's export, which is what is gathered if the rank dies)."""
         self.builder = builder
+        self.export_to = export_to
         self.backends = tuple(backends) if backends else None
         self.runner = BaselinesOnce(runner)
         self.db = db
@@ -122,6 +134,8 @@ class SpeedupReward:
             tune(todo, proposer=FixedProposal(fresh, version=self.proposer_version), builder=self.builder,
                  runner=self.runner, db=self.db, budget=max(len(v) for v in fresh.values()), progress=False)
             known.update({p.key: self._recorded(p) for p in todo})
+            if self.export_to is not None:
+                export(self.db, self.export_to)
         n_fresh = sum(len(v) for v in fresh.values())
         self.measured += n_fresh
         self.reused += sum(1 for program, _ in judged if program is not None) - n_fresh
@@ -144,3 +158,25 @@ class SpeedupReward:
         rewards = self.score([(problems[key], text, done) for key, text, done in zip(problem, completions, complete)])
         self.log.append({"rewards": rewards, "measured": self.measured, "reused": self.reused})
         return rewards
+
+
+def measure_rewards(train: Callable[[SpeedupReward], T], *, db_path: Path, builder, runner,
+                    rank: Optional[Rank] = None, store=None, gather_timeout_s: float = GATHER_TIMEOUT_S,
+                    **reward_options) -> tuple[T, SpeedupReward, dict]:
+    """`train(reward)` with a speedup reward that records into `db_path`; on a rank of a torchrun
+    launch (`rank`, `store`: gemmgen.tune.distributed), into the rank's own database instead,
+    seeded from `db_path` and exported after every measuring call, and rank 0 gathers every
+    rank's records into `db_path` once every rank has trained (a rank that died: up to its last
+    export). Returns (what `train` returned, the reward, what was gathered: {} off torchrun; on
+    rank 0 `gather`'s dict, whose "ranks" hold each rank's measured and reused counts)."""
+    if rank is None:
+        with Database(db_path) as db:
+            reward = SpeedupReward(builder, runner, db, **reward_options)
+            return train(reward), reward, {}
+    own_db, own_export = seed_rank(rank, store, db_path)
+    with Database(own_db) as db:
+        reward = SpeedupReward(builder, runner, db, export_to=own_export, **reward_options)
+        result = train(reward)
+        export(db, own_export)
+    counts = {"rank": rank.rank, "measured": reward.measured, "reused": reward.reused}
+    return result, reward, finish(rank, store, db_path, counts, gather_timeout_s)

@@ -53,12 +53,25 @@ def _time_budget_callback(minutes: float):
             self.start = time.monotonic()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if time.monotonic() - self.start > minutes * 60:
+            if _agreed(time.monotonic() - self.start > minutes * 60):
                 control.should_training_stop = True
                 control.should_save = True
             return control
 
     return TimeBudget()
+
+
+def _agreed(flag: bool) -> bool:
+    """Rank 0's `flag` on every rank of a data-parallel run (ranks that stopped at different
+    steps would wait on each other's collectives for ever); off torchrun, `flag`."""
+    # Deferred: torch (optional, heavy to import).
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    agreed = [flag]
+    dist.broadcast_object_list(agreed, src=0)
+    return bool(agreed[0])
 
 
 def last_checkpoint(folder: Path) -> Optional[str]:
