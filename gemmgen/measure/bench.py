@@ -151,12 +151,14 @@ def _selection_options(cfg: BenchConfig) -> TimingOptions:
     return dataclasses.replace(cfg.timing, host_reps=0, max_reps=min(cfg.timing.max_reps, 60))
 
 
-def _candidate_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, runner) -> list[dict]:
+def _candidate_rows(shape: Shape, problem: Problem, cases, seed: int, cfg: BenchConfig, runner) -> list[dict]:
+    """`cases` are this process's check inputs; None when the candidates run in `runner`'s worker,
+    which makes its own from `seed`."""
     rows = []
     for name in cfg.candidates:
         spec = candidate_registry.spec_of(name)
         if runner is not None:
-            job = Job(name, load_named, (spec, problem), problem, seed=cases[0].seed,
+            job = Job(name, load_named, (spec, problem), problem, seed=seed,
                       mode=cfg.mode, timing=cfg.timing, timeout_s=cfg.trial_timeout_s,
                       reference=cfg.reference)
             res = runner.run(job)
@@ -191,7 +193,12 @@ def measure_shape(shape: Shape, cfg: BenchConfig, measured: list[str], runner=No
     cases = make_cases(problem, seed, cfg.device)
     rows = _baseline_rows(shape, problem, cases, cfg, measured)
     rows.extend(_derived_rows(rows, cfg.baselines))
-    rows.extend(_candidate_rows(shape, problem, cases, cfg, runner))
+    if runner is not None:
+        # The worker makes its own inputs: hand it this process's GPU memory (a large layer's
+        # inputs, references and timing copies would otherwise stay cached here, and it runs out).
+        cases = None
+        torch.cuda.empty_cache()
+    rows.extend(_candidate_rows(shape, problem, cases, seed, cfg, runner))
     del cases
     torch.cuda.empty_cache()
     return rows
