@@ -268,13 +268,22 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     kernel = gemmgen.compile(shape, device=GPU, db=path, tune=30)
     assert len(runs) == 1 and kernel.provenance.how == "exact" and kernel.provenance.layer == "user"
     assert "tuned 1000x1000x1000" in capsys.readouterr().err
-    assert len(list(Database(path).trials())) > 0
+    trials = list(Database(path).trials())
+    assert trials and {t.backend for t in trials} == {"triton"}       # 30 s: no minute-long nvcc builds
     clear_cache()
     again = gemmgen.compile(shape, device=GPU, db=path, tune=30)
     assert len(runs) == 1 and again.provenance.how == "exact"          # measured before: no tuning
     with pytest.raises(CompileError, match="tune=-1"):
         gemmgen.compile(shape, device=GPU, db=path, tune=-1)
     clear_cache()
+
+
+def test_a_short_tuning_budget_proposes_only_backends_that_build_in_seconds():
+    from gemmgen.tune.on_demand import FAST_BACKENDS, SLOW_BUILD_S, backends_for
+
+    assert backends_for(10) == FAST_BACKENDS == ("triton",)
+    assert backends_for(SLOW_BUILD_S) == () and backends_for(None) == ()       # every backend
+    assert backends_for(10, ["cutlass"]) == ("cutlass",)                      # asked for: kept
 
 
 def test_tune_on_demand_needs_a_gpu(tmp_path, monkeypatch):

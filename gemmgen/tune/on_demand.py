@@ -17,17 +17,35 @@ from gemmgen.tune.neighbours import with_neighbours
 from gemmgen.tuning_db import Database, default_db_path
 
 
+#: Backends whose builds take seconds. A CUTLASS or raw CUDA build takes nvcc up to a minute,
+#: so a budget shorter than SLOW_BUILD_S that proposes their programs is spent building and
+#: measures nothing (on the H200, compile(..., tune=10) over every backend ran 49-59 s and
+#: recorded no trial).
+FAST_BACKENDS = ("triton",)
+SLOW_BUILD_S = 120.0
+
+
+def backends_for(time_budget_s: Optional[float], backends: Optional[Iterable[str]] = None) -> tuple[str, ...]:
+    """The backends asked for; else, under a budget shorter than SLOW_BUILD_S, the fast ones;
+    else () (every backend)."""
+    if backends:
+        return tuple(backends)
+    if time_budget_s is not None and time_budget_s < SLOW_BUILD_S:
+        return FAST_BACKENDS
+    return ()
+
+
 def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database] = None, budget: int = 8,
              time_budget_s: Optional[float] = None, backends: Optional[Iterable[str]] = None,
              progress: bool = False) -> dict[str, TuneReport]:
     """Tune `problems` on this GPU into `db` (a path or an open `Database`; default the user's
     database); returns the reports of the parts run ('programs', 'library').
 
-    `backends` limits the proposals (e.g. ("triton",): builds in seconds, where one CUTLASS
-    build takes a minute, so a short time budget still records trials); the nearest tuned
-    problems' winners are measured first."""
+    `backends` limits the proposals; by default every backend, or under a short time budget
+    the ones that build in seconds (`backends_for`). The nearest tuned problems' winners are
+    measured first."""
     problems = list(dict.fromkeys(problems))
-    library, programs = split_library(tuple(backends) if backends else ())
+    library, programs = split_library(backends_for(time_budget_s, backends))
     proposer = (get_proposer("heuristic", **({"backends": programs} if programs else {}))
                 if programs or not library else None)
     database = db if isinstance(db, Database) else Database(Path(db) if db is not None else default_db_path())

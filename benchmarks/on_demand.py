@@ -1,0 +1,97 @@
+"""On-demand tuning on layers no tuning saw, against the whole Triton space at the same problems.
+
+For each problem (`x @ W.T` layers of the layer set's held-out families, at the given Ms), in a
+fresh database laid over the shipped records:
+  1. `gemmgen.compile(shape, b_major="col", tune=SECONDS)`: what a user gets (wall time kept);
+  2. the exhaustive run: every program of the Triton search space (`--space` of them) measured
+     into the same database (`gemmgen.tune.on_demand.tune_now`);
+  3. the kernel served before step 2, the one served after it (the best measured) and
+     torch.matmul, timed side by side in one session (gemmgen.measure.time_many: offline,
+     CUPTI device time, L2 flushed).
+Writes OUT/on_demand.json and prints one line a problem and the geomeans.
+
+    python benchmarks/on_demand.py --out benchmarks/results/on_demand --tune 10 --time-budget 200
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# (model, layer, M): the held-out families' layers at decode and small batch
+PROBLEMS = (("gemma2_9b", "gate", 16), ("granite3_8b", "down", 64), ("phi3_medium", "qkv", 1),
+            ("granite3_8b", "gate", 4), ("gemma2_9b", "down", 32), ("phi3_medium", "o", 16))
+
+
+def layer_shapes(models_layers_ms) -> list[tuple[str, tuple[int, int, int]]]:
+    """(name, (M, N, K)) of each (model, layer, M), read from the layer set."""
+    import csv
+
+    rows = [r for r in csv.reader(line for line in (REPO / "benchmarks/shapes/llm_layers.csv").open()
+                                  if not line.startswith("#"))][1:]
+    found = {(r[4], r[5], int(r[0])): (int(r[0]), int(r[1]), int(r[2])) for r in rows}
+    return [(f"{model}.{layer}", found[(model, layer, m)]) for model, layer, m in models_layers_ms]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tune", type=float, default=10.0, help="seconds of on-demand tuning a problem")
+    ap.add_argument("--space", type=int, default=48, help="programs of the exhaustive run")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="start no new problem after S seconds; results are saved")
+    args = ap.parse_args(argv)
+
+    import gemmgen
+    from gemmgen.compile import clear_cache
+    from gemmgen.measure.baselines import make
+    from gemmgen.measure.numerics import geomean
+    from gemmgen.measure.timing import time_many
+    from gemmgen.tune.on_demand import tune_now
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    db = Path(tempfile.mkdtemp()) / "tuning.sqlite"
+    rows, start = [], time.monotonic()
+    for name, shape in layer_shapes(PROBLEMS):
+        if args.time_budget is not None and time.monotonic() - start > args.time_budget:
+            break
+        t0 = time.monotonic()
+        on_demand = gemmgen.compile(shape, b_major="col", tune=args.tune, db=db)
+        tune_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        tune_now([on_demand.problem], db=db, budget=args.space, backends=("triton",))
+        exhaustive_s = time.monotonic() - t0
+        clear_cache()
+        best = gemmgen.compile(shape, b_major="col", db=db)
+        problem = best.problem
+        timed = time_many([("on_demand", on_demand.fn, problem), ("exhaustive", best.fn, problem),
+                           ("torch", make("torch", problem).fn, problem)])
+        ms = {k: (None if isinstance(t, Exception) else t.device_ms) for k, t in timed.items()}
+        row = {"layer": name, "problem": problem.key, "tune_s": tune_s, "exhaustive_s": exhaustive_s,
+               "on_demand_served": on_demand.provenance.summary, "exhaustive_served": best.provenance.summary,
+               **{f"{k}_ms": v for k, v in ms.items()}}
+        if all(ms.values()):
+            row.update(on_demand_x_torch=ms["torch"] / ms["on_demand"], exhaustive_x_torch=ms["torch"] / ms["exhaustive"],
+                       on_demand_of_exhaustive=ms["exhaustive"] / ms["on_demand"])
+        rows.append(row)
+        print(f"{name:>18} {problem.m}x{problem.n}x{problem.k}: tuned {tune_s:5.1f} s -> "
+              f"{row.get('on_demand_x_torch', 0):.3f}x torch; whole space {exhaustive_s:5.1f} s -> "
+              f"{row.get('exhaustive_x_torch', 0):.3f}x; on-demand/exhaustive {row.get('on_demand_of_exhaustive', 0):.3f}",
+              flush=True)
+    done = [r for r in rows if "on_demand_x_torch" in r]
+    summary = {key: geomean([r[key] for r in done]) for key in
+               ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive")} if done else {}
+    summary.update(problems=len(done), mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
+    print(json.dumps(summary, indent=1))
+    (out / "on_demand.json").write_text(json.dumps({"command": " ".join(sys.argv), "tune_s": args.tune,
+                                                    "space": args.space, "summary": summary, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
