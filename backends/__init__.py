@@ -2,9 +2,9 @@
 
 One package per backend (`triton/`, `cutlass/`, `cuda/`), each with lower, build, launch
 and space; `registry` is the one list of them. `lower` and `load` are the way in for a
-program: they hand the backend the program it computes (`swap_ab`: the transposed problem). `validate` and `diagnose` compose the
-language's checks with the chosen backend's rules: that is what a program must pass
-before it is built.
+program: they hand the backend the program it computes (`swap_ab`: the transposed problem).
+`validate` and `diagnose` compose the language's checks with the chosen backend's rules:
+that is what a program must pass before it is built.
 """
 from __future__ import annotations
 

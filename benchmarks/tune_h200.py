@@ -3,8 +3,8 @@
     python benchmarks/tune_h200.py --shapes benchmarks/shapes/cudal2_sample100.csv \
         --time-budget 420 --out benchmarks/results/tune_h200
 
-Resumable across GPU sessions: OUT/trials.jsonl (every trial of the run's shapes, the export format) is
-merged into the working database first, tuning skips every (problem, program) pair
+Resumable across GPU sessions: OUT/trials.jsonl (every trial of the run's shapes, the export
+format) is merged into the working database first, tuning skips every (problem, program) pair
 already measured on this GPU, and the script ends by writing OUT/trials.jsonl again and
 every trial into tuning_db/shipped/h200.jsonl.gz (merged with what is there): winners are a
 query, and a problem tuned without a winner must be known as such, so that gemmgen.compile
