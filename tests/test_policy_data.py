@@ -25,6 +25,19 @@ def test_no_training_problem_is_held_out():
     assert len({p.epilogue for p in problems}) > 3
 
 
+def test_the_layer_sets_tuning_part_is_trained_on_and_its_held_out_families_never():
+    rows, held = data.layer_rows()
+    assert held == {"gemma2_9b", "phi3_medium", "granite3_8b"}
+    widths = data.heldout_widths()
+    assert (14336, 3584) in widths and (256000, 3584) in widths        # gemma2_9b's gate/up, LM head
+    assert (4096, 4096) not in widths                                   # granite's q is also llama's
+    problems = data.training_problems(offgrid=0)
+    layers = {(p.m, p.n, p.k) for p in problems if p.b_major == "col"}
+    assert (16, 4096, 4096) in layers or data.is_heldout_shape(16, 4096, 4096)
+    assert not any((p.n, p.k) in widths for p in problems)
+    assert data.is_heldout(Problem(3, 14336, 3584, b_major="col"))      # at any M
+
+
 def test_the_prompt_states_problem_and_hardware_and_parses_as_dsl():
     problem = Problem(1000, 11008, 4096, b_major="col", epilogue=Epilogue(bias="n", activation="silu"))
     text = prompt_text(problem)

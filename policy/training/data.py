@@ -2,7 +2,10 @@
 
 The held-out set is fixed: 20 % of `benchmarks/shapes/cudal2_1000.csv` chosen by a
 seeded hash of the shape, plus the off-grid `x @ W.T` problems M in {1, 7, 33, 1000,
-3000}, N = 11008, K = 4096. Nothing here ever yields a held-out problem for training.
+3000}, N = 11008, K = 4096, plus every width (N, K) of the layer set's held-out families
+(`benchmarks/shapes/llm_layers.csv`, its `# held_out:` line) that no tuning family shares,
+at any M. Nothing here ever yields a held-out problem for training. The layer set's tuning
+part is trained on, as the `x @ W.T` problems it is.
 
 Supervised examples come from two sources, kept apart by name:
 - `database_examples`: the tuning database's fastest checked programs per problem, i.e.
@@ -20,6 +23,7 @@ import json
 import random
 import warnings
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
@@ -36,6 +40,7 @@ HELDOUT_PERCENT = 20
 OFFGRID_M = (1, 7, 33, 1000, 3000)
 OFFGRID_N, OFFGRID_K = 11008, 4096
 SHAPES_CSV = "benchmarks/shapes/cudal2_1000.csv"
+LAYERS_CSV = "benchmarks/shapes/llm_layers.csv"
 
 # Widths of common transformer layers: the off-grid training shapes draw N and K from these.
 MODEL_DIMS = (512, 768, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 8192, 11008,
@@ -58,6 +63,33 @@ def grid_shapes(path: Optional[str | Path] = None) -> list[tuple[int, int, int]]
         return [(int(r["M"]), int(r["N"]), int(r["K"])) for r in csv.DictReader(f)]
 
 
+def layer_rows(path: Optional[str | Path] = None) -> tuple[list[tuple[int, int, int, str]], frozenset]:
+    """The layer set's rows as (M, N, K, model) and its held-out families (read here, not
+    through gemmgen.measure: the training room does not import the runner)."""
+    path = Path(path) if path else repo_root() / LAYERS_CSV
+    if not path.is_file():
+        raise GemmgenError(f"{path}: the layer set is missing; run from a gemmgen checkout")
+    lines = path.read_text().splitlines()
+    held = frozenset(name.strip() for line in lines if line.startswith("# held_out:")
+                     for name in line.split(":", 1)[1].split(",") if name.strip())
+    rows = [r for r in csv.DictReader(line for line in lines if not line.startswith("#"))]
+    return [(int(r["M"]), int(r["N"]), int(r["K"]), r["model"]) for r in rows], held
+
+
+@lru_cache(maxsize=1)
+def heldout_widths() -> frozenset:
+    """(N, K) of the layer set's held-out families that no tuning family has."""
+    rows, held = layer_rows()
+    tuning = {(n, k) for _, n, k, model in rows if model not in held}
+    return frozenset((n, k) for _, n, k, model in rows if model in held and (n, k) not in tuning)
+
+
+def layer_training_shapes() -> list[tuple[int, int, int]]:
+    """The layer set's tuning part, each (M, N, K) once."""
+    rows, held = layer_rows()
+    return list(dict.fromkeys((m, n, k) for m, n, k, model in rows if model not in held))
+
+
 def is_heldout_shape(m: int, n: int, k: int) -> bool:
     """The fixed 20 % of grid shapes the policy never trains on (seeded hash)."""
     digest = hashlib.sha256(f"{HELDOUT_SALT}:{m}x{n}x{k}".encode()).digest()
@@ -78,17 +110,19 @@ def heldout_problems(grid: Optional[Iterable[tuple[int, int, int]]] = None) -> l
 
 def is_heldout(problem: Problem) -> bool:
     m, n, k = problem.m, problem.n, problem.k
-    return is_heldout_shape(m, n, k) or is_offgrid_heldout(m, n, k)
+    return is_heldout_shape(m, n, k) or is_offgrid_heldout(m, n, k) or (n, k) in heldout_widths()
 
 
-def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: float = 0.35) -> list[Problem]:
-    """Grid shapes outside the held-out 20 %, each row/row and x @ W.T (b=col), plus off-grid shapes.
+def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: float = 0.35,
+                      layers: bool = True) -> list[Problem]:
+    """Grid shapes outside the held-out 20 %, each row/row and x @ W.T (b=col), plus off-grid
+    shapes; then (`layers`) the layer set's tuning part as x @ W.T.
 
-    A random `epilogue_fraction` of shapes also gets a third problem with a random
-    epilogue, so the prompt's epilogue line is seen with many shapes.
+    A random `epilogue_fraction` of grid and off-grid shapes also gets a third problem with a
+    random epilogue, so the prompt's epilogue line is seen with many shapes.
     """
     rng = random.Random(seed)
-    shapes = [s for s in grid_shapes() if not is_heldout_shape(*s)]
+    shapes = [s for s in grid_shapes() if not is_heldout(Problem(*s))]
     seen = set(shapes)
     target = len(shapes) + offgrid
     while len(shapes) < target:
@@ -97,7 +131,7 @@ def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: floa
         if rng.random() < 0.3:
             n, k = rng.randint(1, 16384), rng.randint(16, 16384)
         s = (m, n, k)
-        if s not in seen and not is_heldout_shape(*s) and not is_offgrid_heldout(*s):
+        if s not in seen and not is_heldout(Problem(*s)):
             seen.add(s)
             shapes.append(s)
     problems = []
@@ -107,7 +141,10 @@ def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: floa
         if rng.random() < epilogue_fraction:
             problems.append(Problem(m, n, k, b_major=rng.choice(("row", "col")),
                                     epilogue=rng.choice(EPILOGUE_VARIANTS[1:])))
-    return problems
+    if layers:   # the grid's hashed fifth applies to any shape, these included
+        problems += [p for p in (Problem(m, n, k, b_major="col") for m, n, k in layer_training_shapes())
+                     if not is_heldout(p)]
+    return list(dict.fromkeys(problems))
 
 
 def heuristic_examples(problems: Iterable[Problem], top: int = 4,
