@@ -198,7 +198,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.init or (args.resume and (out / "config.json").is_file()):
         model, tokenizer = pm.load_policy(args.init or out)
         lr = args.lr or 5e-4
-        base = {"init": str(args.init), **pm.read_meta(args.init)}
+        before = pm.read_meta(args.init or out)
+        # what it started from, by digest (a path is this machine's), and what still describes it
+        base = {"init": {"stage": before.get("stage"), "weights_sha256": before.get("weights_sha256")},
+                **{k: before[k] for k in ("small_config", "base_model", "vocabulary_added") if k in before}}
     else:
         tokenizer = train_tokenizer()
         model = pm.new_small_model(tokenizer)
