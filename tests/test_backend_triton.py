@@ -260,6 +260,17 @@ def test_space_is_valid_pruned_and_ordered(shape):
         assert cands[0].tile.m * cands[0].tile.n >= 128 * 256 and cands[0].scheduler == "persistent"
 
 
+def test_stream_k_past_small_m_only_where_the_last_wave_is_part_full():
+    from gemmgen.backends.triton.search_space import LARGE_M_STREAM_K, partial_last_wave
+
+    assert partial_last_wave(100) and partial_last_wave(160) and not partial_last_wave(264)
+    assert not partial_last_wave(250) and not partial_last_wave(1000)      # 250: the last wave is 118 of 132
+    part_full = tb.space(Problem(1280, 4096, 4096, b_major="col"))       # 128x256 tiles: 160
+    streamed = [p for p in part_full if p.scheduler == "stream_k"]
+    assert 1 <= len(streamed) <= LARGE_M_STREAM_K and part_full[0].scheduler != "stream_k"
+    assert not any(p.scheduler == "stream_k" for p in tb.space(Problem(4096, 4096, 4096)))
+
+
 def test_space_for_generic_problem():
     cands = tb.space(Problem(None, None, None))
     assert cands and all(not backends.diagnose(c) for c in cands)

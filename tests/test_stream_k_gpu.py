@@ -48,6 +48,8 @@ def _cases() -> list[Program]:
     out += [_program((17, 2999, 4097), CONFIGS[0], e) for e in EPILOGUES]
     out += [_program((100, 4096, 4096), CONFIGS[2], e) for e in EPILOGUES]
     out += [_program((100, 3000, 1000), CONFIGS[1], Epilogue(bias="n"), a="col", b="row")]
+    # past small M, where the last wave of one CTA a tile is part full (160 tiles on 132 SMs)
+    out += [_program((1280, 4096, 4096), ((128, 256, 64), (8, 1), 3), Epilogue(bias="n", activation="silu"))]
     valid = [p for p in out if not diagnose(p)]
     assert len(valid) == len(out), [diagnose(p) for p in out if diagnose(p)][0]
     return valid

@@ -38,6 +38,8 @@ SMALL_M = 128                 # x @ W.T at decode and small batch: the weight's 
 SMALL_TILE_M = (16, 32)
 SMALL_TILE_N = (32,)
 STREAM_K_MIN_K_TILES = 4
+STREAM_K_MAX_WAVES = 4           # past a few waves the idle part of the last is a small share
+LARGE_M_STREAM_K = 2             # stream-K candidates a problem past SMALL_M gets
 #: At M <= SMALL_M the estimate sees one DRAM floor for every candidate, so the space starts
 #: with what measured best on the H200 (benchmarks/small_m.py, Llama-3-8B's q, gate and down at
 #: M = 1, 16, 128): (scheduler, tile N, tile K, stages, warps, split-K), tile M from M.
@@ -165,12 +167,20 @@ def _tile_choices(pr: Problem) -> Iterable[tuple[int, int, int]]:
             yield bm, bn, bk
 
 
+def partial_last_wave(tiles: int) -> bool:
+    """One CTA a tile leaves SMs idle: fewer tiles than SMs, or a few waves whose last is less
+    than half full (160 tiles: the second wave holds 28 of 132). Stream-K deals the work out
+    evenly instead."""
+    last = tiles % SM90A.sms
+    return tiles < SM90A.sms or (tiles < STREAM_K_MAX_WAVES * SM90A.sms and 0 < last < SM90A.sms // 2)
+
+
 def _schedulers(pr: Problem, tile: Tile) -> tuple[str, ...]:
-    """Pointer and persistent TMA kernels; at M <= SMALL_M also stream-K, where one CTA a tile
-    leaves SMs idle over a K loop of at least STREAM_K_MIN_K_TILES."""
+    """Pointer and persistent TMA kernels; also stream-K where one CTA a tile leaves SMs idle
+    (`partial_last_wave`) over a K loop of at least STREAM_K_MIN_K_TILES."""
     out = ("tile",) if tma_misaligned(pr) else ("tile", "persistent")
     tiles = math.ceil(pr.m / tile.m) * math.ceil(pr.n / tile.n)
-    if pr.m <= SMALL_M and tiles < SM90A.sms and math.ceil(pr.k / tile.k) >= STREAM_K_MIN_K_TILES:
+    if partial_last_wave(tiles) and math.ceil(pr.k / tile.k) >= STREAM_K_MIN_K_TILES:
         out += ("stream_k",)
     return out
 
@@ -292,9 +302,17 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
     if not problem.is_bound:
         return generic_space(problem)
     ranked = sorted(_base_candidates(problem), key=estimate_us)
+    streamed = []
+    if problem.m > SMALL_M:
+        # Stream-K was measured at small M only, and the estimate favours it where the last wave
+        # is part full: the best few go in after the estimate's first choices, to be measured.
+        streamed = [p for p in ranked if p.scheduler == "stream_k"][:LARGE_M_STREAM_K]
+        ranked = [p for p in ranked if p.scheduler != "stream_k"]
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
         head = _interleave(small_m_head(problem), swapped_head(problem)) + head
+    else:
+        head = head[:4] + streamed + head[4:]
     out, seen = [], set()
     for i, p in enumerate(head):
         for q in ([p] + (_raster_variants(p)[1:3] if i == 0 and p.problem.m * p.problem.n >= 2048 * 2048 else [])):
