@@ -39,6 +39,7 @@ class Support:
     auto_stages: bool = False
     grid_sms: bool = False           # takes `scheduler persistent N` (a persistent grid on N SMs)
     epilogue_tile: bool = False      # takes `tile ... epilogue=MxN` (the store's sub-tile)
+    gated: bool = False              # takes `epilogue gate=ACT halves=...` (two halves of B, one product)
     majors_a: frozenset[str] = frozenset({"row", "col"})
     majors_b: frozenset[str] = frozenset({"row", "col"})
     majors_c: frozenset[str] = frozenset({"row"})

@@ -24,7 +24,7 @@ FIELD_STATEMENT = {
     "problem": "gemm", "m": "gemm", "n": "gemm", "k": "gemm", "a_major": "gemm", "b_major": "gemm",
     "c_major": "gemm", "in_dtype": "gemm", "acc_dtype": "gemm",
     "alpha": "epilogue", "beta": "epilogue", "bias": "epilogue", "activation": "epilogue",
-    "residual": "epilogue", "out_dtype": "epilogue", "epilogue": "epilogue",
+    "residual": "epilogue", "out_dtype": "epilogue", "epilogue": "epilogue", "gate": "epilogue", "halves": "epilogue",
     "swizzle": "raster", "raster": "raster", "split_k_reduce": "split_k", "num_warps": "warps",
     "epilogue_tile": "tile",
 }
@@ -87,7 +87,8 @@ def check_support(p: Program, run_extra_rules: bool = True) -> Iterator[Finding]
         yield "epilogue", f"the {b} backend cannot fuse {e.activation}: use one of {_list(support.activations) or 'no activation'}, {other}"
     for used, allowed, what in ((bool(e.bias), support.bias, f"bias={e.bias}"),
                                 (e.residual, support.residual, "residual"),
-                                (float(e.beta) != 0.0, support.beta, "beta")):
+                                (float(e.beta) != 0.0, support.beta, "beta"),
+                                (bool(e.gate), support.gated, f"gate={e.gate}")):
         if used and not allowed:
             yield "epilogue", f"the {b} backend cannot fuse {what}: drop it from the epilogue {other}"
     if e.out_dtype not in support.out_dtypes:

@@ -56,6 +56,10 @@ def check_values(p: Program, hw: Hardware) -> Iterator[Finding]:
         yield "epilogue", f"bias={e.bias!r}: write bias=n (one value per column) or bias=m (per row)"
     if e.activation not in (None, *ir.ACTIVATIONS):
         yield "epilogue", f"unknown activation {e.activation!r}: write one of {_choices(ir.ACTIVATIONS)}"
+    if e.gate not in (None, *ir.ACTIVATIONS):
+        yield "epilogue", f"gate={e.gate!r}: the gate's activation is one of {_choices(ir.ACTIVATIONS)}"
+    if e.halves not in (None, *ir.HALVES):
+        yield "epilogue", f"halves={e.halves!r}: write halves={' or halves='.join(ir.HALVES)}"
 
 
 def check_dtypes(p: Program, hw: Hardware) -> Iterator[Finding]:
@@ -137,7 +141,8 @@ def check_threads(p: Program, hw: Hardware) -> Iterator[Finding]:
                             f"tile_m >= 128, or mainloop ws_pingpong")
     acc = res.acc_regs_per_thread(p, hw)
     if acc + res.REG_RESERVE > hw.max_regs_per_thread:
-        yield "tile", (f"tile {p.tile.m}x{p.tile.n} over {math_warps} math warps holds {acc:g} fp32 accumulators "
+        both = " (gate and up)" if res.b_tiles(p) > 1 else ""
+        yield "tile", (f"tile {p.tile.m}x{p.tile.n} over {math_warps} math warps holds {acc:g} fp32 accumulators{both} "
                        f"per thread; with {res.REG_RESERVE} more registers that exceeds "
                        f"{hw.max_regs_per_thread} per thread: use more warps or a smaller tile")
     elif res.regs_per_cta(p, hw) > hw.regs_per_block:
@@ -262,6 +267,24 @@ def check_epilogue(p: Program, hw: Hardware) -> Iterator[Finding]:
                            "drop alpha (it defaults to 1.0) or give a non-zero value")
 
 
+def check_gate(p: Program, hw: Hardware) -> Iterator[Finding]:
+    """A gated epilogue is gate(acc_gate) * acc_up over B's two halves, laid out as `halves` says."""
+    e = p.problem.epilogue
+    if e.halves and not e.gate:
+        yield "epilogue", (f"halves={e.halves} lays out a gated epilogue's two halves, but there is no gate: "
+                           "add gate=silu (or relu, gelu), or drop halves")
+    if not e.gate:
+        return
+    if not e.halves:
+        yield "epilogue", (f"gate={e.gate} multiplies two halves of B: say how they lie in it, "
+                           "halves=stacked (the gate's N columns, then the up projection's)")
+    extra = [word for word, used in (("an activation", e.activation), ("bias", e.bias), ("beta (C)", e.beta != 0.0),
+                                     ("residual", e.residual), ("alpha", e.alpha != 1.0)) if used]
+    if extra:
+        yield "epilogue", (f"a gated epilogue is gate(A B_gate) * (A B_up); it takes no {', '.join(extra)} "
+                           f"beside it: write `epilogue gate={e.gate} halves={e.halves or 'stacked'} out={e.out_dtype}`")
+
+
 def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:
     """TMA (warp-specialized mainloops) needs 16-byte aligned rows of every operand."""
     pr = p.problem
@@ -270,7 +293,7 @@ def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:
     e = pr.epilogue
     operands = [
         ("A", pr.a_major, ("K", pr.k) if pr.a_major == "row" else ("M", pr.m), pr.in_dtype),
-        ("B", pr.b_major, ("N", pr.n) if pr.b_major == "row" else ("K", pr.k), pr.in_dtype),
+        ("B", pr.b_major, ("N", pr.b_cols) if pr.b_major == "row" else ("K", pr.k), pr.in_dtype),
         ("the output", pr.c_major, ("N", pr.n) if pr.c_major == "row" else ("M", pr.m), e.out_dtype),
     ]
     for operand, major, (dim, extent), dtype in operands:
@@ -284,4 +307,4 @@ def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:
 
 VALUE_CHECKS = (check_values,)
 CHECKS = (check_dtypes, check_instruction, check_threads, check_shared_memory, check_smem_swizzle,
-          check_cluster, check_raster, check_grid, check_split_k, check_epilogue, check_alignment)
+          check_cluster, check_raster, check_grid, check_split_k, check_epilogue, check_gate, check_alignment)

@@ -23,6 +23,7 @@ Mainloop = Literal["multistage", "ws_cooperative", "ws_pingpong"]
 Scheduler = Literal["tile", "persistent", "stream_k"]
 Activation = Literal["relu", "gelu", "silu"]
 SplitKReduce = Literal["workspace", "atomic", "unordered"]
+Halves = Literal["stacked"]
 
 MAJORS: tuple[str, ...] = ("row", "col")
 DTYPES: tuple[str, ...] = ("f16", "bf16", "f32")
@@ -33,6 +34,9 @@ MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong")
 SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
 SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered")
+#: How a gated epilogue's two halves lie in the joined B: `stacked`, the gate's N columns then
+#: the up projection's (for x @ W.T: W = cat([W_gate, W_up]), 2N x K).
+HALVES: tuple[str, ...] = ("stacked",)
 #: Split-K reductions that add partials in arrival order (not bit-reproducible run to run):
 #: `atomic` into the output itself, `unordered` into an fp32 buffer the epilogue then reads.
 ARRIVAL_ORDER_REDUCES = frozenset({"atomic", "unordered"})
@@ -45,6 +49,10 @@ class Epilogue:
 
     `bias="n"` is one value per output column (the nn.Linear bias),
     `bias="m"` one per output row. `gelu` is the exact (erf) GELU.
+    A gated epilogue (`gate`, with `halves`) is out = cast(gate(acc_gate) * acc_up): B joins two
+    K x N matrices side by side (K x 2N, as `halves` lays them out), the product gives both, and
+    the epilogue multiplies the activated gate half into the up half (a gated MLP's
+    act(x W_gate^T) * (x W_up^T), one GEMM over the joined weight).
     """
 
     alpha: float = 1.0
@@ -53,6 +61,8 @@ class Epilogue:
     activation: Optional[Activation] = None
     residual: bool = False
     out_dtype: DType = "f16"
+    gate: Optional[Activation] = None
+    halves: Optional[Halves] = None
 
     @property
     def signature(self) -> str:
@@ -68,6 +78,8 @@ class Epilogue:
             parts.append(self.activation)
         if self.residual:
             parts.append("residual")
+        if self.gate:
+            parts.append(f"gate_{self.gate}_{self.halves}")
         parts.append(self.out_dtype)
         return "+".join(parts)
 
@@ -103,9 +115,14 @@ class Problem:
         return self.m, self.n, self.k  # type: ignore[return-value]
 
     @property
+    def b_cols(self) -> Optional[int]:
+        """B's columns: N, or 2N with a gated epilogue (the two halves side by side)."""
+        return None if self.n is None else self.n * (2 if self.epilogue.gate else 1)
+
+    @property
     def flops(self) -> int:
         m, n, k = self._shape()
-        return 2 * m * n * k
+        return 2 * m * self.b_cols * k
 
     @property
     def bytes(self) -> int:
@@ -113,7 +130,7 @@ class Problem:
         m, n, k = self._shape()
         e = self.epilogue
         ib = DTYPE_BYTES[self.in_dtype]
-        total = (m * k + k * n) * ib + m * n * DTYPE_BYTES[e.out_dtype]
+        total = (m * k + k * self.b_cols) * ib + m * n * DTYPE_BYTES[e.out_dtype]
         if e.beta != 0.0:
             total += m * n * DTYPE_BYTES[e.out_dtype]
         if e.residual:

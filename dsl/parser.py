@@ -24,7 +24,8 @@ STATEMENTS = ("gemm", "epilogue", "backend", "tile", "warps", "instr", "cluster"
 # How each statement is written; quoted in error messages so the fix is one look away.
 USAGE = {
     "gemm": "gemm MxNxK a=row|col b=row|col c=row|col in=f16 acc=f32  (M, N, K may be *)",
-    "epilogue": "epilogue [alpha=F] [beta=F] [bias=m|n] [relu|gelu|silu] [residual] [out=f16|bf16|f32]",
+    "epilogue": ("epilogue [alpha=F] [beta=F] [bias=m|n] [relu|gelu|silu] [residual] [out=f16|bf16|f32], "
+                 "or gated: epilogue gate=relu|gelu|silu halves=stacked [out=...]"),
     "backend": "backend triton|cutlass|cuda",
     "tile": "tile MxNxK [epilogue=MxN], e.g. tile 128x256x64",
     "warps": "warps WMxWN, e.g. warps 2x4",
@@ -54,6 +55,7 @@ _TERMINAL_WORDS = {
     "MAINLOOP": ", ".join(map(repr, ir.MAINLOOPS)),
     "SCHEDULER": ", ".join(map(repr, ir.SCHEDULERS)),
     "SPLIT_K_REDUCE": "'workspace', 'unordered' or 'atomic'",
+    "HALVES": ", ".join(map(repr, ir.HALVES)),
     "_NL": "end of line",
     "$END": "end of file",
 }
@@ -141,12 +143,15 @@ class _ToIR(Transformer):
         return ("residual", _pos(meta), True)
 
     out_dtype = _option("out")
+    gate = _option("gate")
+    halves = _option("halves")
     del _option
 
     def epilogue(self, meta, children):
         items = self._unique(children, "epilogue")
         fields = {"bias": items.get("bias"), "activation": items.get("activation"),
-                  "residual": items.get("residual", False), "out_dtype": items.get("out", "f16")}
+                  "residual": items.get("residual", False), "out_dtype": items.get("out", "f16"),
+                  "gate": items.get("gate"), "halves": items.get("halves")}
         if "alpha" in items:
             fields["alpha"] = items["alpha"]
         if "beta" in items:

@@ -33,6 +33,10 @@ def epilogue_line(e: Epilogue) -> str:
         items.append(e.activation)
     if e.residual:
         items.append("residual")
+    if e.gate:
+        items.append(f"gate={e.gate}")
+    if e.halves:
+        items.append(f"halves={e.halves}")
     items.append(f"out={e.out_dtype}")
     return " ".join(items)
 

@@ -59,9 +59,15 @@ def in_bytes(program: Program) -> int:
     return DTYPE_BYTES.get(program.problem.in_dtype, 2)
 
 
+def b_tiles(program: Program) -> int:
+    """Tiles of B a K step loads, and accumulators a tile holds: two for a gated epilogue (its
+    gate and up halves), else one."""
+    return 2 if program.problem.epilogue.gate else 1
+
+
 def stage_bytes(program: Program) -> int:
     t = program.tile
-    return (t.m * t.k + t.k * t.n) * in_bytes(program)
+    return (t.m * t.k + b_tiles(program) * t.k * t.n) * in_bytes(program)
 
 
 def epilogue_smem_bytes(program: Program, default_subtile: Optional[tuple[int, int]] = None) -> int:
@@ -110,7 +116,7 @@ def resolved_stages(program: Program, hw: Hardware = SM90A) -> Optional[int]:
 
 def acc_regs_per_thread(program: Program, hw: Hardware = SM90A) -> float:
     t = program.tile
-    return t.m * t.n / (math_warps(program) * hw.warp_size)
+    return b_tiles(program) * t.m * t.n / (math_warps(program) * hw.warp_size)
 
 
 def regs_per_cta(program: Program, hw: Hardware = SM90A) -> int:

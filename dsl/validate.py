@@ -39,6 +39,9 @@ def diagnose(program: Program, hw: Hardware = SM90A, *,
     source order (value errors alone if a field holds something outside the language).
     A backend's extra rules run only on a program the language accepts. A `swap_ab` program is
     checked as the program it computes (`Program.computed`), each finding saying so."""
+    if program.swap_ab and program.problem.epilogue.gate:
+        return [_locate(program, "swap_ab", "swap_ab cannot transpose a gated product (its two halves are columns "
+                                            "of B, and would become rows): drop swap_ab")]
     if program.swap_ab:
         t = program.computed.problem
         dims = "x".join("*" if d is None else str(d) for d in (t.m, t.n, t.k))

@@ -48,7 +48,7 @@ from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dispatch import DispatchKernel, Row, table
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.errors import GemmgenError, NoGPUError
+from gemmgen.errors import GatedNotServed, GemmgenError, NoGPUError, refuse_gated
 from gemmgen.kernel import Kernel, Provenance, build_ahead
 from gemmgen.tune.adapters import this_device
 from gemmgen.tune.on_demand import summary as tuning_summary
@@ -269,7 +269,12 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def check_epilogue(epilogue: Epilogue) -> Epilogue:
-    """The epilogue's alpha and beta must be finite numbers (NaN or infinity poisons every output)."""
+    """The epilogue's alpha and beta must be finite numbers (NaN or infinity poisons every output);
+    a gated one is not served yet."""
+    try:
+        refuse_gated(epilogue, "gemmgen.compile")
+    except GatedNotServed as exc:
+        raise CompileError(str(exc)) from None
     for name in ("alpha", "beta"):
         value = getattr(epilogue, name)
         if not math.isfinite(value):

@@ -2,7 +2,7 @@
 
 from gemmgen.dsl.diagnostics import GemmgenError
 
-__all__ = ["GemmgenError", "NoGPUError"]
+__all__ = ["GatedNotServed", "GemmgenError", "NoGPUError", "refuse_gated"]
 
 
 class NoGPUError(GemmgenError):
@@ -13,3 +13,16 @@ class NoGPUError(GemmgenError):
             f"{what} needs an NVIDIA Hopper GPU (sm_90a) and torch with CUDA; none was found. "
             "Inspection, lowering and building work without one."
         )
+
+
+class GatedNotServed(GemmgenError):
+    """A gated epilogue where only its lowering exists."""
+
+
+def refuse_gated(epilogue, what: str) -> None:
+    """A gated epilogue (`gate=`, `halves=`) is lowered by the Triton backend, but no check,
+    baseline or served kernel knows it yet: refused there, never computed as a plain GEMM."""
+    if epilogue.gate:
+        raise GatedNotServed(f"{what}: the gated epilogue gate={epilogue.gate} halves={epilogue.halves} is lowered "
+                             "(gemmgen inspect --lower triton) but not yet checked, timed or served; compile the "
+                             "gate and up products as two problems")

@@ -284,7 +284,8 @@ def _operands(p: Program, m, n, k, seed):
     g = torch.Generator().manual_seed(seed)
     pr, e = p.problem, p.problem.epilogue
     a = torch.randn(m, k, generator=g) if pr.a_major == "row" else torch.randn(k, m, generator=g).t()
-    b = torch.randn(k, n, generator=g) if pr.b_major == "row" else torch.randn(n, k, generator=g).t()
+    cols = n * (2 if e.gate else 1)          # a gated B: the gate half, then the up half
+    b = torch.randn(k, cols, generator=g) if pr.b_major == "row" else torch.randn(cols, k, generator=g).t()
     odt = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[e.out_dtype]
 
     def like_out(fill=None):   # an M x N matrix laid out as the output (c=row or c=col)
@@ -307,6 +308,10 @@ def _reference(p: Program, a, b, extra):
 
     e = p.problem.epilogue
     acc = e.alpha * (a.double() @ b.double())
+    act = {"relu": torch.relu, "gelu": F.gelu, "silu": F.silu, None: lambda x: x}
+    if e.gate:                                   # halves=stacked
+        n = acc.shape[1] // 2
+        return act[e.gate](acc[:, :n]) * acc[:, n:]
     if e.beta:
         acc = acc + e.beta * extra["c"].double()
     if e.bias == "n":
@@ -378,6 +383,60 @@ def test_generated_kernels_compute_the_right_numbers_under_the_interpreter():
         assert not out.isnan().any(), p
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 2e-3, (p, err)
+
+
+GATED = [   # out = gate(A B_gate) * (A B_up), B = [B_gate B_up]: both majors, unaligned, a generic one
+    (program(37, 45, 77, b="col", tile=(32, 32, 16), warps=(2, 2),
+             epilogue=Epilogue(gate="silu", halves="stacked")), None),
+    (program(40, 48, 96, tile=(32, 16, 16), warps=(2, 2), epilogue=Epilogue(gate="gelu", halves="stacked")), None),
+    (program(3, 100, 72, b="col", tile=(16, 32, 16), warps=(1, 4),
+             epilogue=Epilogue(gate="relu", halves="stacked", out_dtype="f32")), None),
+    (program(None, None, None, b="col", tile=(32, 32, 16), warps=(2, 2),
+             epilogue=Epilogue(gate="silu", halves="stacked")), (17, 60, 90)),
+]
+
+
+def test_gated_programs_compute_act_gate_times_up_under_the_interpreter():
+    from gemmgen.backends.triton.launch import interpret_many
+
+    cases, refs = [], []
+    for i, (p, shape) in enumerate(GATED):
+        assert not backends.diagnose(p), backends.diagnose(p)
+        m, n, k = shape or (p.problem.m, p.problem.n, p.problem.k)
+        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=200 + i)
+        assert b.shape == (k, 2 * n)
+        cases.append((tb.lower(p), p, dict(a=a, b=b, out=out, bias=None, residual=None, c=None), None, None))
+        refs.append(_reference(p, a, b, extra))
+    outs = interpret_many(cases)
+    for (p, _), out, ref in zip(GATED, outs, refs):
+        assert out.shape == ref.shape and not out.isnan().any(), p
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 2e-3, (p, err)
+
+
+def test_gated_epilogue_parses_validates_and_is_refused_where_it_cannot_run():
+    text = ("gemm 16x14336x4096 a=row b=col c=row in=f16 acc=f32\n"
+            "epilogue gate=silu halves=stacked out=f16\nbackend triton\ntile 64x64x64\nwarps 4x1\n"
+            "mainloop multistage\n")
+    p = dsl.parse(text)
+    assert p.problem.epilogue == Epilogue(gate="silu", halves="stacked") and dsl.parse(dsl.to_text(p)) == p
+    assert p.problem.b_cols == 2 * 14336 and p.problem.flops == 2 * 16 * 2 * 14336 * 4096
+    assert "gate_silu_stacked" in p.problem.key and not backends.diagnose(p)
+
+    def refused(old, new):
+        return [(d.statement, d.message) for d in backends.diagnose(dsl.parse(text.replace(old, new)))]
+
+    assert any("halves=stacked" in m for _, m in refused(" halves=stacked", ""))
+    assert any("takes no bias" in m for _, m in refused("gate=silu", "gate=silu bias=n"))
+    assert any(s == "scheduler" for s, _ in refused("mainloop multistage", "mainloop multistage\nscheduler stream_k"))
+    # 128x128 over 4 warps: 128 registers a thread for one accumulator, 256 for gate and up
+    assert any("256 fp32 accumulators (gate and up)" in m for _, m in refused("tile 64x64x64", "tile 128x128x64"))
+    assert any(s == "swap_ab" for s, _ in refused("mainloop multistage", "mainloop multistage\nswap_ab"))
+    assert any("cannot fuse gate=silu" in m
+               for _, m in refused("backend triton\ntile 64x64x64\nwarps 4x1\nmainloop multistage",
+                                   "backend cutlass\ntile 128x64x64\nwarps 4x1\nmainloop ws_cooperative"))
+    [result] = builds.build_many([tb.lower(p)], jobs=1)        # compiles for sm_90a
+    assert not isinstance(result, Exception), result
 
 
 def test_swap_ab_programs_compute_x_at_w_transposed_under_the_interpreter():

@@ -295,3 +295,16 @@ def test_tune_on_demand_needs_a_gpu(tmp_path, monkeypatch):
         gemmgen.compile((1000, 1000, 1000), device=GPU, db=tmp_path / "u.sqlite", tune=5)
     assert not (tmp_path / "u.sqlite").exists()
     clear_cache()
+
+
+def test_a_gated_epilogue_is_refused_until_it_is_checked_and_served():
+    """Lowered by the Triton backend only: gemmgen.compile must not serve it as a plain GEMM."""
+    from gemmgen.errors import GatedNotServed
+    from gemmgen.runtime.epilogue import reference
+
+    gated = Epilogue(gate="silu", halves="stacked")
+    with pytest.raises(CompileError, match="gated epilogue gate=silu"):
+        gemmgen.compile(Problem(16, 4096, 4096, b_major="col", epilogue=gated))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(GatedNotServed, match="reference"):
+        reference(torch.zeros(2, 4), gated)

@@ -159,9 +159,11 @@ class TritonLauncher:
         return self._unhinted
 
     def _check_operands(self, a, b, out, m: int, n: int, k: int) -> None:
-        if b.dim() != 2 or out.dim() != 2 or b.shape[0] != k or tuple(out.shape) != (m, n):
+        b_cols = n * (2 if self.meta["gated"] else 1)       # a gated B: its gate and up halves side by side
+        if b.dim() != 2 or out.dim() != 2 or tuple(b.shape) != (k, b_cols) or tuple(out.shape) != (m, n):
+            want_b = "(K, 2N): the gate half, then the up half" if self.meta["gated"] else "(K, N)"
             raise BackendError(f"shapes do not match: A {tuple(a.shape)}, B {tuple(b.shape)}, out {tuple(out.shape)}; "
-                               "want A (M, K), B (K, N), out (M, N)")
+                               f"want A (M, K), B {want_b}, out (M, N)")
         if self.shape is not None and (m, n, k) != tuple(self.shape):
             raise BackendError(f"this program is bound to M, N, K = {tuple(self.shape)}, called with {(m, n, k)}: "
                                "bind the program to the new shape and build it")
@@ -170,7 +172,7 @@ class TritonLauncher:
                 raise BackendError(f"{name} is {t.dtype}, the program was built for {dtype}")
         self._check_device(a, b, out)
         a_major, b_major = self.meta["majors"]
-        for name, t, major, (rows, cols) in (("A", a, a_major, (m, k)), ("B", b, b_major, (k, n))):
+        for name, t, major, (rows, cols) in (("A", a, a_major, (m, k)), ("B", b, b_major, (k, b_cols))):
             want = (cols, 1) if major == "row" else (1, rows)
             if rows > 1 and cols > 1 and tuple(t.stride()) != want:
                 raise BackendError(f"{name} has strides {tuple(t.stride())}; a {major}-major {name} of this shape "

@@ -38,8 +38,10 @@ from gemmgen.backends.triton import stream_k
 from gemmgen.backends.triton.pieces import (
     GENERIC_HINT, SIGNATURE_DTYPE, Args, epilogue_args, epilogue_call, epilogue_fn, epilogue_scalars,
     operand_stride_divisor, out_offsets, pointer_mainloop, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
+from gemmgen.dsl import to_text
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, Program
+from gemmgen.dsl.resources import b_tiles
 
 REDUCE_BLOCK = (32, 128)   # tile of the split-K reduce / finalize kernel
 REDUCE_WARPS = 4
@@ -48,7 +50,7 @@ REDUCE_WARPS = 4
 def auto_stages(program: Program) -> int:
     """Deepest pipeline (2..4) whose operand buffers fit beside the epilogue scratch."""
     t = program.tile
-    per_stage = (t.m * t.k + t.k * t.n) * 2
+    per_stage = (t.m * t.k + b_tiles(program) * t.k * t.n) * 2
     budget = SM90A.max_smem_per_block - epilogue_scratch_bytes(program)
     return max(2, min(4, budget // per_stage))
 
@@ -65,7 +67,8 @@ def num_stages(program: Program) -> int:
 def kernel_name(program: Program) -> str:
     p, t = program.problem, program.tile
     kind = program.scheduler
-    digest = hashlib.sha256(repr(program).encode()).hexdigest()[:8]
+    # of the canonical text, so a new IR field with a default leaves every name as it was
+    digest = hashlib.sha256(to_text(program).encode()).hexdigest()[:8]
     return f"gemm_{kind}_{t.m}x{t.n}x{t.k}_{p.a_major[0]}{p.b_major[0]}_{digest}"
 
 
@@ -348,6 +351,7 @@ def lower(program: Program) -> Source:
         "shape": (p.m, p.n, p.k) if bound else None,
         "majors": (p.a_major, p.b_major),
         "c_major": p.c_major,
+        "gated": bool(p.epilogue.gate),
         "split_k": program.split_k,
         "split_k_reduce": program.split_k_reduce,
         "persistent": program.scheduler == "persistent",

@@ -78,6 +78,13 @@ def out_offsets(program: Program, stride: str) -> str:
     return f"offs_m[:, None] + offs_n[None, :] * {stride}"
 
 
+def activation_text(name: str, x: str) -> str:
+    """`name` applied to `x` in fp32, as the reference computes it."""
+    return {"relu": f"tl.maximum({x}, 0.0)",
+            "gelu": f"0.5 * {x} * (1.0 + tl.math.erf({x} * 0.7071067811865476))",
+            "silu": f"{x} * tl.sigmoid({x})"}[name]
+
+
 def epilogue_fn(program: Program) -> tuple[str, list[str]]:
     """One jit function applying out = cast(act(alpha*acc + beta*c + bias) + residual)."""
     e = program.problem.epilogue
@@ -98,12 +105,12 @@ def epilogue_fn(program: Program) -> tuple[str, list[str]]:
         params.append("bias_ptr")
         body.append("    bias = tl.load(bias_ptr + offs_m, mask=offs_m < M, other=0.0)")
         body.append("    acc = acc + bias.to(tl.float32)[:, None]")
-    if e.activation == "relu":
-        body.append("    acc = tl.maximum(acc, 0.0)")
-    elif e.activation == "gelu":
-        body.append("    acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))  # exact (erf) GELU")
-    elif e.activation == "silu":
-        body.append("    acc = acc * tl.sigmoid(acc)")
+    if e.activation:
+        body.append(f"    acc = {activation_text(e.activation, 'acc')}"
+                    + ("  # exact (erf) GELU" if e.activation == "gelu" else ""))
+    if e.gate:
+        params.insert(1, "acc_up")
+        body.append(f"    acc = {activation_text(e.gate, 'acc')} * acc_up  # gate(A B_gate) * (A B_up)")
     if e.residual:
         params += ["res_ptr", "stride_rm"]
         body.append(f"    res = tl.load(res_ptr + {out_offsets(program, 'stride_rm')}, mask=mask, other=0.0)")
@@ -161,20 +168,28 @@ def pointer_mainloop(program: Program, indent: str) -> str:
     """The pointer kernels' K loop over k-tiles k_begin..k_end into `acc` (cp.async-pipelined
     by Triton): operand pointers from `rows_a`, `cols_b` and `offs_k`, K masked unless EVEN_K."""
     ops = operand_text(program)
+    gated = bool(program.problem.epilogue.gate)
+    # gated: the up half of B, N columns to the right of the gate half (halves=stacked)
+    up = {"ptrs": f"\nu_ptrs = b_ptrs + {ops['up_offset']}", "zero": "\nacc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+          "load": "\n        u = tl.load(u_ptrs)",
+          "load_masked": "\n        u = tl.load(u_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)",
+          "dot": "\n    acc_up = tl.dot(a, u, acc_up, out_dtype=tl.float32)", "step": f"\n    u_ptrs += {ops['b_step']}"}
+    if not gated:
+        up = dict.fromkeys(up, "")
     text = f"""a_ptrs = {ops["a_ptrs"]}
-b_ptrs = {ops["b_ptrs"]}
-acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+b_ptrs = {ops["b_ptrs"]}{up["ptrs"]}
+acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32){up["zero"]}
 for kt in range(k_begin, k_end):
     if EVEN_K:  # K is a multiple of BLOCK_K: no K mask
         a = tl.load(a_ptrs)
-        b = tl.load(b_ptrs)
+        b = tl.load(b_ptrs){up["load"]}
     else:
         k_left = K - kt * BLOCK_K
         a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
-    acc = tl.dot(a, b, acc, out_dtype=tl.float32)
+        b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0){up["load_masked"]}
+    acc = tl.dot(a, b, acc, out_dtype=tl.float32){up["dot"]}
     a_ptrs += {ops["a_step"]}
-    b_ptrs += {ops["b_step"]}"""
+    b_ptrs += {ops["b_step"]}{up["step"]}"""
     return textwrap.indent(text, indent)
 
 
@@ -198,10 +213,12 @@ def operand_text(program: Program) -> dict[str, str]:
     if p.b_major == "row":   # B is (K, N), N contiguous
         b_ptrs = "b_ptr + offs_k[:, None] * stride_b + cols_b[None, :]"
         b_step = "BLOCK_K * stride_b"
+        up_offset = "N"      # a gated B's up half: N columns on
     else:                    # B = W.T with W (N, K), K contiguous: the x @ W.T case
         b_ptrs = "b_ptr + offs_k[:, None] + cols_b[None, :] * stride_b"
         b_step = "BLOCK_K"
-    return {"a_ptrs": a_ptrs, "a_step": a_step, "b_ptrs": b_ptrs, "b_step": b_step}
+        up_offset = "N * stride_b"
+    return {"a_ptrs": a_ptrs, "a_step": a_step, "b_ptrs": b_ptrs, "b_step": b_step, "up_offset": up_offset}
 
 
 def operand_stride_divisor(program: Program, bound: bool) -> tuple[int, int]:
@@ -210,5 +227,5 @@ def operand_stride_divisor(program: Program, bound: bool) -> tuple[int, int]:
     if not bound:
         return GENERIC_HINT, GENERIC_HINT
     a = p.k if p.a_major == "row" else p.m
-    b = p.n if p.b_major == "row" else p.k
+    b = p.b_cols if p.b_major == "row" else p.k
     return pow2_divisor(a), pow2_divisor(b)

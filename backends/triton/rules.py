@@ -6,6 +6,7 @@ from gemmgen.backends.base import INT32_LIMIT, Support, int32_overflows
 from gemmgen.backends.triton.lowering import epilogue_staging_bytes, num_stages
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, INPUT_DTYPES, Problem, Program
+from gemmgen.dsl.resources import b_tiles
 
 WARP_COUNTS = (4, 8, 16)
 MAX_TILE = {"m": 256, "n": 256, "k": 128}
@@ -32,18 +33,19 @@ def _tile_rules(p: Program) -> list[tuple[str, str]]:
     if p.num_warps not in WARP_COUNTS:
         out.append(("warps", f"{p.num_warps} warps: Triton on Hopper needs whole warpgroups, "
                              f"write warps 4x1, 8x1 or 16x1 ({', '.join(map(str, WARP_COUNTS))} warps)"))
-    elif t.m * t.n // (32 * p.num_warps) > MAX_ACC_REGS:
-        need = t.m * t.n // (32 * MAX_ACC_REGS)
-        out.append(("warps", f"a {t.m}x{t.n} fp32 accumulator over {p.num_warps} warps is "
-                             f"{t.m * t.n // (32 * p.num_warps)} registers per thread (most {MAX_ACC_REGS}): "
-                             f"use {need} warps or a smaller tile"))
+    elif b_tiles(p) * t.m * t.n // (32 * p.num_warps) > MAX_ACC_REGS:
+        need = b_tiles(p) * t.m * t.n // (32 * MAX_ACC_REGS)
+        what = "two fp32 accumulators (gate and up)" if b_tiles(p) > 1 else "an fp32 accumulator"
+        out.append(("warps", f"{what} of {t.m}x{t.n} over {p.num_warps} warps is "
+                             f"{b_tiles(p) * t.m * t.n // (32 * p.num_warps)} registers per thread "
+                             f"(most {MAX_ACC_REGS}): use {need} warps or a smaller tile"))
     if p.stages is not None and not 1 <= p.stages <= MAX_STAGES:
         out.append(("stages", f"stages {p.stages}: Triton pipelines 1 to {MAX_STAGES} stages; write stages 3"))
     if p.swizzle < 1:
         out.append(("raster", f"swizzle={p.swizzle}: the group width must be at least 1"))
     stages = num_stages(p)
     staging = epilogue_staging_bytes(p)
-    smem = stages * (t.m * t.k + t.k * t.n) * 2 + staging
+    smem = stages * (t.m * t.k + b_tiles(p) * t.k * t.n) * 2 + staging
     if smem > SM90A.max_smem_per_block:
         what = f" plus {staging} B to stage the TMA-stored output" if staging else ""
         out.append(("stages", f"{stages} stages of a {t.m}x{t.n}x{t.k} tile{what} need {smem} B of shared memory "
@@ -56,6 +58,9 @@ def _problem_rules(p: Program) -> list[tuple[str, str]]:
     pr = p.problem
     if pr.acc_dtype != "f32":
         out.append(("gemm", f"acc={pr.acc_dtype}: the Triton backend accumulates in fp32; write acc=f32"))
+    if pr.epilogue.gate and (p.scheduler != "tile" or p.split_k > 1):
+        out.append(("scheduler", "the Triton backend's gated epilogue runs in the one-CTA-a-tile kernel: write "
+                                 "`scheduler tile` and `split_k 1`"))
     if p.split_k > MAX_SPLIT_K:
         out.append(("split_k", f"split_k {p.split_k}: at most {MAX_SPLIT_K} slices"))
     if not pr.is_bound:
@@ -72,7 +77,8 @@ def index_counts(p: Program, m: int, n: int, k: int) -> dict[str, int]:
     """What the kernels hold in int32 at M, N, K: each operand's element offsets (a dimension
     alone is within its operand's count) and the split-K workspace's. The rules read it at the
     bound shape, the launcher at the call's (with the operands' real extents beside it)."""
-    counts = {"M x K (A's elements)": m * k, "K x N (B's elements)": k * n, "M x N (out's elements)": m * n}
+    counts = {"M x K (A's elements)": m * k, "K x N (B's elements)": k * n * b_tiles(p),
+              "M x N (out's elements)": m * n}
     if p.split_k > 1 and p.split_k_reduce not in ARRIVAL_ORDER_REDUCES:   # arrival order sums into M x N
         counts["split_k x M x N (the split-K workspace)"] = p.split_k * m * n
     return counts
@@ -117,6 +123,7 @@ SUPPORT = Support(
     majors_a=frozenset({"row", "col"}),
     majors_b=frozenset({"row", "col"}),
     majors_c=frozenset({"row", "col"}),
+    gated=True,
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
     in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_tile_rules, _problem_rules, _tma_rules),

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gemmgen.dsl.ir import Epilogue
+from gemmgen.errors import refuse_gated
 
 #: activation -> (out-of-place function, in-place step on `out`, that step as text).
 #: GELU is the exact erf form, as every backend lowers it.
@@ -28,6 +29,7 @@ def bias_view(bias: torch.Tensor, where: str) -> torch.Tensor:
 
 def reference(acc: torch.Tensor, epilogue: Epilogue, *, bias=None, residual=None, c=None) -> torch.Tensor:
     """The epilogue in fp32 on an accumulator, out of place (no final cast)."""
+    refuse_gated(epilogue, "the epilogue's reference")
     x = acc.float() * epilogue.alpha
     if epilogue.beta != 0.0:
         x = x + epilogue.beta * c.float()
@@ -43,6 +45,7 @@ def reference(acc: torch.Tensor, epilogue: Epilogue, *, bias=None, residual=None
 def apply_in_place(out: torch.Tensor, epilogue: Epilogue, bias=None, residual=None) -> None:
     """bias, activation and residual as torch ops in place on `out`, after a product that
     already applied alpha and beta."""
+    refuse_gated(epilogue, "a library call's epilogue")
     if epilogue.bias:
         out.add_(bias_view(bias, epilogue.bias))
     if epilogue.activation:
