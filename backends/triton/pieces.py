@@ -170,10 +170,14 @@ def pointer_mainloop(program: Program, indent: str) -> str:
     ops = operand_text(program)
     gated = bool(program.problem.epilogue.gate)
     # gated: the up half of B, N columns to the right of the gate half (halves=stacked)
-    up = {"ptrs": f"\nu_ptrs = b_ptrs + {ops['up_offset']}", "zero": "\nacc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-          "load": "\n        u = tl.load(u_ptrs)",
-          "load_masked": "\n        u = tl.load(u_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)",
-          "dot": "\n    acc_up = tl.dot(a, u, acc_up, out_dtype=tl.float32)", "step": f"\n    u_ptrs += {ops['b_step']}"}
+    up = {
+        "ptrs": f"\nu_ptrs = b_ptrs + {ops['up_offset']}",
+        "zero": "\nacc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "load": "\n        u = tl.load(u_ptrs)",
+        "load_masked": "\n        u = tl.load(u_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)",
+        "dot": "\n    acc_up = tl.dot(a, u, acc_up, out_dtype=tl.float32)",
+        "step": f"\n    u_ptrs += {ops['b_step']}",
+    }
     if not gated:
         up = dict.fromkeys(up, "")
     text = f"""a_ptrs = {ops["a_ptrs"]}
