@@ -1,6 +1,6 @@
 """The best program of each backend (and of each family) per shape, from the tuning trials.
 
-    python benchmarks/backend_report.py benchmarks/results/tune_h200/trials.jsonl \
+    python benchmarks/backend_report.py benchmarks/results/tune_h200/trials.jsonl.gz \
         --out benchmarks/results/backends_sample100_offline
 
 A tuning run measures every candidate (checked, then timed in the isolated worker) and the
@@ -68,7 +68,7 @@ def best_rows(trials) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("trials", help="a tuning export (JSON lines), e.g. benchmarks/results/tune_h200/trials.jsonl")
+    ap.add_argument("trials", help="a tuning export (JSON lines), e.g. benchmarks/results/tune_h200/trials.jsonl.gz")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     trials = [t for t in read_jsonl(args.trials) if isinstance(t, Trial)]   # library lines aside

@@ -3,9 +3,9 @@
     python benchmarks/tune_h200.py --shapes benchmarks/shapes/cudal2_sample100.csv \
         --time-budget 420 --out benchmarks/results/tune_h200
 
-Resumable across GPU sessions: OUT/trials.jsonl (every trial of the run's shapes, the export
+Resumable across GPU sessions: OUT/trials.jsonl.gz (every trial of the run's shapes, the export
 format) is merged into the working database first, tuning skips every (problem, program) pair
-already measured on this GPU, and the script ends by writing OUT/trials.jsonl again and
+already measured on this GPU, and the script ends by writing OUT/trials.jsonl.gz again and
 every trial into tuning_db/shipped/h200.jsonl.gz (merged with what is there): winners are a
 query, and a problem tuned without a winner must be known as such, so that gemmgen.compile
 serves the baseline there rather than a neighbour's program. Writes
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+TRIALS = "trials.jsonl.gz"      # the run's record, in the export format (gzip: results stay small)
 
 
 def _shown(path: Path) -> str:
@@ -39,7 +40,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/tune_h200"))
     ap.add_argument("--db", default=None,
                     help="working database (default: tune_h200.sqlite in GEMMGEN_CACHE_DIR or ~/.cache/gemmgen; "
-                         "OUT/trials.jsonl is the record that travels)")
+                         "OUT/trials.jsonl.gz is the record that travels)")
     ap.add_argument("--ship", default=str(REPO / "tuning_db/shipped/h200.jsonl.gz"),
                     help="winners file to merge into and rewrite ('' to skip)")
     ap.add_argument("--time-budget", type=float, default=420.0, metavar="S",
@@ -65,7 +66,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.cli.tune import tune_problems
     from gemmgen.tuning_db import Database, default_db_path
-    from gemmgen.tuning_db.exchange import export, export_lines, merge
+    from gemmgen.tuning_db.exchange import export, merge
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     start = time.monotonic()
     db = Database(db_path)
     resumed = {}
-    for source in (out / "trials.jsonl", Path(args.ship) if args.ship else None):
+    for source in (out / TRIALS, Path(args.ship) if args.ship else None):
         if source is not None and source.is_file():
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
@@ -92,10 +93,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     finally:
         getattr(runner, "close", lambda: None)()
     # this run's problems only: the working database also holds every shipped record
-    keys = {p.key for p in problems}
-    mine = [line for line in export_lines(db) if json.loads(line).get("problem") in keys]
-    (out / "trials.jsonl").write_text("".join(line + "\n" for line in mine))
-    written = len(mine)
+    written = export(db, out / TRIALS, problems={p.key for p in problems})
     if args.ship:
         shipped = export(db, args.ship)
     clear_cache()

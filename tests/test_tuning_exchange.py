@@ -29,6 +29,20 @@ def test_export_is_sorted_json_lines(tmp_path):
     assert all("id" not in r for r in records)          # ids are local to a file
 
 
+def test_an_export_of_some_problems_holds_only_their_records(tmp_path):
+    db = Database(tmp_path / "a.sqlite")
+    _fill(db)
+    keys = sorted({json.loads(line)["problem"] for line in _lines_of(db, tmp_path)})
+    assert len(keys) > 1
+    assert 0 < export(db, tmp_path / "some.jsonl", problems={keys[0]}) < 6
+    assert {json.loads(line)["problem"] for line in (tmp_path / "some.jsonl").read_text().splitlines()} == {keys[0]}
+
+
+def _lines_of(db, tmp_path):
+    export(db, tmp_path / "all.jsonl")
+    return (tmp_path / "all.jsonl").read_text().splitlines()
+
+
 def _marked(path):
     """An export's records, each as merging marks it: unverified."""
     return [dict(json.loads(line), unverified=True) for line in path.read_text().splitlines()]

@@ -20,19 +20,19 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
     assert script.main(args, make_runner=runner, builder=FakeBuilder()) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[-1].split()[:2] == ["all", "3"]
-    trials = list(read_jsonl(out / "trials.jsonl"))
+    trials = list(read_jsonl(out / script.TRIALS))
     shipped = list(read_jsonl(ship))
     assert len(trials) == 6 and len(shipped) == 6
     winners = [t for t in shipped if t.beats_baseline()]
     assert 0 < len({t.problem.key for t in winners}) <= 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials_exported"] == 6 and set(summary["by_bucket"]) <= {r["bucket"] for r in summary["rows"]}
-    # a fresh machine: a new working database resumes from OUT/trials.jsonl, measures nothing again
+    # a fresh machine: a new working database resumes from OUT/trials.jsonl.gz, measures nothing again
     fresh = FakeRunner()
     assert script.main(args + ["--db", str(tmp_path / "w2.sqlite")],   # the last --db counts
                        make_runner=lambda **kw: fresh, builder=FakeBuilder()) == 0
     assert fresh.measured == []
-    assert (out / "trials.jsonl").read_text().count("\n") == 6
+    assert len(list(read_jsonl(out / script.TRIALS))) == 6
     assert len(list(Database(tmp_path / "w2.sqlite").trials())) == 6
     clear_cache()
 
@@ -45,8 +45,9 @@ def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
     args = ["--shapes", str(shapes), "--out", str(out), "--ship", "", "--db", str(tmp_path / "w.sqlite"),
             "--budget", "1", "--backends", "triton", "--time-budget", "600", "--max-m", "128"]
     runner = FakeRunner()
-    assert load_script("tune_h200").main(args, make_runner=lambda **kw: runner, builder=FakeBuilder()) == 0
+    script = load_script("tune_h200")
+    assert script.main(args, make_runner=lambda **kw: runner, builder=FakeBuilder()) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(r["problem"].split("x")[0] for r in summary["rows"]) == ["128", "16"]
-    assert {t.problem.m for t in read_jsonl(out / "trials.jsonl")} == {16, 128}
+    assert {t.problem.m for t in read_jsonl(out / script.TRIALS)} == {16, 128}
     clear_cache()

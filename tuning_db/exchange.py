@@ -28,9 +28,13 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def export_lines(db: Database, *, winners_only: bool = False) -> list[str]:
+def export_lines(db: Database, *, winners_only: bool = False, problems=None) -> list[str]:
+    """`problems`: problem keys to keep (None: every problem)."""
     trials = db.trials()
     library = db.library_choices()
+    if problems is not None:
+        trials = [t for t in trials if t.problem.key in problems]
+        library = [c for c in library if c.problem.key in problems]
     if winners_only:
         ids = {row[0] for row in db.conn.execute("SELECT id FROM winners")}
         trials = [t for t in trials if t.id in ids]
@@ -41,10 +45,10 @@ def export_lines(db: Database, *, winners_only: bool = False) -> list[str]:
             for r in sorted(records, key=export_sort_key)]
 
 
-def export(db: Database, path: str | Path, *, winners_only: bool = False) -> int:
-    """Write the database (or only what serves each problem per GPU) as sorted JSON lines;
-    returns the number of records written."""
-    lines = export_lines(db, winners_only=winners_only)
+def export(db: Database, path: str | Path, *, winners_only: bool = False, problems=None) -> int:
+    """Write the database (or only what serves each problem per GPU; or only the problems whose
+    keys `problems` holds) as sorted JSON lines; returns the number of records written."""
+    lines = export_lines(db, winners_only=winners_only, problems=problems)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     data = "".join(line + "\n" for line in lines).encode("utf-8")
