@@ -12,6 +12,7 @@ import time
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
+from gpu_programs import assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
 
@@ -73,33 +74,17 @@ ALL = RANDOM + EPILOGUE_CASES
 
 @pytest.fixture(scope="module")
 def artifacts():
-    from gemmgen.backends import triton as tb
-    from gemmgen.backends.build import build_many
-
-    results = build_many([tb.lower(p) for p in ALL])
-    failed = [(p, r) for p, r in zip(ALL, results) if isinstance(r, Exception)]
-    assert not failed, failed[0]
-    return dict(zip(ALL, results))
-
-
-def _check(program, artifact, problem=None):
-    from gemmgen.backends import triton as tb
-    from gemmgen.measure import check
-
-    fn = tb.load(artifact, program)
-    result = check(fn, problem or program.problem, seed=1234)
-    assert result.passed, (program, result.failures, result.max_rel_err)
-    return fn
+    return build_all(ALL)
 
 
 @pytest.mark.parametrize("index", range(len(RANDOM)))
 def test_random_programs_pass_the_harness(index, artifacts):
-    _check(RANDOM[index], artifacts[RANDOM[index]])
+    assert_passes(RANDOM[index], artifacts[RANDOM[index]])
 
 
 @pytest.mark.parametrize("index", range(len(EPILOGUE_CASES)))
 def test_each_epilogue(index, artifacts):
-    _check(EPILOGUE_CASES[index], artifacts[EPILOGUE_CASES[index]])
+    assert_passes(EPILOGUE_CASES[index], artifacts[EPILOGUE_CASES[index]])
 
 
 def test_generic_program_runs_aligned_and_unaligned_shapes():
@@ -183,7 +168,7 @@ def test_jit_fallback_launcher_passes_the_harness(monkeypatch, artifacts):
     """GEMMGEN_TRITON_LAUNCH=jit runs the same kernels through Triton's JIT (the escape hatch)."""
     monkeypatch.setenv("GEMMGEN_TRITON_LAUNCH", "jit")
     for p in (EPILOGUE_CASES[4], EPILOGUE_CASES[-1], RANDOM[0]):
-        _check(p, artifacts[p])
+        assert_passes(p, artifacts[p])
 
 
 @pytest.mark.parametrize("tile, warps, split", [((128, 128, 64), (8, 1), 2), ((64, 64, 128), (4, 1), 16)])

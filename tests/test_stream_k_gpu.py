@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
+from gpu_programs import assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
 
@@ -60,23 +61,12 @@ CASES = _cases()
 
 @pytest.fixture(scope="module")
 def artifacts():
-    from gemmgen.backends import triton as tb
-    from gemmgen.backends.build import build_many
-
-    results = build_many([tb.lower(p) for p in CASES])
-    failed = [(p, r) for p, r in zip(CASES, results) if isinstance(r, Exception)]
-    assert not failed, failed[0]
-    return dict(zip(CASES, results))
+    return build_all(CASES)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)))
 def test_stream_k_programs_pass_the_harness(index, artifacts):
-    from gemmgen.backends import triton as tb
-    from gemmgen.measure import check
-
-    p = CASES[index]
-    result = check(tb.load(artifacts[p], p), p.problem, seed=4321)
-    assert result.passed, (p, result.failures, result.max_rel_err)
+    assert_passes(CASES[index], artifacts[CASES[index]], seed=4321)
 
 
 @pytest.mark.parametrize("shape, config", [((1, 4096, 4096), CONFIGS[0]), ((100, 2999, 4097), CONFIGS[2]),

@@ -14,6 +14,7 @@ import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
 from gemmgen.dsl.resources import max_stages
+from gpu_programs import assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
 
@@ -69,23 +70,12 @@ CASES = _cases()
 
 @pytest.fixture(scope="module")
 def artifacts():
-    from gemmgen import backends
-    from gemmgen.backends.build import build_many
-
-    results = build_many([backends.lower(p) for p in CASES])
-    failed = [(p, r) for p, r in zip(CASES, results) if isinstance(r, Exception)]
-    assert not failed, failed[0]
-    return dict(zip(CASES, results))
+    return build_all(CASES)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)))
 def test_swap_ab_programs_pass_the_harness(index, artifacts):
-    from gemmgen import backends
-    from gemmgen.measure import check
-
-    p = CASES[index]
-    result = check(backends.load(artifacts[p], p), p.problem, seed=4321)
-    assert result.passed, (p, result.failures, result.max_rel_err)
+    assert_passes(CASES[index], artifacts[CASES[index]], seed=4321)
 
 
 def test_a_shape_generic_swap_ab_program_serves_every_m():

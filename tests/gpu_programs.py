@@ -1,0 +1,26 @@
+"""What the GPU test files of generated programs share: build a list of programs in parallel
+(through the disk cache), then judge one with the harness (gemmgen.measure.check)."""
+
+
+def build_all(programs) -> dict:
+    """program -> artifact, every program built (`backends.lower`, `build_many`); fails on the
+    first that does not build."""
+    from gemmgen import backends
+    from gemmgen.backends.build import build_many
+
+    results = build_many([backends.lower(p) for p in programs])
+    failed = [(p, r) for p, r in zip(programs, results) if isinstance(r, Exception)]
+    assert not failed, failed[0]
+    return dict(zip(programs, results))
+
+
+def assert_passes(program, artifact, problem=None, seed: int = 1234):
+    """The loaded kernel (`backends.load`) after the harness passed it on `problem` (default the
+    program's own)."""
+    from gemmgen import backends
+    from gemmgen.measure import check
+
+    fn = backends.load(artifact, program)
+    result = check(fn, problem or program.problem, seed=seed)
+    assert result.passed, (program, result.failures, result.max_rel_err)
+    return fn
