@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from on_demand import layer_shapes  # noqa: E402 - this folder's layer-set reader
+from on_demand import geomeans, layer_shapes, side_by_side  # noqa: E402 - this folder's helpers
 
 PROBLEMS = tuple((model, layer, m) for model in ("gemma2_9b", "phi3_medium", "granite3_8b")
                  for layer, m in (("gate", 1), ("down", 16), ("qkv", 64), ("o", 128)))
@@ -78,9 +78,6 @@ def main(argv=None) -> int:
     import torch
 
     import gemmgen
-    from gemmgen.measure.baselines import make
-    from gemmgen.measure.numerics import geomean
-    from gemmgen.measure.timing import time_many
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,9 +94,7 @@ def main(argv=None) -> int:
         gemmgen_s = time.monotonic() - t0 + first_call_s(lambda a, b, out: kernel(a, b, out=out), problem)
         fn, _ = inductor_kernel()
         inductor_s = first_call_s(fn, problem)
-        timed = time_many([("inductor", fn, problem), ("gemmgen", kernel.fn, problem),
-                           ("torch", make("torch", problem).fn, problem)])
-        ms = {k: (None if isinstance(t, Exception) else t.device_ms) for k, t in timed.items()}
+        ms, timed = side_by_side({"inductor": fn, "gemmgen": kernel.fn}, problem)
         row = {"layer": name, "problem": problem.key, "inductor_compile_s": inductor_s, "gemmgen_compile_s": gemmgen_s,
                "gemmgen_served": kernel.provenance.summary,
                "kernels": {k: (list(t.kernels) if not isinstance(t, Exception) else str(t)) for k, t in timed.items()},
@@ -112,10 +107,8 @@ def main(argv=None) -> int:
               f"{row.get('inductor_x_torch', 0):.3f}x torch; gemmgen {gemmgen_s:5.1f} s, "
               f"{row.get('gemmgen_x_torch', 0):.3f}x torch, {row.get('gemmgen_x_inductor', 0):.3f}x max-autotune",
               flush=True)
-    done = [r for r in rows if "gemmgen_x_inductor" in r]
-    summary = {k: geomean([r[k] for r in done]) for k in ("gemmgen_x_inductor", "inductor_x_torch", "gemmgen_x_torch")
-               } if done else {}
-    summary.update(problems=len(done), inductor_compile_s=sum(r["inductor_compile_s"] for r in rows),
+    summary = geomeans(rows, ("gemmgen_x_inductor", "inductor_x_torch", "gemmgen_x_torch"))
+    summary.update(inductor_compile_s=sum(r["inductor_compile_s"] for r in rows),
                    gemmgen_compile_s=sum(r["gemmgen_compile_s"] for r in rows))
     print(json.dumps(summary, indent=1))
     (out / "inductor_compare.json").write_text(json.dumps(

@@ -37,6 +37,25 @@ def layer_shapes(models_layers_ms) -> list[tuple[str, tuple[int, int, int]]]:
     return [(f"{model}.{layer}", found[(model, layer, m)]) for model, layer, m in models_layers_ms]
 
 
+def side_by_side(kernels: dict, problem) -> tuple[dict, dict]:
+    """`kernels` (name -> fn) and torch.matmul timed in one session (gemmgen.measure.time_many):
+    (name -> device ms, None where it was not timed; name -> Timing or its error)."""
+    from gemmgen.measure.baselines import make
+    from gemmgen.measure.timing import time_many
+
+    timed = time_many([(name, fn, problem) for name, fn in kernels.items()]
+                      + [("torch", make("torch", problem).fn, problem)])
+    return {k: (None if isinstance(t, Exception) else t.device_ms) for k, t in timed.items()}, timed
+
+
+def geomeans(rows: list[dict], keys) -> dict:
+    """The geomean of each key over the rows that have them all."""
+    from gemmgen.measure.numerics import geomean
+
+    done = [r for r in rows if all(k in r for k in keys)]
+    return {**({k: geomean([r[k] for r in done]) for k in keys} if done else {}), "problems": len(done)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -48,9 +67,6 @@ def main(argv=None) -> int:
 
     import gemmgen
     from gemmgen.compile import clear_cache
-    from gemmgen.measure.baselines import make
-    from gemmgen.measure.numerics import geomean
-    from gemmgen.measure.timing import time_many
     from gemmgen.tune.on_demand import tune_now
 
     out = Path(args.out)
@@ -69,9 +85,7 @@ def main(argv=None) -> int:
         clear_cache()
         best = gemmgen.compile(shape, b_major="col", db=db)
         problem = best.problem
-        timed = time_many([("on_demand", on_demand.fn, problem), ("exhaustive", best.fn, problem),
-                           ("torch", make("torch", problem).fn, problem)])
-        ms = {k: (None if isinstance(t, Exception) else t.device_ms) for k, t in timed.items()}
+        ms, _ = side_by_side({"on_demand": on_demand.fn, "exhaustive": best.fn}, problem)
         row = {"layer": name, "problem": problem.key, "tune_s": tune_s, "exhaustive_s": exhaustive_s,
                "on_demand_served": on_demand.provenance.summary, "exhaustive_served": best.provenance.summary,
                **{f"{k}_ms": v for k, v in ms.items()}}
@@ -83,10 +97,8 @@ def main(argv=None) -> int:
               f"{row.get('on_demand_x_torch', 0):.3f}x torch; whole space {exhaustive_s:5.1f} s -> "
               f"{row.get('exhaustive_x_torch', 0):.3f}x; on-demand/exhaustive {row.get('on_demand_of_exhaustive', 0):.3f}",
               flush=True)
-    done = [r for r in rows if "on_demand_x_torch" in r]
-    summary = {key: geomean([r[key] for r in done]) for key in
-               ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive")} if done else {}
-    summary.update(problems=len(done), mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
+    summary = geomeans(rows, ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive"))
+    summary.update(mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
     print(json.dumps(summary, indent=1))
     (out / "on_demand.json").write_text(json.dumps({"command": " ".join(sys.argv), "tune_s": args.tune,
                                                     "space": args.space, "summary": summary, "rows": rows}, indent=1))
