@@ -37,7 +37,7 @@ from gemmgen.backends.base import Source, refuse_swapped
 from gemmgen.backends.triton import stream_k
 from gemmgen.backends.triton.pieces import (
     GENERIC_HINT, SIGNATURE_DTYPE, Args, epilogue_args, epilogue_call, epilogue_fn, epilogue_scalars,
-    operand_stride_divisor, out_offsets, pointer_mainloop, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
+    out_offsets, pointer_args, pointer_mainloop, pointer_store, pow2_divisor, shape_args, tile_coords_fn)
 from gemmgen.dsl import to_text
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, Program
@@ -92,22 +92,8 @@ def epilogue_staging_bytes(program: Program) -> int:
 
 def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, Args, dict, dict]:
     p = program.problem
-    ind = SIGNATURE_DTYPE[p.in_dtype]
-    args = Args()
-    args.add("a_ptr", f"*{ind}", "a", 16)
-    args.add("b_ptr", f"*{ind}", "b", 16)
-    args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
     split = program.split_k > 1
-    if split:
-        args.add("ws_ptr", "*fp32", "workspace", 16)
-    else:
-        epilogue_args(args, program, bound)
-    shape_args(args, program, bound)
-    sa, sb = operand_stride_divisor(program, bound)
-    args.add("stride_a", "i32", "stride_a", sa, assumed=not bound)
-    args.add("stride_b", "i32", "stride_b", sb, assumed=not bound)
-    if not split:
-        epilogue_scalars(args, program, bound)
+    args = pointer_args(program, bound, workspace=split, epilogue=not split)   # split: the reduce applies it
     even_k = bound and p.k % program.tile.k == 0
     m_exact = bound and p.m % program.tile.m == 0
     n_exact = bound and p.n % program.tile.n == 0

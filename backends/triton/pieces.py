@@ -197,6 +197,29 @@ for kt in range(k_begin, k_end):
     return textwrap.indent(text, indent)
 
 
+def pointer_args(program: Program, bound: bool, *, workspace: bool, epilogue: bool) -> Args:
+    """The pointer kernels' parameters: A, B and out, the fp32 workspace if one is used, the
+    epilogue's tensors, M, N, K, the operands' strides, then the epilogue's strides and scalars
+    (`epilogue`: False where a later kernel applies it)."""
+    p = program.problem
+    ind = SIGNATURE_DTYPE[p.in_dtype]
+    args = Args()
+    args.add("a_ptr", f"*{ind}", "a", 16)
+    args.add("b_ptr", f"*{ind}", "b", 16)
+    args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
+    if workspace:
+        args.add("ws_ptr", "*fp32", "workspace", 16)
+    if epilogue:
+        epilogue_args(args, program, bound)
+    shape_args(args, program, bound)
+    sa, sb = operand_stride_divisor(program, bound)
+    args.add("stride_a", "i32", "stride_a", sa, assumed=not bound)
+    args.add("stride_b", "i32", "stride_b", sb, assumed=not bound)
+    if epilogue:
+        epilogue_scalars(args, program, bound)
+    return args
+
+
 def shape_args(args: Args, program: Program, bound: bool) -> None:
     p = program.problem
     for dim, value in (("M", p.m), ("N", p.n), ("K", p.k)):

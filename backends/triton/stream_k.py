@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import math
 
-from gemmgen.backends.triton.pieces import (
-    SIGNATURE_DTYPE, Args, epilogue_args, epilogue_scalars, operand_stride_divisor, pointer_mainloop, pointer_store,
-    shape_args)
+from gemmgen.backends.triton.pieces import Args, pointer_args, pointer_mainloop, pointer_store
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
 
@@ -47,18 +45,7 @@ def workspace_words(grid: dict, m: int, n: int, k: int) -> int:
 
 def stream_k_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, Args, dict, dict]:
     p, t = program.problem, program.tile
-    ind = SIGNATURE_DTYPE[p.in_dtype]
-    args = Args()
-    args.add("a_ptr", f"*{ind}", "a", 16)
-    args.add("b_ptr", f"*{ind}", "b", 16)
-    args.add("out_ptr", f"*{SIGNATURE_DTYPE[p.epilogue.out_dtype]}", "out", 16)
-    args.add("ws_ptr", "*fp32", "workspace", 16)
-    epilogue_args(args, program, bound)
-    shape_args(args, program, bound)
-    sa, sb = operand_stride_divisor(program, bound)
-    args.add("stride_a", "i32", "stride_a", sa, assumed=not bound)
-    args.add("stride_b", "i32", "stride_b", sb, assumed=not bound)
-    epilogue_scalars(args, program, bound)
+    args = pointer_args(program, bound, workspace=True, epilogue=True)
     constexprs = {"BLOCK_M": t.m, "BLOCK_N": t.n, "BLOCK_K": t.k, "GROUP": program.swizzle,
                   "CTA_CAP": CTA_CAP, "EVEN_K": bound and p.k % t.k == 0}
     for c in constexprs:
