@@ -146,16 +146,10 @@ def main(argv=None) -> int:
     builds = triton_search.build_all(plans, args.jobs)
     rows: list[dict] = []
     with Runner(timeout_s=240) as runner:
-        for i, ((shape, problem, programs), built) in enumerate(zip(plans, builds)):
-            if args.time_budget and time.monotonic() - start > args.time_budget:
-                print(f"time budget spent after {i} of {len(plans)} shapes", flush=True)
-                break
-            entries = common.entries_for(programs, built)
-            trial, report = common.run_shape_job(runner, f"shape{i}", "triton", entries, problem, args.seed + i,
-                                                 out / f".shape_{i}.json")
-            srows = triton_search.shape_rows(shape, problem, programs, built, report)
+        for i, shape, trial, srows in triton_search.measured_shapes(runner, plans, builds, out, args.seed, start,
+                                                                   args.time_budget):
             swapped = shapes[i][1]
-            for r, p in zip(srows, programs):
+            for r, p in zip(srows, plans[i][2]):
                 r["idea"] = idea_of(p, swapped)
                 if swapped:   # reported as the original problem
                     r["m"], r["n"] = r["n"], r["m"]

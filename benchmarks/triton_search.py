@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -151,6 +152,19 @@ def plot(best: list[dict], path: Path) -> None:
                          target=(0.97, "target geomean 0.97"))
 
 
+def measured_shapes(runner, plans, builds, out: Path, seed: int, start: float, time_budget: Optional[float]):
+    """Each planned shape's built candidates checked and timed in one worker job, in order, until
+    `time_budget` seconds from `start` are spent: (index, shape, the job's trial, its rows)."""
+    for i, ((shape, problem, programs), built) in enumerate(zip(plans, builds)):
+        if time_budget and time.monotonic() - start > time_budget:
+            print(f"time budget spent after {i} of {len(plans)} shapes", flush=True)
+            return
+        entries = common.entries_for(programs, built)
+        trial, report = common.run_shape_job(runner, f"shape{i}", "triton", entries, problem, seed + i,
+                                             out / f".shape_{i}.json")
+        yield i, shape, trial, shape_rows(shape, problem, programs, built, report)
+
+
 def main(argv=None) -> int:
     ap = common.parser(
         __doc__.splitlines()[0],
@@ -184,15 +198,8 @@ def main(argv=None) -> int:
 
     measured = 0
     with Runner(timeout_s=args.trial_timeout) as runner:
-        for i, ((shape, problem, programs), built) in enumerate(zip(plans, builds)):
-            if args.time_budget and time.monotonic() - start > args.time_budget:
-                print(f"time budget spent after {i} of {len(plans)} shapes", flush=True)
-                break
-            entries = common.entries_for(programs, built)
-            trial, report = common.run_shape_job(runner, f"shape{i}", "triton", entries, problem, args.seed + i,
-                                                 out / f".shape_{i}.json")
+        for i, shape, trial, srows in measured_shapes(runner, plans, builds, out, args.seed, start, args.time_budget):
             trials[shape.key] = f"{trial.status}: {trial.message}"[:300]
-            srows = shape_rows(shape, problem, programs, built, report)
             rows.extend(srows)
             measured += 1
             ok = [r for r in srows if r["status"] == "ok"]
