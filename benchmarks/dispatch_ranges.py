@@ -24,6 +24,11 @@ from pathlib import Path
 
 from gemmgen.measure.numerics import geomean
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from on_demand import side_by_side  # noqa: E402 - this folder's side-by-side timing
+
 # (N, K) of Llama-2-7B's gate/up, q/k/v/o, joined qkv and down
 WIDTHS = ((11008, 4096), (4096, 4096), (12288, 4096), (4096, 11008))
 
@@ -49,8 +54,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import gemmgen
-    from gemmgen.measure.baselines import make
-    from gemmgen.measure.timing import time_many
 
     rows, counts = [], {}
     for n, k in WIDTHS:
@@ -61,8 +64,7 @@ def main(argv=None) -> int:
         for m in sweep_ms(dynamic, args.dense, args.control_every):
             kernel = dynamic.kernel_for(m)
             problem = kernel.problem
-            timed = time_many([("gemmgen", kernel.fn, problem), ("torch", make("torch", problem).fn, problem)])
-            ms = {name: (None if isinstance(t, Exception) else t.device_ms) for name, t in timed.items()}
+            ms, timed = side_by_side({"gemmgen": kernel.fn}, problem)
             speedup = ms["torch"] / ms["gemmgen"] if ms["torch"] and ms["gemmgen"] else None
             rows.append({"m": m, "n": n, "k": k, "how": kernel.provenance.how, "gemmgen_ms": ms["gemmgen"],
                          "torch_ms": ms["torch"], "speedup": speedup})
