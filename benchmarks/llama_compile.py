@@ -22,13 +22,25 @@ Writes results.json and llama_compile.png under --out and prints a table last.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from compile_timing import (  # noqa: E402 - this folder's model timing, shared with model_e2e.py
+    ATTENTION_WORDS,
+    GEMM_WORDS,
+    ModelCase,
+    max_rel_err,
+    sync,
+    time_interleaved,
+    time_variants,
+    versus,
+)
 
 CASES = (("prefill_b1_s2048", "prefill", 1, 2048), ("prefill_b8_s512", "prefill", 8, 512),
          ("decode_b8_kv512", "decode", 8, 512))
@@ -36,8 +48,9 @@ VARIANTS = ("eager", "inductor", "control", "gemmgen", "gemmgen-graphs", "max-au
 #: "control" is the default compiled again: timed beside it, it says what "level" reads as.
 #: "gemmgen-graphs" is gemmgen with inductor's CUDA graphs (what max-autotune's mode adds), no joins.
 DEFAULT_VARIANTS = ("eager", "inductor", "gemmgen", "max-autotune")
-GEMM_WORDS = ("gemm", "nvjet", "cutlass", "xmma", "wgmma", "triton_tem", "gemmgen", "matmul", "_mm_")
-ATTN_WORDS = ("flash", "fmha", "attention", "sdpa", "efficient")
+#: this benchmark's profile classes: GEMM words matched first, then attention, the rest "other"
+KERNEL_CLASSES = (("gemm", GEMM_WORDS), ("attention", ATTENTION_WORDS))
+__all__ = ["time_interleaved", "versus"]     # shared pieces the tests reach through this script
 
 
 def parse_args(argv=None):
@@ -115,209 +128,11 @@ def compiled(model, variant: str, args):
     return torch.compile(model, backend="gemmgen", dynamic=False, options=options)
 
 
-class Case:
-    """Inputs and the call for one case; decode re-prefills a fresh static cache per variant."""
+class Case(ModelCase):
+    """A case of this benchmark: decode steps are short, so a timed loop takes 5x the calls."""
 
     def __init__(self, name, kind, batch, tokens, model, cfg, iters: int):
-        import torch
-
-        self.name, self.kind, self.batch, self.tokens = name, kind, batch, tokens
-        self.device = device = next(model.parameters()).device
-        g = torch.Generator(device=device).manual_seed(1)
-        self.ids = torch.randint(0, cfg.vocab_size, (batch, tokens), device=device, generator=g)
-        self.step_ids = torch.randint(0, cfg.vocab_size, (batch, 1), device=device, generator=g)
-        self.model, self.cfg = model, cfg
-        self.iters = iters * (5 if kind == "decode" else 1)   # decode steps are short: time more of them
-        self.steps = self.iters + 4                           # cache slots a timed loop fills
-
-    def call_for(self, fn):
-        """(call, reset): reset puts a decode cache back at `tokens` cached tokens (not timed)."""
-        import torch
-
-        if self.kind == "prefill":
-            return (lambda: fn(input_ids=self.ids, use_cache=False).logits), (lambda: None)
-        from transformers import StaticCache
-
-        cache = StaticCache(config=self.cfg, max_cache_len=self.tokens + self.steps + 8)
-        with torch.no_grad():
-            self.model(input_ids=self.ids, past_key_values=cache, use_cache=True)   # eager prefill
-        pos = torch.full((self.batch, 1), self.tokens, device=self.device, dtype=torch.long)
-        cache_position = torch.tensor([self.tokens], device=self.device)
-
-        def reset():
-            for layer in getattr(cache, "layers", ()):
-                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-                    layer.cumulative_length.fill_(self.tokens)   # transformers >= 5.x keeps a counter
-
-        return (lambda: fn(input_ids=self.step_ids, past_key_values=cache, use_cache=True, position_ids=pos,
-                           cache_position=cache_position).logits), reset
-
-
-def time_interleaved(calls: list, iters: int, repeats: int, samplers: list | None = None,
-                     warm: bool = True) -> list[list[float]]:
-    """Per (call, reset): ms per call of each repeat, in repeat order (so repeat r of every
-    call was timed in the same turn).
-
-    CUDA events around loops of `iters` calls; the events enclose the host's launches too
-    (decode steps are bound by them). The variants take turns, one loop each per repeat. The
-    H200 machine's host speed drifted by up to 2x from one block of loops to the next (two
-    compiles of one graph measured 5.1 and 9.4 ms per decode step in one run); turns spread a
-    slow spell over every variant instead of charging it to one. The power cap carries what
-    ran before into a loop's clock, so with `warm` each timed loop follows an untimed loop of
-    its own variant (each is timed in its own steady state, as a model serving runs), and the
-    order of the turns is balanced (`turn_orders`). `samplers` (one ClockSampler per call)
-    read the SM clock at the end of each loop's launches."""
-    from gemmgen.measure.turns import in_turns
-
-    for call, reset in calls:
-        reset()
-        for _ in range(3):
-            call()
-    times: list[list[float]] = [[] for _ in calls]
-    gc.collect()
-    gc.disable()          # as timeit does: a collection inside a host-bound loop is not the model's cost
-    try:
-        for _, i in in_turns(range(len(calls)), repeats):
-            if warm:
-                _timed_loop(*calls[i], iters)
-            times[i].append(_timed_loop(*calls[i], iters, samplers[i] if samplers else None))
-    finally:
-        gc.enable()
-    return times
-
-
-def versus(times: list[float], reference: list[float]) -> dict | None:
-    """reference/variant over repeats taken in the same turns: the median per-repeat ratio and
-    the ratio of medians, each with a 95 % interval; None with too few repeats. A speedup is
-    beyond noise when both intervals lie above 1."""
-    from gemmgen.measure.comparison import MIN_PAIRS, median_interval, ratio_of_medians_interval
-
-    rounds = [(t, r) for t, r in zip(times, reference) if t > 0 and r > 0]
-    if len(rounds) < MIN_PAIRS:
-        return None
-    return {"repeats": len(rounds),
-            "median_ratio": [round(x, 4) for x in median_interval([r / t for t, r in rounds])],
-            "ratio_of_medians": [round(x, 4) for x in ratio_of_medians_interval(rounds)]}
-
-
-def _timed_loop(call, reset, iters: int, sampler=None) -> float:
-    """Mean ms a call over `iters` calls after `reset()`, from an idle GPU (so a host-bound
-    variant cannot hide behind work queued before the loop)."""
-    import torch
-
-    from gemmgen.measure.turns import loop_ms
-
-    reset()
-    if not torch.cuda.is_available():            # the CPU smoke test: wall clock
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            call()
-        return (time.perf_counter() - t0) * 1e3 / iters
-    torch.cuda.synchronize()
-    return loop_ms(lambda i: call(), iters, sampler)
-
-
-def launch_ms(call, reset, n: int = 7) -> float:
-    """Median host ms to launch one call onto an idle GPU: the host's share of a call, with
-    no full launch queue to wait on. A variant is host-bound once this nears its device time;
-    it is how a slow host (the H200 machine's drifts 2x) can make one variant lose and not another."""
-    import torch
-
-    times = []
-    for _ in range(n):
-        reset()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t0) * 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(times)
-
-
-def sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def profile_split(call, calls: int = 3, trace: Path | None = None) -> dict:
-    """Where a call's time goes, from `calls` profiled back-to-back calls (per-call figures).
-
-    Device ms by kernel family (GEMM, attention, other) and the kernel count; the span from
-    the first kernel's start to the last one's end against the union of kernel time (the
-    device's idle share) and its gaps of 20 us or more; the host operations and runtime
-    calls with the most self time (a synchronization or an allocation shows up there).
-    `trace`: also write the Chrome trace there (gzipped)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        sync()
-    split = {"gemm_ms": 0.0, "attention_ms": 0.0, "other_ms": 0.0, "kernels": 0}
-    spans = []
-    for evt in prof.events():
-        if evt.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        name = evt.name.lower()
-        family = ("gemm_ms" if any(w in name for w in GEMM_WORDS)
-                  else "attention_ms" if any(w in name for w in ATTN_WORDS) else "other_ms")
-        split[family] += evt.time_range.elapsed_us() / 1e3 / calls
-        split["kernels"] += 1
-        spans.append((evt.time_range.start, evt.time_range.end))
-    split["kernels"] //= calls
-    spans.sort()
-    busy, gaps, end = 0.0, [], spans[0][0] if spans else 0
-    for s, e in spans:
-        if s > end:
-            gaps.append(s - end)
-        busy += max(0, e - max(s, end))
-        end = max(end, e)
-    span = (end - spans[0][0]) if spans else 0
-    split["span_ms"] = span / 1e3 / calls
-    split["idle_ms"] = (span - busy) / 1e3 / calls
-    split["gaps_20us"] = sum(1 for g in gaps if g >= 20) / calls
-    split["gaps_20us_ms"] = sum(g for g in gaps if g >= 20) / 1e3 / calls
-    host = sorted((e for e in prof.key_averages() if e.self_device_time_total == 0 and e.self_cpu_time_total > 0),
-                  key=lambda e: -e.self_cpu_time_total)[:12]
-    split["host_top"] = [{"op": e.key, "count": e.count // calls, "self_ms": round(e.self_cpu_time_total / 1e3 / calls, 3)}
-                         for e in host]
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))     # a .gz path: the profiler gzips it
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in split.items()}
-
-
-def _process_times() -> dict:
-    """pid -> (cpu seconds so far, command) for every process this user can read (Linux /proc)."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
-        except OSError:
-            continue
-        found[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / tick, cmd.strip())
-    return found
-
-
-def host_load(before: dict, after: dict, seconds: float) -> dict:
-    """Which processes used the CPU while the loops were timed (a busy neighbour slows host-bound
-    launches: the variants share one process and machine)."""
-    import os
-
-    busy = sorted(((after[p][0] - before[p][0], p, after[p][1]) for p in after if p in before),
-                  reverse=True)[:6]
-    return {"seconds": round(seconds, 2), "cpus": os.cpu_count(),
-            "busiest": [{"pid": p, "self": p == os.getpid(), "cpu_s": round(d, 2), "cmd": c}
-                        for d, p, c in busy if d > 0]}
+        super().__init__(name, kind, batch, tokens, model, cfg, iters * (5 if kind == "decode" else 1))
 
 
 def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, object]:
@@ -342,7 +157,7 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
         sync()
     row = {"case": case.name, "variant": variant, "compile_s": round(time.perf_counter() - t0, 2),
            "dynamo_graphs": counters["stats"]["unique_graphs"]}     # > 1 per graph break or recompile
-    row["max_rel_err"] = None if ref is None else ((out - ref).abs().max() / ref.abs().max()).item()
+    row["max_rel_err"] = None if ref is None else max_rel_err(out, ref)
     if not math.isfinite(row["max_rel_err"] or 0.0):
         row["note"] = "non-finite error"
     if variant.startswith("gemmgen"):
@@ -368,31 +183,15 @@ def run_variants(case: Case, variants: list[str], args, refs: dict) -> list[dict
             refs[case.name] = out
         rows.append(row)
         calls.append(call)
-    before, t1 = (_process_times(), time.perf_counter()) if sys.platform == "linux" else (None, None)
-    from gemmgen.measure.clocks import ClockSampler, nvml_index
-
-    samplers = [ClockSampler(nvml_index(torch.cuda.current_device())) if args.device == "cuda" else None
-                for _ in calls]
-    with torch.no_grad():
-        timed = time_interleaved(calls, case.iters, args.repeats, samplers, warm=not args.no_warm)
-    load = host_load(before, _process_times(), time.perf_counter() - t1) if before is not None else None
-    default = timed[variants.index("inductor")] if "inductor" in variants else None
-    for row, (call, reset), ts, sampler in zip(rows, calls, timed, samplers):
-        ms = statistics.median(ts)
-        row.update(device_ms=ms, best_ms=min(ts), spread=round((max(ts) - min(ts)) / ms, 4), times_ms=ts,
-                   vs_default=versus(ts, default) if default is not None and row["variant"] != "inductor" else None,
-                   host_load=load, split=None)
-        if sampler is not None:
-            row["clocks"] = sampler.summary()         # SM clock while this variant's loops ran
-            sampler.close()
-        if args.device == "cuda":
-            with torch.no_grad():
-                row["launch_ms"] = round(launch_ms(call, reset), 3)
-        if not args.no_profile and args.device != "cpu":
-            reset()
-            trace = Path(args.out) / f"trace_{case.name}_{row['variant']}.json.gz" if args.trace else None
-            with torch.no_grad():
-                row["split"] = profile_split(call, trace=trace)
+    traces = [Path(args.out) / f"trace_{case.name}_{v}.json.gz" if args.trace else None for v in variants]
+    timed = time_variants(calls, case.iters, args.repeats, cuda=args.device == "cuda", warm=not args.no_warm,
+                          profile=not args.no_profile and args.device != "cpu", classes=KERNEL_CLASSES,
+                          traces=traces)
+    default = timed[variants.index("inductor")]["times_ms"] if "inductor" in variants else None
+    for row, measured in zip(rows, timed):
+        row.update(measured)
+        row["vs_default"] = (versus(row["times_ms"], default) if default is not None and row["variant"] != "inductor"
+                             else None)
     return rows
 
 
