@@ -51,6 +51,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     ap.add_argument("--baselines", default="torch,cublas_nn,cublas_tn,lt_heuristic,lt_autotune")
     ap.add_argument("--mode", choices=("offline", "both"), default="offline")
     ap.add_argument("--shard", default=None, metavar="I/N")
+    ap.add_argument("--epilogue", default=None,
+                    help="epilogue for every shape, e.g. 'gate=silu halves=stacked' (N: the gate's columns)")
     ap.add_argument("--max-m", type=int, default=None, metavar="M",
                     help="only the shapes with M at most this (a layer set's decode and small-batch rows)")
     ap.add_argument("--jobs", type=int, default=None)
@@ -79,7 +81,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
-    problems = tune_problems(args.shapes, args.shard)
+    problems = tune_problems(args.shapes, args.shard, args.epilogue)
     if args.max_m is not None:
         problems = [p for p in problems if p.m <= args.max_m]
     proposer = get_proposer(args.proposer, backends=backends)

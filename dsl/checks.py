@@ -269,20 +269,25 @@ def check_epilogue(p: Program, hw: Hardware) -> Iterator[Finding]:
 
 def check_gate(p: Program, hw: Hardware) -> Iterator[Finding]:
     """A gated epilogue is gate(acc_gate) * acc_up over B's two halves, laid out as `halves` says."""
-    e = p.problem.epilogue
+    for message in gate_findings(p.problem.epilogue):
+        yield "epilogue", message
+
+
+def gate_findings(e: ir.Epilogue) -> Iterator[str]:
+    """What is wrong with an epilogue's gate, in words (gemmgen.compile says the same)."""
     if e.halves and not e.gate:
-        yield "epilogue", (f"halves={e.halves} lays out a gated epilogue's two halves, but there is no gate: "
-                           "add gate=silu (or relu, gelu), or drop halves")
+        yield (f"halves={e.halves} lays out a gated epilogue's two halves, but there is no gate: "
+               "add gate=silu (or relu, gelu), or drop halves")
     if not e.gate:
         return
     if not e.halves:
-        yield "epilogue", (f"gate={e.gate} multiplies two halves of B: say how they lie in it, "
-                           "halves=stacked (the gate's N columns, then the up projection's)")
+        yield (f"gate={e.gate} multiplies two halves of B: say how they lie in it, "
+               "halves=stacked (the gate's N columns, then the up projection's)")
     extra = [word for word, used in (("an activation", e.activation), ("bias", e.bias), ("beta (C)", e.beta != 0.0),
                                      ("residual", e.residual), ("alpha", e.alpha != 1.0)) if used]
     if extra:
-        yield "epilogue", (f"a gated epilogue is gate(A B_gate) * (A B_up); it takes no {', '.join(extra)} "
-                           f"beside it: write `epilogue gate={e.gate} halves={e.halves or 'stacked'} out={e.out_dtype}`")
+        yield (f"a gated epilogue is gate(A B_gate) * (A B_up); it takes no {', '.join(extra)} "
+               f"beside it: write `epilogue gate={e.gate} halves={e.halves or 'stacked'} out={e.out_dtype}`")
 
 
 def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:

@@ -48,7 +48,8 @@ from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dispatch import DispatchKernel, Row, table
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.errors import GatedNotServed, GemmgenError, NoGPUError, refuse_gated
+from gemmgen.dsl.checks import gate_findings
+from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.kernel import Kernel, Provenance, build_ahead
 from gemmgen.tune.adapters import this_device
 from gemmgen.tune.on_demand import summary as tuning_summary
@@ -269,12 +270,10 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def check_epilogue(epilogue: Epilogue) -> Epilogue:
-    """The epilogue's alpha and beta must be finite numbers (NaN or infinity poisons every output);
-    a gated one is not served yet."""
-    try:
-        refuse_gated(epilogue, "gemmgen.compile")
-    except GatedNotServed as exc:
-        raise CompileError(str(exc)) from None
+    """The epilogue's alpha and beta must be finite numbers (NaN or infinity poisons every output),
+    and a gate must come with its halves and alone (dsl.checks.gate_findings)."""
+    for finding in gate_findings(epilogue):
+        raise CompileError(f"epilogue: {finding}")
     for name in ("alpha", "beta"):
         value = getattr(epilogue, name)
         if not math.isfinite(value):
@@ -307,7 +306,8 @@ def as_problem(problem, *, a_major="row", b_major="row", epilogue=None) -> Probl
 
 
 def parse_epilogue(text: str) -> Epilogue:
-    """'bias=n gelu residual out=f16' (the DSL's epilogue items, in any order) -> Epilogue."""
+    """'bias=n gelu residual out=f16' or 'gate=silu halves=stacked' (the DSL's epilogue items, in any
+    order) -> Epilogue."""
     fields: dict = {}
     for item in text.replace(",", " ").split():
         name, eq, value = item.partition("=")
@@ -322,11 +322,16 @@ def parse_epilogue(text: str) -> Epilogue:
                 fields["activation"] = name
             elif not eq and name == "residual":
                 fields["residual"] = True
+            elif name == "gate" and value in ("relu", "gelu", "silu"):
+                fields["gate"] = value
+            elif name == "halves" and value == "stacked":
+                fields["halves"] = value
             else:
                 raise ValueError
         except ValueError:
             raise CompileError(f"epilogue item {item!r} not understood; use alpha=F beta=F bias=m|n "
-                               "relu|gelu|silu residual out=f16|bf16|f32") from None
+                               "relu|gelu|silu residual out=f16|bf16|f32, or gate=relu|gelu|silu "
+                               "halves=stacked") from None
     return Epilogue(**fields)
 
 

@@ -2,7 +2,7 @@
 
 from gemmgen.dsl.diagnostics import GemmgenError
 
-__all__ = ["GatedNotServed", "GemmgenError", "NoGPUError", "refuse_gated"]
+__all__ = ["GatedNotServed", "GemmgenError", "NoGPUError"]
 
 
 class NoGPUError(GemmgenError):
@@ -16,13 +16,4 @@ class NoGPUError(GemmgenError):
 
 
 class GatedNotServed(GemmgenError):
-    """A gated epilogue where only its lowering exists."""
-
-
-def refuse_gated(epilogue, what: str) -> None:
-    """A gated epilogue (`gate=`, `halves=`) is lowered by the Triton backend, but no check,
-    baseline or served kernel knows it yet: refused there, never computed as a plain GEMM."""
-    if epilogue.gate:
-        raise GatedNotServed(f"{what}: the gated epilogue gate={epilogue.gate} halves={epilogue.halves} is lowered "
-                             "(gemmgen inspect --lower triton) but not yet checked, timed or served; compile the "
-                             "gate and up products as two problems")
+    """A gated epilogue that a path cannot compute (none left: every path serves one now)."""

@@ -195,7 +195,8 @@ class Kernel:
         dtype, out_dtype = self._dtypes
         _operand("a", a, (m, k), p.a_major, dtype, torch)
         device = a.device
-        _operand("b", b, (k, n), p.b_major, dtype, torch, device)
+        _operand("b (the joined [B_gate B_up], K x 2N)" if e.gate else "b", b, (k, p.b_cols), p.b_major, dtype, torch,
+                 device)
         alpha = _scalar("alpha", alpha, e.alpha, self._runtime[0])
         beta = _scalar("beta", beta, e.beta, self._runtime[1])
         if e.bias:

@@ -297,14 +297,18 @@ def test_tune_on_demand_needs_a_gpu(tmp_path, monkeypatch):
     clear_cache()
 
 
-def test_a_gated_epilogue_is_refused_until_it_is_checked_and_served():
-    """Lowered by the Triton backend only: gemmgen.compile must not serve it as a plain GEMM."""
-    from gemmgen.errors import GatedNotServed
+def test_a_gated_epilogue_is_served_by_its_unfused_baseline_until_tuned():
+    """Nothing tuned: the product over the joined B, then gate * up as torch ops (never a plain GEMM)."""
     from gemmgen.runtime.epilogue import reference
 
     gated = Epilogue(gate="silu", halves="stacked")
-    with pytest.raises(CompileError, match="gated epilogue gate=silu"):
-        gemmgen.compile(Problem(16, 4096, 4096, b_major="col", epilogue=gated))
+    kernel = gemmgen.compile(Problem(16, 4096, 4096, b_major="col", epilogue=gated))
+    assert kernel.provenance.how == "baseline"
+    assert "torch.mul(g, u, out=out)" in kernel.source and "F.silu(g, inplace=True)" in kernel.source
+    with pytest.raises(CompileError, match="halves=stacked"):
+        gemmgen.compile(Problem(16, 4096, 4096, b_major="col", epilogue=Epilogue(gate="silu")))
+    with pytest.raises(CompileError, match="takes no bias"):
+        gemmgen.compile(Problem(16, 4096, 4096, epilogue=Epilogue(gate="relu", halves="stacked", bias="n")))
     torch = pytest.importorskip("torch")
-    with pytest.raises(GatedNotServed, match="reference"):
-        reference(torch.zeros(2, 4), gated)
+    acc = torch.tensor([[1.0, -2.0, 3.0, 4.0]])
+    assert torch.allclose(reference(acc, gated), torch.nn.functional.silu(acc[:, :2]) * acc[:, 2:])

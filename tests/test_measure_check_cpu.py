@@ -152,3 +152,47 @@ def test_check_is_callable_however_imported():
     fn = honest(P)
     assert by_module(fn, P, device="cpu").passed
     assert measure.check(fn, P, device="cpu").passed
+
+
+# A gated epilogue: out = gate(A B_gate) * (A B_up) over the joined B (K x 2N).
+GATED = [Problem(17, 300, 257, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked")),
+         Problem(5, 64, 4096, b_major="row", epilogue=Epilogue(gate="gelu", halves="stacked", out_dtype="bf16")),
+         Problem(9, 40, 96, b_major="col", epilogue=Epilogue(gate="relu", halves="stacked", out_dtype="f32"))]
+
+
+def gated_kernel(epilogue, operand_dtype=torch.float32, swap_halves=False, fp16_accumulation=False):
+    def fn(a, b, out, **_):
+        n = out.shape[1]
+        if fp16_accumulation:
+            acc = torch.zeros((a.shape[0], 2 * n), dtype=torch.float16)
+            for k0 in range(0, a.shape[1], 16):
+                acc = (acc.float() + a[:, k0:k0 + 16].float() @ b[k0:k0 + 16].float()).half()
+            acc = acc.float()
+        else:
+            acc = a.to(operand_dtype).float() @ b.to(operand_dtype).float()
+        if swap_halves:
+            acc = torch.cat([acc[:, n:], acc[:, :n]], dim=1)
+        out.copy_(apply_epilogue(acc, epilogue).to(out.dtype))
+    return fn
+
+
+@pytest.mark.parametrize("problem", GATED)
+def test_gated_checks_pass_a_correct_kernel_and_the_unfused_baseline(problem):
+    from gemmgen.measure.baselines import make
+
+    fn = gated_kernel(problem.epilogue)
+    r = check(fn, problem, seed=7, device="cpu")
+    assert r.passed, r.failures
+    assert 0 < r.max_rel_err < r.bound
+    if problem.epilogue.out_dtype == "f16":     # torch.matmul writes only the operands' dtype
+        baseline = make("torch", problem)
+        assert check(baseline.fn, baseline.problem, seed=7, device="cpu").passed
+
+
+@pytest.mark.parametrize("problem", GATED)
+@pytest.mark.parametrize("cheat", ["bf16 operands", "halves swapped", "fp16 accumulation"])
+def test_gated_checks_catch_cheats(problem, cheat):
+    fn = gated_kernel(problem.epilogue, operand_dtype=torch.bfloat16 if cheat == "bf16 operands" else torch.float32,
+                      swap_halves=cheat == "halves swapped", fp16_accumulation=cheat == "fp16 accumulation")
+    r = check(fn, problem, seed=7, device="cpu")
+    assert not r.passed, (cheat, r.max_rel_err, r.bound)

@@ -277,7 +277,7 @@ def small_m_head(problem: Problem) -> list[Program]:
 def swapped_head(problem: Problem) -> list[Program]:
     """SWAP_HEAD at this problem, as `swap_ab` programs: tile N the smallest power of two (16 to
     64) that holds M; those the backend's rules accept for the transposed problem."""
-    if problem.m > SWAP_MAX_M:
+    if problem.m > SWAP_MAX_M or problem.epilogue.gate:     # a gated product's halves are columns
         return []
     cols = max(16, 1 << max(0, (problem.m - 1).bit_length()))
     out = []

@@ -19,6 +19,10 @@ in place on `out`; alpha and beta go into the GEMM call itself (torch.addmm, cuB
   default; what cuBLASLt returns for 100 is recorded as `n_algorithms`), each timed with
   this room's cold-L2 device timer; the fastest is kept (select with the timer you report with).
 
+A gated problem (out = gate(A B_gate) * (A B_up) over a joined B) has no library epilogue: each
+baseline runs its product over the joined B (M x 2N x K) into a scratch and the gate's tail as
+torch ops after it (runtime.epilogue.with_gate_tail), what a user without the fused kernel writes.
+
 The calls themselves live in `gemmgen.runtime` (torch_call, cublaslt), which serving uses too.
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gemmgen.dsl.ir import Problem
 from gemmgen.measure.errors import MeasureError, UnknownName
 from gemmgen.measure.timing import time_many
 from gemmgen.runtime.cublaslt import LtMatmul
+from gemmgen.runtime.epilogue import in_place_source, product_problem, with_gate_tail
 from gemmgen.runtime.torch_call import torch_call
 
 AUTOTUNE_LIMIT = 100
@@ -127,7 +132,12 @@ def make(name: str, problem: Problem, **kwargs) -> Kernel:
         factory = BASELINES[name]
     except KeyError:
         raise UnknownName(f"unknown baseline {name!r}; choose from {', '.join(BASELINES)}") from None
-    return factory(problem, **kwargs)
+    if not problem.epilogue.gate:
+        return factory(problem, **kwargs)
+    product = factory(product_problem(problem), **kwargs)
+    gated = replace(problem, b_major=product.problem.b_major)
+    return Kernel(name, with_gate_tail(product.fn, gated), gated,
+                  {**product.notes, "gate_tail": "; ".join(in_place_source(problem.epilogue))})
 
 
 def better_of(timings: Mapping[str, Optional[float]], parts: tuple[str, ...]) -> Optional[str]:

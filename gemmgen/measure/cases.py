@@ -20,16 +20,19 @@ from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.measure.errors import MeasureError
 from gemmgen.measure.numerics import (
     ELEMENT_C,
+    GATE_SLOPE,
     MANTISSA_SIGNIFICAND,
     PROBE_MIN_K,
     TINY,
     UNIT_ROUNDOFF,
     MANTISSA_TERMS,
     error_bound,
+    gated_error_bound,
+    gated_input_scale,
     mantissa_exponent,
     probe_offset,
 )
-from gemmgen.runtime.epilogue import bias_view
+from gemmgen.runtime.epilogue import bias_view, halves
 from gemmgen.runtime.epilogue import reference as epilogue_reference
 from gemmgen.runtime.tensors import TORCH_DTYPES, empty_laid_out, lay_out  # noqa: F401  (the harness's names)
 
@@ -55,7 +58,7 @@ class Case:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return self.a.shape[0], self.b.shape[1], self.a.shape[1]
+        return self.a.shape[0], self.ref.shape[1], self.a.shape[1]     # N: a gated B has 2N columns
 
 
 def fresh_seed() -> int:
@@ -92,12 +95,18 @@ def _mantissa_operands(m: int, n: int, k: int, gen: torch.Generator, device, dty
     return a, b
 
 
+def a_scale(problem: Problem) -> float:
+    """What A's values are scaled by: a power of two for a gated problem (numerics.py), else 1."""
+    return gated_input_scale(problem.k) if problem.epilogue.gate else 1.0
+
+
 def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
     """Build one case. `precision`: A = a0*s_k + noise, B = a0 + noise with s_k = +1 on the
     first half of K and -1 on the second, so that running sums climb to PROBE_PEAK and
     cancel back: a result near sqrt(K) carried by partial sums an fp16 accumulator cannot hold.
     `mantissa`: values fp16 holds exactly and bf16 cannot (numerics.py)."""
     m, n, k = problem.m, problem.n, problem.k
+    b_cols = problem.b_cols         # 2N with a gated epilogue: both halves of the joined B
     ep = problem.epilogue
     in_dt = TORCH_DTYPES[problem.in_dtype]
     out_dt = TORCH_DTYPES[ep.out_dtype]
@@ -108,16 +117,18 @@ def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
         sign = torch.ones(k, device=device, dtype=torch.float32)
         sign[k // 2:] = -1.0
         noise_a = torch.randn((m, k), generator=gen, device=device, dtype=torch.float32)
-        noise_b = torch.randn((k, n), generator=gen, device=device, dtype=torch.float32)
+        noise_b = torch.randn((k, b_cols), generator=gen, device=device, dtype=torch.float32)
         a = (offset * sign[None, :] + noise_a).to(in_dt)
         b = (offset + noise_b).to(in_dt)
     elif name == "mantissa":
-        a, b = _mantissa_operands(m, n, k, gen, device, in_dt)
+        a, b = _mantissa_operands(m, b_cols, k, gen, device, in_dt)
     elif name in ("main", "second"):
         a = _randn((m, k), gen, device, in_dt)
-        b = _randn((k, n), gen, device, in_dt)
+        b = _randn((k, b_cols), gen, device, in_dt)
     else:
         raise MeasureError(f"unknown check case {name!r}; use main, precision, mantissa or second")
+    if name != "mantissa":     # the mantissa probe's results are small already
+        a = a * a_scale(problem)
     bias = _randn((n if ep.bias == "n" else m,), gen, device, out_dt) if ep.bias else None
     residual = _randn((m, n), gen, device, out_dt) if ep.residual else None
     c = _randn((m, n), gen, device, out_dt) if ep.beta != 0.0 else None
@@ -130,6 +141,13 @@ def case_from(problem: Problem, name: str, seed: int, a: torch.Tensor, b: torch.
     ep = problem.epilogue
     acc = a.double() @ b.double()
     ref = epilogue_reference(acc, ep, bias=bias, residual=residual, c=c)
+    if ep.gate:
+        scale, product = gated_scales(a, b, acc, ref)
+        bound = gated_error_bound(problem.k, out_dtype=ep.out_dtype, acc_dtype=problem.acc_dtype,
+                                  norm_scale=float(scale.double().norm()), norm_product=float(product.double().norm()),
+                                  norm_ref=float(ref.double().norm()))
+        tol = _tolerance(problem, scale, product)
+        return Case(name, seed, a, b, bias, residual, c, ref, bound, tol)
     bound = error_bound(
         problem.k, out_dtype=ep.out_dtype, acc_dtype=problem.acc_dtype, alpha=ep.alpha,
         norm_a=float(a.double().norm()), norm_b=float(b.double().norm()),
@@ -151,9 +169,24 @@ def element_tolerance(problem: Problem, a: torch.Tensor, b: torch.Tensor, acc: t
         scale += bias_view(bias.float().abs(), ep.bias)
     if residual is not None:
         scale += residual.float().abs()
-    growth = math.sqrt(max(problem.k, 1)) * UNIT_ROUNDOFF[problem.acc_dtype] * abs(ep.alpha)
     abs_ab = a.float().abs() @ b.float().abs()
-    return ELEMENT_C * (UNIT_ROUNDOFF[ep.out_dtype] * scale + growth * abs_ab) + TINY[ep.out_dtype]
+    return _tolerance(problem, scale, abs_ab * abs(ep.alpha))
+
+
+def gated_scales(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor, ref: torch.Tensor):
+    """S and P of a gated case (numerics.py), elementwise in fp32: the output-rounding scale and
+    the accumulation-error scale of gate(x) * y with x, y the halves of the product."""
+    x, y = (h.abs().float() for h in halves(acc))
+    abs_x, abs_y = halves(a.float().abs() @ b.float().abs())
+    scale = ref.abs() + (2.0 + GATE_SLOPE) * x * y
+    return scale, GATE_SLOPE * abs_x * y + x * abs_y
+
+
+def _tolerance(problem: Problem, scale: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
+    """ELEMENT_C (u_out S + sqrt(K) u_acc P) + TINY, per element."""
+    out = problem.epilogue.out_dtype
+    growth = math.sqrt(max(problem.k, 1)) * UNIT_ROUNDOFF[problem.acc_dtype]
+    return ELEMENT_C * (UNIT_ROUNDOFF[out] * scale + growth * product) + TINY[out]
 
 
 def case_names(problem: Problem) -> tuple[str, ...]:

@@ -100,7 +100,7 @@ def _new_slots(problem: Problem, device) -> _Slots:
     ep = problem.epilogue
     in_dt, out_dt = TORCH_DTYPES[problem.in_dtype], TORCH_DTYPES[ep.out_dtype]
     a = empty_laid_out(m, k, problem.a_major, in_dt, device).zero_()
-    b = empty_laid_out(k, n, problem.b_major, in_dt, device).zero_()
+    b = empty_laid_out(k, problem.b_cols, problem.b_major, in_dt, device).zero_()
     extras: dict[str, torch.Tensor] = {}
     if ep.bias:
         extras["bias"] = torch.zeros((n if ep.bias == "n" else m,), dtype=out_dt, device=device)

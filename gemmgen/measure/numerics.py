@@ -31,6 +31,22 @@ the accumulation; above that the sqrt(K) term is the probabilistic one, and a ra
 dot product's real error (about u_acc * K / sqrt(2) * rms) stays near sqrt(K) times under it.
 TINY is the output type's smallest subnormal: a result that rounds to zero errs by half that.
 
+A gated epilogue, out = g(x) * y with x = A B_gate and y = A B_up (both accumulated in fp32), has
+the same two terms by the product rule, with |g'| <= GATE_SLOPE and |g(x)| <= |x| for relu, silu
+and GELU:
+
+    S_ij = |ref| + (2 + GATE_SLOPE) |x||y|
+    P_ij = GATE_SLOPE (|A||B_gate|)_ij |y| + |x| (|A||B_up|)_ij      (in place of (|A||B|)_ij)
+
+S counts the unfused baseline's roundings (x and y rounded to the output type by the product,
+g(x) rounded by the activation, the multiply rounded once more); P carries each half's
+accumulation error through the product. The normwise bound of a gated case is
+C_OUT u_out ||S||_F / ||ref||_F + LAMBDA sqrt(K) u_acc ||P||_F / ||ref||_F, from the same
+elementwise scales (cases.py). Its output is a product of two accumulators, so random normal
+inputs (|x| ~ sqrt(K)) would put it near K, past fp16's range at the probes' sums: A is scaled by
+the power of two `gated_input_scale(K)` (~K^-1/4, exact in fp16, the probes' relative errors
+unchanged), which keeps |out| near sqrt(K).
+
 The mantissa probe (`mantissa` case) makes input rounding visible at any K: every nonzero
 value is +-2^e * (1 + 2^-7 + 2^-8), exact in fp16 (10 fraction bits) but halfway between two
 bf16 values (7 fraction bits), so bf16 rounding (to nearest even: up to 1 + 2^-6; or
@@ -51,6 +67,8 @@ UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64":
 C_OUT = 4.0
 LAMBDA = 4.0
 ELEMENT_C = 4.0
+#: the largest slope of a gate activation (GELU's; relu's and silu's are at most 1.1)
+GATE_SLOPE = 1.13
 #: smallest positive subnormal of each output type
 TINY = {"f16": 2.0 ** -24, "bf16": 2.0 ** -133, "f32": 2.0 ** -149, "f64": 2.0 ** -1074}
 
@@ -81,6 +99,20 @@ def error_bound(k: int, *, out_dtype: str = "f16", acc_dtype: str = "f32", alpha
     u_acc = UNIT_ROUNDOFF[acc_dtype]
     growth = LAMBDA * math.sqrt(max(k, 1)) * u_acc * abs(alpha) * norm_a * norm_b / norm_ref
     return C_OUT * u_out + growth
+
+
+def gated_error_bound(k: int, *, out_dtype: str, acc_dtype: str, norm_scale: float, norm_product: float,
+                      norm_ref: float) -> float:
+    """The relative Frobenius bound of a gated case, from ||S||_F and ||P||_F (module docstring)."""
+    if norm_ref <= 0.0:
+        return math.inf
+    return (C_OUT * UNIT_ROUNDOFF[out_dtype] * norm_scale
+            + LAMBDA * math.sqrt(max(k, 1)) * UNIT_ROUNDOFF[acc_dtype] * norm_product) / norm_ref
+
+
+def gated_input_scale(k: int) -> float:
+    """The power of two A is scaled by in a gated problem's cases (module docstring)."""
+    return 2.0 ** -(max(k, 1).bit_length() // 4)
 
 
 def mantissa_exponent(k: int) -> int:

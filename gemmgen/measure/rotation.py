@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from gemmgen.dsl.ir import Problem
-from gemmgen.measure.cases import Case, case_from
+from gemmgen.measure.cases import Case, a_scale, case_from
 from gemmgen.measure.checking import out_stats, stat_failures
 from gemmgen.runtime.tensors import TORCH_DTYPES, empty_laid_out
 
@@ -57,7 +57,7 @@ def _new_set(problem: Problem, device) -> _Set:
     if ep.beta != 0.0:
         extras["c"] = empty_laid_out(m, n, problem.c_major, out_dt, device)
     return _Set(empty_laid_out(m, k, problem.a_major, in_dt, device),
-                empty_laid_out(k, n, problem.b_major, in_dt, device),
+                empty_laid_out(k, problem.b_cols, problem.b_major, in_dt, device),
                 empty_laid_out(m, n, problem.c_major, out_dt, device), extras)
 
 
@@ -67,11 +67,13 @@ def _storage(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() or t.dim() < 2 else t.t()
 
 
-def _fill(s: _Set, seed: int, device) -> None:
+def _fill(s: _Set, seed: int, device, scale_a: float) -> None:
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     for t in (s.a, s.b, *s.extras.values()):
         _storage(t).normal_(generator=gen)
+    if scale_a != 1.0:
+        s.a.mul_(scale_a)
 
 
 @dataclass
@@ -93,7 +95,7 @@ class Rotation:
         """The next set, refilled from `seed`, out poisoned: (a, b, out) and the keywords."""
         s = self.sets[self._turn % len(self.sets)]
         self._turn += 1
-        _fill(s, seed, self.device)
+        _fill(s, seed, self.device, a_scale(self.problem))
         s.out.fill_(float("nan"))
         ep = self.problem.epilogue
         return (s.a, s.b, s.out), {"alpha": ep.alpha, "beta": ep.beta, **s.extras}
@@ -109,7 +111,7 @@ class Rotation:
         """The reference of the inputs `seed` fills (cached: kernels of a session share rounds)."""
         if seed not in self._cases:
             s = _new_set(self.problem, self.device)
-            _fill(s, seed, self.device)
+            _fill(s, seed, self.device, a_scale(self.problem))
             self._cases[seed] = case_from(self.problem, "timed", seed, s.a, s.b, bias=s.extras.get("bias"),
                                           residual=s.extras.get("residual"), c=s.extras.get("c"))
         return self._cases[seed]

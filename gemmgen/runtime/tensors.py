@@ -39,7 +39,7 @@ def operands(problem: Problem, seed: int, device) -> tuple[tuple, dict]:
         return t
 
     a = filled(m, k, problem.a_major, in_dt)
-    b = filled(k, n, problem.b_major, in_dt)
+    b = filled(k, problem.b_cols, problem.b_major, in_dt)
     out = empty_laid_out(m, n, problem.c_major, out_dt, device)
     kwargs: dict[str, Any] = {"alpha": ep.alpha, "beta": ep.beta}
     if ep.bias:

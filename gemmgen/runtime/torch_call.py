@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from gemmgen.dsl.ir import Problem
-from gemmgen.runtime.epilogue import apply_in_place, in_place_source
+from gemmgen.runtime.epilogue import apply_in_place, in_place_source, product_problem, with_gate_tail
 
 
 def torch_call(problem: Problem, *, fp32_reduction: bool = True) -> Callable:
@@ -18,7 +18,12 @@ def torch_call(problem: Problem, *, fp32_reduction: bool = True) -> Callable:
     and which failed gemmgen's own check (the fp32-accumulation probe at 1454x1757x2854).
     torch reads the flag when it launches the product, so it is turned off for the launch and
     restored after: one C getter call per product, two setter calls more where it was on.
-    False: torch's setting as the user has it (the `torch` baseline)."""
+    False: torch's setting as the user has it (the `torch` baseline).
+
+    A gated epilogue: the product over the joined B into a scratch, then the gate's tail as torch
+    ops (runtime.epilogue.with_gate_tail)."""
+    if problem.epilogue.gate:
+        return with_gate_tail(torch_call(product_problem(problem), fp32_reduction=fp32_reduction), problem)
     plain = problem.epilogue.alpha == 1.0 and problem.epilogue.beta == 0.0
     epilogue = problem.epilogue
 
@@ -63,7 +68,9 @@ def torch_call_source(problem: Problem) -> str:
     """What `torch_call` runs, as the Python a user would write."""
     e = problem.epilogue
     lines = ["# gemmgen baseline: cuBLAS through torch (fp16 in, fp32 accumulate), epilogue as torch ops"]
-    if e.alpha == 1.0 and e.beta == 0.0:
+    if e.gate:
+        lines.append("product = torch.matmul(a, b)")
+    elif e.alpha == 1.0 and e.beta == 0.0:
         lines.append("torch.matmul(a, b, out=out)")
     else:
         lines.append("torch.addmm(c if beta != 0 else out, a, b, alpha=alpha, beta=beta, out=out)")

@@ -305,11 +305,13 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
     current method (`searched`; an older method's choice is searched again).
 
     `runner.library(problem)` selects, checks and times it beside torch.matmul
-    (gemmgen.measure.library); a search that fails is reported, not recorded."""
+    (gemmgen.measure.library); a search that fails is reported, not recorded. A gated problem
+    has no library algorithm (no library fuses the gate): its baselines run the plain product
+    and the gate as torch ops, so it is skipped."""
     # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
 
-    problems = list(dict.fromkeys(problems))
+    problems = [p for p in dict.fromkeys(problems) if not p.epilogue.gate]
     report = TuneReport(shapes=len(problems), unit="library choices")
     start = time.monotonic()
     device = runner.device
