@@ -1,31 +1,64 @@
-"""GPU tests of the Triton gated epilogue, out = gate(A B_gate) * (A B_up) over a joined B (on
-the H200: pytest -m gpu tests/test_gated_gpu.py).
+"""GPU tests of the gated epilogue, out = gate(A B_gate) * (A B_up) over a joined B, in both
+backends that lower it: Triton and raw CUDA (on the H200: pytest -m gpu tests/test_gated_gpu.py).
 
 The harness does not check gated problems yet (its references are plain GEMMs), so each
 program here is judged against its own fp64 reference, at M = 1, 3, 17 and 100, on aligned and
 unaligned N and K, both majors of B, every gate activation and output dtype.
+
+The raw CUDA backend copies 16-byte chunks (cp.async), so it needs K a multiple of 8 (and, for a
+row-major B, N too: the up half starts N columns into each row); its unaligned widths are
+unaligned to its tiles instead (N=2999, K=4104: a last k tile of 8). It refuses Triton's K=4097
+(tests/test_backend_cuda_gated.py checks the message).
 """
 from __future__ import annotations
 
 import pytest
 
-from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
+from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 pytestmark = pytest.mark.gpu
 
 MS = (1, 3, 17, 100)
-WIDTHS = ((4096, 4096), (2999, 4097), (1000, 77))
+# (N, K): aligned, and unaligned N and K, per backend
+WIDTHS = {"triton": ((4096, 4096), (2999, 4097), (1000, 77)),
+          "cuda": ((4096, 4096), (2999, 4104), (1000, 72))}
+# the unaligned shape every gate, output dtype and major of B runs at
+UNALIGNED = {("triton", "col"): (17, 2999, 4097), ("triton", "row"): (17, 2999, 4097),
+             ("cuda", "col"): (17, 2999, 4104), ("cuda", "row"): (17, 3000, 4104)}
 GATES = (("silu", "f16"), ("gelu", "bf16"), ("relu", "f32"))
 
 
-def _program(shape, gate="silu", out="f16", b="col", tile=(64, 64, 64), warps=(4, 1)) -> Program:
+def _program(backend, shape, gate="silu", out="f16", b="col", tile=(64, 64, 64), warps=None,
+             instr=None) -> Program:
+    if warps is None:
+        warps = (4, 1) if backend == "triton" else (2, 2)
+    if backend == "cuda" and instr is None:
+        instr = Instr("mma", 16, 8, 16)
     return Program(problem=Problem(*shape, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked", out_dtype=out)),
-                   backend="triton", tile=Tile(*tile), warps=warps, mainloop="multistage", stages=3,
-                   raster="n", swizzle=8)
+                   backend=backend, tile=Tile(*tile), warps=warps, mainloop="multistage", stages=3,
+                   raster="n", swizzle=8, instr=instr)
 
 
-CASES = [_program((m, n, k), gate, out) for m in MS for n, k in WIDTHS for gate, out in GATES[:1]]
-CASES += [_program((17, 2999, 4097), gate, out, b=b) for gate, out in GATES for b in ("row", "col")]
+CASES = []
+for _backend in ("triton", "cuda"):
+    CASES += [_program(_backend, (m, n, k), gate, out) for m in MS for n, k in WIDTHS[_backend]
+              for gate, out in GATES[:1]]
+    CASES += [_program(_backend, UNALIGNED[_backend, b], gate, out, b=b) for gate, out in GATES for b in ("row", "col")]
+# The CUDA backend's multistage ring read by wgmma (one warpgroup, its 128 columns of each half),
+# and a tile narrower than a warp's 16 columns a half would allow on 2x2 warps.
+CASES += [_program("cuda", (m, 2999, 4104), "silu", "f16", tile=(64, 128, 64), warps=(4, 1),
+                   instr=Instr("wgmma", 64, 128, 16)) for m in (1, 100)]
+CASES += [_program("cuda", (100, 3000, 4104), "gelu", "bf16", b="row", tile=(64, 128, 64), warps=(4, 1),
+                   instr=Instr("wgmma", 64, 128, 16)),
+          _program("cuda", (100, 2999, 4104), "relu", "f32", tile=(32, 32, 64), warps=(2, 2)),
+          _program("cuda", (100, 3000, 4104), "silu", "f16", b="row", tile=(128, 64, 32), warps=(2, 2))]
+
+
+def _case_id(p: Program) -> str:
+    pr = p.problem
+    kind = p.instr.kind if p.instr else "auto"
+    return (f"{p.backend}-{pr.m}x{pr.n}x{pr.k}-b{pr.b_major}-{pr.epilogue.gate}-{pr.epilogue.out_dtype}-"
+            f"{p.tile.m}x{p.tile.n}x{p.tile.k}-{kind}")
 
 
 def _operands(p: Program, seed: int):
@@ -39,17 +72,20 @@ def _operands(p: Program, seed: int):
     return a, b
 
 
-@pytest.mark.parametrize("index", range(len(CASES)))
-def test_gated_programs_match_an_fp64_reference(index):
+def _launcher(p: Program):
+    from gemmgen import backends
+
+    assert not backends.diagnose(p), backends.diagnose(p)
+    return backends.load(backends.get(p.backend).build(backends.lower(p)), p)
+
+
+@pytest.mark.parametrize("p", CASES, ids=[_case_id(p) for p in CASES])
+def test_gated_programs_match_an_fp64_reference(p):
     import torch
     import torch.nn.functional as F
 
-    from gemmgen import backends
-
-    p = CASES[index]
-    assert not backends.diagnose(p), backends.diagnose(p)
-    fn = backends.load(backends.get("triton").build(backends.lower(p)), p)
-    a, b = _operands(p, index)
+    fn = _launcher(p)
+    a, b = _operands(p, p.problem.m + p.problem.n + p.problem.k)
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[p.problem.epilogue.out_dtype]
     out = torch.full((p.problem.m, p.problem.n), float("nan"), device="cuda", dtype=dtype)
     fn(a, b, out)
@@ -62,14 +98,14 @@ def test_gated_programs_match_an_fp64_reference(index):
     assert err < 1e-2 if dtype == torch.bfloat16 else err < 2e-3, (p, err)
 
 
-def test_a_b_of_one_half_is_refused():
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_a_b_of_one_half_is_refused(backend):
     import torch
 
-    from gemmgen import backends
     from gemmgen.backends.base import BackendError
 
-    p = CASES[0]
-    fn = backends.load(backends.get("triton").build(backends.lower(p)), p)
+    p = next(q for q in CASES if q.backend == backend)
+    fn = _launcher(p)
     m, n, k = p.problem.m, p.problem.n, p.problem.k
     a = torch.randn(m, k, device="cuda").half()
     b = torch.randn(n, k, device="cuda").half().t()                         # N columns, not 2N

@@ -1,7 +1,8 @@
 """The raw CUDA C backend: our own sm_90a kernels, generated from the program.
 
 Two families, chosen by the program's `mainloop`:
-  * multistage      - cp.async + ldmatrix + mma.sync m16n8k16 (multistage.py)
+  * multistage      - cp.async + ldmatrix + mma.sync m16n8k16, or wgmma from the same
+                      ring (multistage.py); the only family with the gated epilogue
   * ws_cooperative  - TMA + mbarrier pipeline + wgmma, warp-specialized and
     ws_pingpong       persistent (hopper.py)
 lower() is pure (program -> CUDA C text), build() compiles to an sm_90a cubin on
@@ -47,6 +48,11 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     out = []
     if program.problem.c_major != "row":
         out.append(("gemm", "backend cuda writes row-major outputs only: write c=row"))
+    if program.problem.epilogue.gate and program.mainloop != "multistage":
+        out.append(("mainloop", f"backend cuda lowers a gated epilogue (gate={program.problem.epilogue.gate}) in mainloop "
+                                f"multistage only, not {program.mainloop}: write `mainloop multistage` with `scheduler tile` "
+                                "(e.g. tile 64x64x64, warps 2x2, instr mma 16x8x16, stages 3)"))
+        return out
     return out + _family(program).rules(program) + index_rules(program)
 
 
@@ -59,6 +65,7 @@ SUPPORT = Support(
     bias=True,
     residual=True,
     beta=True,
+    gated=True,          # mainloop multistage, scheduler tile, split_k 1 (multistage.gate_rules)
     max_cluster=2,
     smem_swizzles=frozenset({None, 128}),
     auto_stages=True,

@@ -155,8 +155,14 @@ class OperandCheck:
         if a.dim() != 2 or b.dim() != 2 or out.dim() != 2:
             raise BackendError("a, b and out must be 2-D (M,K), (K,N), (M,N)")
         M, K = a.shape
-        K2, N = b.shape
-        if K2 != K or tuple(out.shape) != (M, N):
+        K2, b_cols = b.shape
+        N = out.shape[1]
+        if p.epilogue.gate:   # B = [B_gate B_up], K x 2N
+            if K2 != K or b_cols != 2 * N or out.shape[0] != M:
+                raise BackendError(f"shapes do not chain: a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)}; "
+                                   "a gated program takes A (M, K), B (K, 2N): the gate half, then the up half, "
+                                   "and out (M, N)")
+        elif K2 != K or tuple(out.shape) != (M, b_cols):
             raise BackendError(f"shapes do not chain: a {tuple(a.shape)}, b {tuple(b.shape)}, out {tuple(out.shape)}")
         for name, dim, want in (("M", M, p.m), ("N", N, p.n), ("K", K, p.k)):
             if want is not None and dim != want:

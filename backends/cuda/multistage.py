@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
+from gemmgen.dsl.resources import b_tiles
 from gemmgen.backends.cuda import launch as L
 from gemmgen.backends.base import BackendError
 from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines, with_wgmma
@@ -46,9 +47,19 @@ def stages_of(program: Program) -> int:
     return max(1 + spare, min(3 + spare, fits))
 
 
+def gated(program: Program) -> bool:
+    """A gated epilogue: B's tile is two of tile N wide, the gate's columns then the up's."""
+    return bool(program.problem.epilogue.gate)
+
+
+def b_tile_n(program: Program) -> int:
+    """Columns of B a k tile loads: tile N, or its gate and up halves (2 x tile N) when gated."""
+    return b_tiles(program) * program.tile.n
+
+
 def smem_per_stage(program: Program) -> int:
     t = program.tile
-    return (t.m + t.n) * t.k * 2
+    return (t.m + b_tile_n(program)) * t.k * 2
 
 
 def persistent(program: Program) -> bool:
@@ -106,17 +117,25 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("warps", f"mainloop multistage runs 4 or 8 warps; {wm}x{wn} is {wm * wn}"))
     if wm < 1 or wn < 1 or t.m % (16 * wm) or t.n % (16 * wn):
         out.append(("warps", f"each warp's tile must be a multiple of 16x16: tile {t.m}x{t.n} over warps {wm}x{wn} is not"))
-    elif (t.m // wm) * (t.n // wn) // 32 > (limit := MAX_ACC_STREAM_K if stream_k(program) else MAX_ACC_PER_THREAD):
-        out.append(("warps", f"a {t.m // wm}x{t.n // wn} warp tile needs {(t.m // wm) * (t.n // wn) // 32} fp32 accumulators "
+    elif (acc := b_tiles(program) * (t.m // wm) * (t.n // wn) // 32) > \
+            (limit := MAX_ACC_STREAM_K if stream_k(program) else MAX_ACC_PER_THREAD):
+        both = " (gate and up)" if gated(program) else ""
+        out.append(("warps", f"a {t.m // wm}x{t.n // wn} warp tile needs {acc} fp32 accumulators{both} "
                              f"per thread (at most {limit}{' with scheduler stream_k' if stream_k(program) else ''}); "
                              "use more warps or a smaller tile"))
     if t.m not in TILE_SIZES or t.n not in TILE_SIZES:
         out.append(("tile", f"mainloop multistage takes tile M and N in {', '.join(map(str, TILE_SIZES))}; "
                             f"not {t.m}x{t.n}"))
+    elif p.b_major == "row" and 32 * wm * wn % (b_tile_n(program) // 8):
+        # an N-contiguous B tile's rows are copied a 16-byte chunk a thread, each thread down one column
+        out.append(("tile", f"B is row-major, so each k row of its {b_tile_n(program)}-column tile is "
+                            f"{b_tile_n(program) // 8} 16-byte chunks, which must divide the {32 * wm * wn} threads: "
+                            "use a power-of-2 tile N"))
     if program.stages is not None and program.stages < 2:
         out.append(("stages", "mainloop multistage needs at least 2 stages"))
     if smem_bytes(program) > MAX_SMEM:
-        out.append(("stages", f"{stages_of(program)} stages of a {t.m}x{t.n}x{t.k} tile need {smem_bytes(program)} bytes of "
+        out.append(("stages", f"{stages_of(program)} stages of a {t.m}x{t.n}x{t.k} tile"
+                              f"{' (B twice tile N wide: gate and up)' if gated(program) else ''} need {smem_bytes(program)} bytes of "
                               f"shared memory, over the {MAX_SMEM} an sm_90a CTA may use; use fewer stages"))
     # 16-byte cp.async copies need every row of A and B to start 16-byte aligned.
     if p.is_bound:
@@ -126,12 +145,41 @@ def rules(program: Program) -> list[tuple[str, str]]:
             dim = "K" if p.a_major == "row" else "M"
             out.append(("gemm", f"A is {p.a_major}-major so its rows are {dim}={a_lead} fp16 long; 16-byte cp.async needs "
                                 f"{dim} to be a multiple of 8 (pad {dim}, or use backend triton)"))
-        if b_lead % 8:
+        if b_lead % 8 and p.b_major == "row" and gated(program):
+            # B is K x 2N: each row's up half starts N columns in, 16-byte aligned only with N
+            out.append(("gemm", f"B is row-major and gated, so each of its rows is the gate's N={p.n} fp16 then the up "
+                                f"projection's N; 16-byte cp.async needs N to be a multiple of 8 (pad N, store B "
+                                "column-major (b=col), or use backend triton)"))
+        elif b_lead % 8:
             dim = "K" if p.b_major == "col" else "N"
             out.append(("gemm", f"B is {p.b_major}-major so its rows are {dim}={b_lead} fp16 long; 16-byte cp.async needs "
                                 f"{dim} to be a multiple of 8 (pad {dim}, or use backend triton)"))
         if program.split_k > 1 and program.split_k > math.ceil(p.k / t.k):
             out.append(("split_k", f"split_k {program.split_k} exceeds the {math.ceil(p.k / t.k)} K tiles of K={p.k}"))
+    out.extend(gate_rules(program))
+    return out
+
+
+def gate_rules(program: Program) -> list[tuple[str, str]]:
+    """A gated epilogue (`gate=ACT halves=stacked`) in this family: one CTA a tile over the whole
+    of K, gate(acc_gate) * acc_up and nothing else in the epilogue."""
+    e = program.problem.epilogue
+    if not e.gate:
+        return []
+    out: list[tuple[str, str]] = []
+    what = f"backend cuda's gated epilogue (gate={e.gate})"
+    if program.scheduler != "tile":
+        out.append(("scheduler", f"{what} runs one CTA a tile: write `scheduler tile`, not `scheduler "
+                                 f"{program.scheduler}`"))
+    if program.split_k > 1:
+        out.append(("split_k", f"{what} needs the whole K sum in one CTA (the gate is not linear): write `split_k 1`"))
+    extra = [word for word, used in (("an activation", e.activation), ("bias", e.bias), ("beta (C)", e.beta != 0.0),
+                                     ("residual", e.residual), ("alpha", e.alpha != 1.0)) if used]
+    if extra:
+        out.append(("epilogue", f"{what} is gate(A B_gate) * (A B_up) alone: drop {', '.join(extra)} "
+                                f"(`epilogue gate={e.gate} halves={e.halves or 'stacked'} out={e.out_dtype}`)"))
+    if e.halves not in (None, "stacked"):
+        out.append(("epilogue", f"{what} reads B's halves stacked: write halves=stacked"))
     return out
 
 
@@ -180,7 +228,7 @@ def defines(program: Program) -> dict[str, int]:
         "PERSISTENT": int(persistent(program)),
         "STREAM_K": int(stream_k(program)),
         "WGMMA": int(wgmma(program)),
-    }
+    }   # GATED and GATE_*: epilogue_defines
     d.update(layout_defines(program))
     d.update(epilogue_defines(program))
     return d

@@ -39,6 +39,11 @@ def epilogue_defines(program: Program) -> dict[str, int]:
     e = program.problem.epilogue
     return {**epilogue_flags(beta=e.beta != 0.0, residual=e.residual, bias=e.bias, activation=e.activation,
                              out_dtype=e.out_dtype),
+            # a gated epilogue (`gate=ACT halves=stacked`): B holds the gate's N columns, then the up's
+            "GATED": int(bool(e.gate)),
+            "GATE_RELU": int(e.gate == "relu"),
+            "GATE_GELU": int(e.gate == "gelu"),
+            "GATE_SILU": int(e.gate == "silu"),
             "IN_DTYPE_BF16": int(program.problem.in_dtype == "bf16")}
 
 

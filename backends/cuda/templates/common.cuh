@@ -69,6 +69,19 @@ __device__ __forceinline__ float activate(float x) {
 #endif
 }
 
+// A gated epilogue's gate (`gate=relu|gelu|silu`), applied to the gate half's fp32 accumulator.
+__device__ __forceinline__ float gate_activate(float x) {
+#if GATE_RELU
+  return x > 0.f ? x : 0.f;
+#elif GATE_GELU
+  return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+#elif GATE_SILU
+  return x / (1.f + __expf(-x));
+#else
+  return x;
+#endif
+}
+
 // The value written at (row, col) for accumulator value `acc` (no bounds check).
 __device__ __forceinline__ float epilogue_value(const EpilogueArgs& e, float acc, int row, int col) {
   float v = e.alpha * acc;

@@ -9,7 +9,16 @@
 // With WGMMA (`instr wgmma`) the same ring is laid out as wgmma reads it (wgmma.cuh)
 // and warpgroups issue wgmma from it instead of ldmatrix + mma.sync.
 // The ring's tiles and the copies that fill them: multistage_ring.cuh.
+// GATED (`epilogue gate=ACT halves=stacked`): B is K x 2N, its gate half then its up half. A
+// CTA's B tile is 2 x BN columns, the gate's BN columns of the output tile then the up's BN
+// (B_TILE_N), so each warp holds the gate and the up accumulators of the same output elements
+// (acc and acc_up, one layout); the epilogue stores gate(acc) * acc_up as a BN-wide output tile.
 // ---------------------------------------------------------------------------
+#define B_HALVES (GATED ? 2 : 1)
+#define B_TILE_N (BN * B_HALVES)
+#if GATED && (SPLIT_K > 1 || PERSISTENT || STREAM_K)
+#error "a gated epilogue runs one CTA a tile over the whole of K (scheduler tile, split_k 1)"
+#endif
 #if WGMMA
 // Warpgroups of 4 warps stacked along M, WGS_M of them along M times WARPS_N along N; each
 // issues one m64nWARP_TILE_N wgmma per 64-row block. Warp w of a warpgroup holds rows 16w ..
@@ -60,6 +69,19 @@ __device__ __forceinline__ void ldmatrix_fragment(unsigned (&f)[4], unsigned add
   if (K_CONTIG) ldmatrix_x4(f, addr);
   else ldmatrix_x4_trans(f, addr);
 }
+
+#if GATED
+// The output of a gated epilogue, before the epilogue chain: gate(A B_gate) * (A B_up), in fp32.
+__device__ __forceinline__ void gate_accumulators(float (&acc)[MMA_M_TILES][MMA_N_TILES][4],
+                                                  const float (&acc_up)[MMA_M_TILES][MMA_N_TILES][4]) {
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = gate_activate(acc[i][j][v]) * acc_up[i][j][v];
+}
+#endif
 
 #if WGMMA
 // Pins every accumulator at this point of the instruction stream (no instruction): reads of
@@ -187,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   using OpA = Operand<BM, A_K_CONTIG>;
-  using OpB = Operand<BN, B_K_CONTIG>;
+  using OpB = Operand<B_TILE_N, B_K_CONTIG, B_HALVES>;   // gated: the gate's BN columns, then the up's
   constexpr unsigned A_STAGE = OpA::Tile::BYTES, B_STAGE = OpB::Tile::BYTES;
 #if WGMMA
   const unsigned smem_a = (smem_u32(smem_raw) + 1023u) & ~1023u;   // wgmma's swizzle atoms are 1024-byte aligned
@@ -300,6 +322,15 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
         for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+#if GATED
+    float acc_up[MMA_M_TILES][MMA_N_TILES][4];   // the up half's, element for element beside acc
+#pragma unroll
+    for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+      for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc_up[i][j][v] = 0.f;
+#endif
 
     for (int kt = seg_from; kt < seg_to; ++kt, ++g) {
       // k tile g has landed once at most LOADS_AHEAD - 1 younger groups are in flight.
@@ -314,9 +345,17 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       const unsigned sb = smem_b + (g % STAGES) * B_STAGE;
 #if WGMMA
       wgmma_hold(acc);
+#if GATED
+      wgmma_hold(acc_up);
+#endif
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) wgmma_k_step(acc, sa, sb, wg_m * WARP_TILE_M, warp_col, kk);
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        wgmma_k_step(acc, sa, sb, wg_m * WARP_TILE_M, warp_col, kk);
+#if GATED
+        wgmma_k_step(acc_up, sa, sb, wg_m * WARP_TILE_M, BN + warp_col, kk);   // the up half's columns
+#endif
+      }
       wgmma_commit();
       wgmma_wait<1>();   // this k tile's wgmma may run on; the one before it has read its slot
 #else
@@ -335,12 +374,29 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
           for (int j = 0; j < MMA_N_TILES; ++j)
             mma_16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+#if GATED
+        // The up half: the same warp columns, BN further on in the B tile.
+#pragma unroll
+        for (int j = 0; j < MMA_N_TILES / 2; ++j)
+          ldmatrix_fragment<B_K_CONTIG>(bf[j], frag_b.at(sb, BN / 16 + j, kk));
+#pragma unroll
+        for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+          for (int j = 0; j < MMA_N_TILES; ++j)
+            mma_16816(acc_up[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+#endif
       }
 #endif
     }
 #if WGMMA
     wgmma_wait<0>();
     wgmma_hold(acc);
+#if GATED
+    wgmma_hold(acc_up);
+#endif
+#endif
+#if GATED
+    gate_accumulators(acc, acc_up);
 #endif
 
 #if STREAM_K

@@ -51,13 +51,19 @@ struct TileOf<TILE_MN, false> { using Tile = BoxTile<BK, TILE_MN>; };
 // One operand (A or B) seen as MN x K. K_CONTIG: stored with K contiguous
 // (element (mn, k) at mn*ld + k), kept in shared memory as [MN][K] rows;
 // otherwise MN contiguous (at k*ld + mn), kept as [K][MN] rows.
+// HALVES = 2 (a gated epilogue's B, `halves=stacked`): the tile's TILE_MN rows (or columns) are
+// two halves of HALF = TILE_MN / 2, the gate's columns mn0 .. mn0 + HALF - 1 of the joined B,
+// then the up projection's, MN columns further on (tile column c >= HALF is global column
+// MN + mn0 + c - HALF); each half is bounded by MN on its own.
 //
 // Addresses are worked out once per thread, before the K loop: computed afresh for every copy
 // and every ldmatrix they took ~300 of the K loop's ~390 instructions per k-tile, against
 // 64 HMMA.
-template <int TILE_MN, bool K_CONTIG>
+template <int TILE_MN, bool K_CONTIG, int HALVES = 1>
 struct Operand {
   using Tile = typename TileOf<TILE_MN, K_CONTIG>::Tile;
+  static constexpr int HALF = TILE_MN / HALVES;                 // rows (or columns) of one half
+  static_assert(HALVES == 1 || (HALVES == 2 && HALF % 8 == 0), "two halves of whole 16-byte chunks");
   static constexpr int CHUNKS = Tile::ELEMS / 8;
   static constexpr int ROW_CHUNKS = Tile::CHUNKS;
   static constexpr int PER_THREAD = (CHUNKS + THREADS - 1) / THREADS;
@@ -71,10 +77,20 @@ struct Operand {
     const f16_bits* src;     // chunk 0 at the next k tile to load
     long long row_stride;    // elements between chunk j and chunk j + 1
     long long tile_step;     // elements between one k tile and the next
+    long long up_step;       // HALVES = 2, K_CONTIG: what chunk j adds on crossing into the up half
     unsigned dst;            // byte offset of chunk 0 within a stage
     int row0, col;           // chunk 0 in the tile
-    unsigned mn_inside;      // bit j: chunk j lies inside M (or N)
+    unsigned mn_inside;      // bit j: chunk j lies inside M (or N; with two halves, inside its half)
     int k_next;              // K index of the next k tile's first column (or row)
+
+    // The half that tile row (or column) r lies in, and r within it.
+    __device__ static __forceinline__ int half_of(int r) { return HALVES == 1 ? 0 : r / HALF; }
+    __device__ static __forceinline__ int in_half(int r) { return HALVES == 1 ? r : r % HALF; }
+    // The half of chunk j past chunk 0's, known at compile time: a thread's chunks lie ROW_STEP
+    // rows apart from row0 < ROW_STEP, so with HALF a multiple of ROW_STEP chunk j is in half
+    // j * ROW_STEP / HALF whatever row0 is; with a smaller HALF the tile is at most ROW_STEP
+    // rows, one chunk a thread.
+    __host__ __device__ static constexpr int crossed(int j) { return HALVES == 1 || HALF % ROW_STEP ? 0 : j * ROW_STEP / HALF; }
 
     __device__ __forceinline__ Copier(const f16_bits* g, long long ld, int mn0, int MN, int k0, int tid) {
       row0 = tid / ROW_CHUNKS;
@@ -84,12 +100,15 @@ struct Operand {
       mn_inside = 0u;
 #pragma unroll
       for (int j = 0; j < PER_THREAD; ++j) {
-        const int mn = K_CONTIG ? mn0 + row0 + j * ROW_STEP : mn0 + col;
+        const int mn = K_CONTIG ? mn0 + in_half(row0 + j * ROW_STEP) : mn0 + in_half(col);
         if (mn < MN) mn_inside |= 1u << j;
       }
-      src = g + (K_CONTIG ? (long long)(mn0 + row0) * ld + k0 + col : (long long)(k0 + row0) * ld + mn0 + col);
+      // chunk 0's row (K_CONTIG) or column in the joined operand: its half's first, plus its place in it
+      const int mn_first = mn0 + (K_CONTIG ? in_half(row0) + half_of(row0) * MN : in_half(col) + half_of(col) * MN);
+      src = g + (K_CONTIG ? (long long)mn_first * ld + k0 + col : (long long)(k0 + row0) * ld + mn_first);
       row_stride = (long long)ROW_STEP * ld;   // rows are M (or N) when K_CONTIG, else K
       tile_step = K_CONTIG ? (long long)BK : (long long)BK * ld;
+      up_step = (long long)(MN - HALF) * ld;   // row HALF + r of the tile is row MN + r of the half
     }
 
     // Issue the cp.async copies of the next k tile into the stage at byte address `stage`;
@@ -107,8 +126,9 @@ struct Operand {
         // moved down j * ROW_STEP rows.
         const unsigned d = ROW_STEP % 8 == 0 ? dst + (unsigned)(j * ROW_STEP * Tile::ROW_BYTES)
                                              : Tile::offset_bytes(row0 + j * ROW_STEP, col);
+        const f16_bits* from = K_CONTIG && crossed(j) ? p + crossed(j) * up_step : p;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(stage + d), "l"(p), "r"(valid ? 16 : 0) : "memory");
+                     :: "r"(stage + d), "l"(from), "r"(valid ? 16 : 0) : "memory");
         p += row_stride;
       }
       src += tile_step;
