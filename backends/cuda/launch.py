@@ -241,6 +241,8 @@ def index_counts(program, M: int, N: int, K: int) -> dict[str, int]:
     tiles = ceil_div(M, t.m) * ceil_div(N, t.n)
     counts = {"M + tile M (the rows the last tile reaches)": M + t.m, "N + tile N (its columns)": N + t.n,
               "K + tile K (the K its last k tile reaches)": K + t.k, "the output tiles": tiles}
+    if program.problem.epilogue.gate:   # the joined B's columns: the up half's run to 2N
+        counts["2N + tile N (the joined B's columns, gate and up)"] = 2 * N + t.n
     if program.mainloop != "multistage" or program.scheduler != "tile":
         counts["output tiles x k tiles (a walking CTA's count of k tiles)"] = tiles * ceil_div(K, t.k)
     return counts

@@ -15,6 +15,7 @@ from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.multistage import stream_k_grid
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Instr, Problem, Program, Tile
+from gemmgen.dsl.resources import b_tiles
 
 SMS = SM90A.sms
 # The model's rates as fractions of the hardware's; they only rank.
@@ -67,7 +68,11 @@ def _multistage(problem: Problem) -> list[Program]:
     k_tiles_64 = math.ceil(p.k / 64)
     splits = [(1, "workspace")]
     tiles_min = math.ceil(p.m / 128) * math.ceil(p.n / 128)
-    if tiles_min < SMS // 2 and p.k >= 1024:     # small M*N, long K: fill the machine along K
+    # A gated epilogue (gate(A B_gate) * (A B_up)) needs a tile's whole K sum in one CTA: one CTA
+    # a tile, no split-K (multistage.gate_rules). Its tile N counts output columns; B's tile is
+    # twice that (gate and up), which the rules' accumulator and shared-memory limits see.
+    gated = bool(problem.epilogue.gate)
+    if tiles_min < SMS // 2 and p.k >= 1024 and not gated:     # small M*N, long K: fill the machine along K
         # Workspace only: the arrival-order kernel (atomic adds, last CTA finishes) measured
         # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (docs/design/cuda_kernels.md).
         splits += [(s, "workspace") for s in SPLITS if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
@@ -81,8 +86,8 @@ def _multistage(problem: Problem) -> list[Program]:
         # stream-K, whose CTAs share the iterations evenly, so no wave runs part empty (at K <=
         # 512 it lost to the persistent twin at all 12 shapes measured, by 3-32 %).
         n_tiles = math.ceil(p.m / tm) * math.ceil(p.n / tn)
-        schedulers = ("tile", "persistent") if n_tiles > SMS else ("tile",)
-        if n_tiles < 4 * SMS and p.k >= 1024:
+        schedulers = ("tile", "persistent") if n_tiles > SMS and not gated else ("tile",)
+        if n_tiles < 4 * SMS and p.k >= 1024 and not gated:
             schedulers += ("stream_k",)
         # (instruction, tile K, warps); no k tile twice as deep as K (half of it would be zeros)
         maths = [(Instr("mma", 16, 8, 16), tk, warps) for tk in (32, 64, 128) if tk == 32 or p.k > tk // 2
@@ -110,6 +115,8 @@ def _multistage(problem: Problem) -> list[Program]:
 
 
 def _hopper(problem: Problem) -> list[Program]:
+    if problem.epilogue.gate:      # the TMA family has no gated epilogue
+        return []
     try:
         from gemmgen.backends.cuda import hopper as hop
     except ImportError:
@@ -138,7 +145,7 @@ def _resident(program: Program) -> int:
     if program.mainloop != "multistage":
         return 1
     t = program.tile
-    acc = t.m * t.n / (SM90A.warp_size * program.num_warps)
+    acc = b_tiles(program) * t.m * t.n / (SM90A.warp_size * program.num_warps)
     regs_per_thread = min(SM90A.max_regs_per_thread, 1.5 * acc + 56)
     regs_per_warp = math.ceil(regs_per_thread * SM90A.warp_size / 256) * 256
     by_regs = SM90A.regs_per_sm // (regs_per_warp * program.num_warps)
@@ -182,7 +189,8 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
         waves = tiles / min(ctas, SMS)
     else:
         waves = math.ceil(ctas / SMS)
-    compute = waves * 2 * t.m * t.n * k_iters * t.k / rate_per_sm
+    halves = b_tiles(program)     # a gated tile computes its gate and its up half
+    compute = waves * 2 * t.m * halves * t.n * k_iters * t.k / rate_per_sm
     split = program.split_k > 1
     # Split-K: every slice writes its partial tile, a second kernel reads them all back.
     # Stream-K: each CTA writes at most one partial tile, which the tile's first CTA reads back
@@ -199,7 +207,7 @@ def estimate_seconds(program: Program, problem: Problem) -> float:
         latency += 1.0e-6 + 0.3e-6 * max(0, math.ceil(ctas / tiles) - 1)
     # Each K step streams (tile M + tile N) x tile K operands through L2 into the SM;
     # small tiles are bound by that feed rather than by the tensor cores.
-    feed = k_iters * waves * (t.m + t.n) * t.k * 2 / (L2_RATE / SMS)
+    feed = k_iters * waves * (t.m + halves * t.n) * t.k * 2 / (L2_RATE / SMS)
     # The ring keeps stages - 1 tiles in flight: a shallow one leaves the K loop waiting on loads,
     # unless other CTAs on the SM load meanwhile.
     resident_waves = waves if ws else tiles / ctas if stream_k else math.ceil(ctas / (SMS * _resident(program)))

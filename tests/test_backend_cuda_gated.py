@@ -1,0 +1,171 @@
+"""CPU tests of the raw CUDA backend's gated epilogue (`epilogue gate=ACT halves=stacked`):
+out = gate(A B_gate) * (A B_up) over a joined B of K x 2N, in the multistage family.
+
+Gated programs validate, lower with both halves in one B tile, and compile to sm_90a with twice
+the tensor-core instructions of the plain program and no local memory; what the backend cannot
+build (other mainloops, walking schedulers, split-K, anything beside the gate in the epilogue,
+unaligned 16-byte rows) is refused with what to change; the search space offers only programs
+that validate. The numbers are checked on the GPU: tests/test_gated_gpu.py.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from gemmgen.backends import cuda, diagnose
+from gemmgen.backends.base import BackendError
+from gemmgen.backends.cuda import multistage as ms
+from gemmgen.backends.cuda.compile import nvrtc_usable
+from gemmgen.dsl import examples, parse
+from gemmgen.dsl.ir import Epilogue, Instr, Problem, Tile
+
+from cuda_backend_cases import hopper, multistage
+
+needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_usable(),
+                                    reason="needs nvcc or NVRTC to compile CUDA C")
+
+
+def gated(m=17, n=2999, k=4104, b="col", gate="silu", out="f16", **epilogue) -> Problem:
+    return Problem(m, n, k, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked", out_dtype=out, **epilogue))
+
+
+def _define(text: str, name: str) -> str:
+    """The value a generated source #defines `name` as."""
+    line = next(l for l in text.splitlines() if l.split()[:2] == ["#define", name])
+    return line.split()[-1]
+
+
+def test_the_cuda_backend_declares_the_gated_epilogue():
+    assert cuda.SUPPORT.gated
+
+
+# (problem, program options): mma.sync on both majors of B, wgmma on both, a tile of 16-wide warps
+LOWERED = [
+    (gated(), dict(tile=(64, 64, 64), warps=(2, 2), stages=3)),
+    (gated(n=3000, b="row", gate="gelu", out="bf16"), dict(tile=(128, 64, 32), warps=(2, 2), stages=4)),
+    (gated(m=100), dict(tile=(64, 128, 64), warps=(4, 1), stages=4, wgmma=True)),
+    (gated(m=100, n=4096, b="row", gate="relu", out="f32"), dict(tile=(64, 128, 64), warps=(4, 1), stages=3,
+                                                                 wgmma=True)),
+    (gated(m=3), dict(tile=(32, 32, 64), warps=(2, 2), stages=4)),
+]
+
+
+@pytest.mark.parametrize("problem, options", LOWERED, ids=range(len(LOWERED)))
+def test_gated_programs_validate_and_lower_both_halves(problem, options):
+    program = multistage(problem, **options)
+    assert diagnose(program) == [] and cuda._family_rules(program) == []
+    text = cuda.lower(program).text
+    e = problem.epilogue
+    for define, value in (("GATED", 1), ("GATE_SILU", int(e.gate == "silu")), ("GATE_GELU", int(e.gate == "gelu")),
+                          ("GATE_RELU", int(e.gate == "relu")), ("BN", program.tile.n), ("SPLIT_K", 1)):
+        assert _define(text, define) == str(value), define
+    # the B tile is the gate's tile N columns, then the up's: twice the plain program's ring
+    plain = replace(program, problem=replace(problem, epilogue=Epilogue(out_dtype=e.out_dtype)))
+    t = program.tile
+    assert ms.smem_per_stage(program) == (t.m + 2 * t.n) * t.k * 2
+    assert ms.smem_per_stage(program) - ms.smem_per_stage(plain) == t.n * t.k * 2
+    assert _define(cuda.lower(plain).text, "GATED") == "0"
+
+
+@needs_compiler
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+def test_gated_programs_compile_to_sm90a_with_twice_the_tensor_core_work(index):
+    """The gated kernel issues the plain kernel's tensor-core instructions twice (gate and up
+    halves of B), spills nothing and keeps no local memory."""
+    problem, options = LOWERED[index]
+    program = multistage(problem, **options)
+    plain = replace(program, problem=replace(problem, epilogue=Epilogue(out_dtype=problem.epilogue.out_dtype)))
+    reports = [cuda.kernel_report(cuda.compile_program(p)) for p in (program, plain)]
+    op = "HGMMA" if ms.wgmma(program) else "HMMA"
+    (sass, res), (plain_sass, _) = [(r["sass"], r["resources"]["gemm_multistage"]) for r in reports]
+    assert sass[op] == 2 * plain_sass[op] > 0, (sass[op], plain_sass[op])
+    assert sass["LDGSTS"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0, sass
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0, res
+
+
+def test_accumulators_and_shared_memory_count_both_halves():
+    # 128x128 on 2x2 warps: a 64x64 warp tile holds 128 fp32 accumulators, 256 with gate and up
+    big = multistage(gated(n=4096, k=4096), tile=(128, 128, 64), warps=(2, 2), stages=3)
+    assert any(f == "warps" and "256 fp32 accumulators (gate and up)" in m for f, m in cuda._family_rules(big))
+    assert not cuda._family_rules(replace(big, warps=(2, 4)))            # 128 a thread: builds
+    deep = multistage(gated(n=4096, k=4096), tile=(128, 128, 64), warps=(2, 4), stages=5)
+    assert any(f == "stages" and "gate and up" in m for f, m in cuda._family_rules(deep))  # 5 x 48 KiB
+
+
+# (what changes, the statement refused, words of the message): each names what to write instead
+REFUSED = [
+    (lambda p: hopper(p.problem, tile=(128, 128, 64)), "mainloop", "mainloop multistage"),
+    (lambda p: hopper(p.problem, tile=(128, 128, 64), mainloop="ws_pingpong", warps=(4, 1)), "mainloop",
+     "mainloop multistage"),
+    (lambda p: replace(p, scheduler="persistent"), "scheduler", "scheduler tile"),
+    (lambda p: replace(p, scheduler="stream_k"), "scheduler", "scheduler tile"),
+    (lambda p: replace(p, split_k=2), "split_k", "split_k 1"),
+    (lambda p: replace(p, split_k=4, split_k_reduce="unordered"), "split_k", "split_k 1"),
+    (lambda p: replace(p, problem=replace(p.problem, epilogue=replace(p.problem.epilogue, bias="n"))), "epilogue",
+     "bias"),
+    (lambda p: replace(p, problem=replace(p.problem, epilogue=replace(p.problem.epilogue, residual=True))),
+     "epilogue", "residual"),
+    (lambda p: replace(p, problem=replace(p.problem, epilogue=replace(p.problem.epilogue, beta=1.0))), "epilogue",
+     "beta"),
+    (lambda p: replace(p, problem=replace(p.problem, k=4097)), "gemm", "K to be a multiple of 8"),
+    (lambda p: replace(p, problem=replace(p.problem, b_major="row")), "gemm", "N to be a multiple of 8"),
+]
+
+
+@pytest.mark.parametrize("change, statement, words", REFUSED, ids=range(len(REFUSED)))
+def test_what_the_backend_cannot_build_is_refused_with_what_to_change(change, statement, words):
+    base = multistage(gated(), tile=(64, 64, 64), warps=(2, 2), stages=3)
+    assert diagnose(base) == []
+    program = change(base)
+    found = [(d.statement, d.message) for d in diagnose(program)]
+    assert any(s == statement and words in m for s, m in found), found
+    with pytest.raises(BackendError):
+        cuda.lower(program)
+
+
+def test_swap_ab_of_a_gated_program_is_refused():
+    program = replace(multistage(gated(), tile=(64, 64, 64), warps=(2, 2), stages=3), swap_ab=True)
+    assert any(d.statement == "swap_ab" for d in diagnose(program))
+
+
+def test_the_launcher_wants_the_joined_b():
+    """B is K x 2N (the gate half, then the up half), out M x N: a B of N columns is refused."""
+    torch = pytest.importorskip("torch")
+    from gemmgen.backends.cuda.launch import OperandCheck
+
+    program = multistage(gated(m=17, n=64, k=128), tile=(64, 64, 64), warps=(2, 2), stages=3)
+    check = OperandCheck(program)
+    a, out = torch.zeros(17, 128, dtype=torch.float16), torch.zeros(17, 64, dtype=torch.float16)
+    w = torch.zeros(128, 128, dtype=torch.float16)                    # cat([W_gate, W_up]): 2N x K
+    assert check.operands(a, w.t(), out) == (17, 64, 128, 128, 128)   # ld_b = K, col-major
+    with pytest.raises(BackendError, match="2N"):
+        check.operands(a, w[:64].t(), out)
+
+
+def test_the_joined_b_columns_count_against_the_int32_limit():
+    program = multistage(gated(m=64, n=2**30, k=64), tile=(64, 64, 64), warps=(2, 2), stages=3)
+    assert any("2N + tile N" in m for f, m in cuda._family_rules(program))
+
+
+@pytest.mark.parametrize("shape", [(1, 14336, 4096), (17, 2999, 4104), (100, 1000, 72), (4096, 14336, 4096),
+                                   (64, 64, 64)])
+@pytest.mark.parametrize("b", ["col", "row"])
+def test_space_offers_only_valid_gated_programs(shape, b):
+    problem = gated(*shape, b=b)
+    programs = cuda.space(problem)
+    if b == "row" and shape[1] % 8:
+        assert programs == []       # the up half of each row would start off 16-byte alignment
+        return
+    assert 10 <= len(programs) <= 40
+    for p in programs:
+        assert p.problem == problem and p.mainloop == "multistage" and p.scheduler == "tile" and p.split_k == 1, p
+        assert diagnose(p) == [], (p, diagnose(p))
+    assert {p.instr.kind for p in cuda.space(problem, limit=400)} == ({"mma", "wgmma"} if shape[2] > 32 else {"mma"})
+
+
+def test_the_gated_example_is_a_cuda_multistage_program():
+    program = parse(examples()["cuda_gated_silu"].read_text())
+    assert program.backend == "cuda" and program.problem.epilogue.gate == "silu"
+    assert diagnose(program) == [] and cuda._family_rules(program) == []
