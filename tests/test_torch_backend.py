@@ -64,15 +64,6 @@ def test_bad_options_are_one_line_errors():
         torch_backend.make_backend(devices=("tpu",))
 
 
-def test_joins_are_refused_with_cuda_graphs():
-    """A CUDA graph replays kernels, not the op's Python: the joined copy would outlive a weight
-    update (and on the H200 a graph's memory pool refused the copy made in its warm-up)."""
-    joins = torch_backend.pass_options(join_siblings=True)
-    for graphs in ({"inductor": {"triton.cudagraphs": True}}, {"mode": "reduce-overhead"}, {"mode": "max-autotune"}):
-        with pytest.raises(torch_backend.TorchBackendError, match="join_siblings cannot be combined with CUDA graphs"):
-            torch_backend.compile_with_pass(None, [], joins, **graphs)
-
-
 def test_pass_uuid_follows_the_options():
     """Inductor's FX-graph cache keys on the uuid: different options must not share entries."""
     plain = GemmgenPass(PassOptions()).uuid()
@@ -82,14 +73,19 @@ def test_pass_uuid_follows_the_options():
     assert plain != GemmgenPass(PassOptions(join_siblings=True)).uuid()
 
 
-def test_pass_uuid_follows_the_code_of_the_join(monkeypatch, tmp_path):
-    """The joins' code is the pass's code too: a change to it must miss inductor's cache."""
-    from gemmgen.torch_compile import joins as torch_join
+def test_pass_uuid_follows_the_code_of_every_module_of_the_pass(monkeypatch, tmp_path):
+    """Matching, deciding and rewriting are the pass's code too: a change to any must miss
+    inductor's cache."""
+    import shutil
+
+    from gemmgen.torch_compile import graph_pass
 
     before = GemmgenPass(PassOptions()).uuid()
-    edited = tmp_path / "torch_join.py"
-    edited.write_text(open(torch_join.__file__).read() + "\n# edited\n")
-    monkeypatch.setattr(torch_join, "__file__", str(edited))
+    copy = tmp_path / "torch_compile"
+    shutil.copytree(__import__("pathlib").Path(graph_pass.__file__).parent, copy)
+    monkeypatch.setattr(graph_pass, "__file__", str(copy / "graph_pass.py"))
+    assert GemmgenPass(PassOptions()).uuid() == before
+    (copy / "patterns.py").write_text((copy / "patterns.py").read_text() + "\n# edited\n")
     assert GemmgenPass(PassOptions()).uuid() != before
 
 
@@ -126,9 +122,9 @@ def test_llama_inference_rewrites_every_projection(fresh):
     with torch.no_grad():
         ref = model(ids).logits
         out = torch.compile(model, backend="gemmgen", options=CPU)(ids).logits
-    # By hand: q, k, v, o, gate, up, down per layer, plus lm_head; gate's silu fuses (eval: one user).
-    per_layer, fused = 7, 1
-    expected = {"mm": LAYERS * (per_layer - fused) + 1, "mm+silu": LAYERS * fused}
+    # By hand: q, k, v, o, gate, up, down per layer, plus lm_head; gate's silu fuses (eval: one
+    # user); o and down add into the residual stream, which fuses as the residual epilogue.
+    expected = {"mm": LAYERS * 4 + 1, "mm+silu": LAYERS, "mm+residual": 2 * LAYERS}
     stats = torch_backend.stats()
     assert stats["replaced"] == expected, stats
     assert stats["skipped"] == {}
@@ -168,10 +164,13 @@ def test_llama_training_forward_and_backward(fresh):
     compiled = torch.compile(model, backend="gemmgen", options=CPU)
     loss = compiled(ids, labels=ids).loss
     loss.backward()
-    # Forward: the 15 projections (silu's input is saved for backward, so no fusion).
-    # Backward: two matmuls per projection (grad of its input, grad of its weight).
+    # Forward: the 15 projections (silu's input is saved for backward, so no fusion; o and down
+    # add into the residual stream). Backward: two matmuls per projection (grad of its input,
+    # grad of its weight); input gradients that add up (q, k and v read one x) take the add as
+    # a residual epilogue.
     projections = LAYERS * 7 + 1
-    assert torch_backend.stats()["replaced"] == {"mm": projections + 2 * projections}
+    replaced = torch_backend.stats()["replaced"]
+    assert sum(replaced.values()) == 3 * projections and set(replaced) == {"mm", "mm+residual"}, replaced
     problems = torch_backend.stats()["problems"]
     assert any(":crr:" in key for key in problems), problems   # grad W = dY.T @ X: A is a transposed view
     for name, p in model.named_parameters():
@@ -188,8 +187,10 @@ def test_gpt2_conv1d_is_addmm_with_a_row_major_weight(fresh):
     with torch.no_grad():
         ref = model(ids).logits
         out = torch.compile(model, backend="gemmgen", options=CPU)(ids).logits
-    # Per layer: c_attn, attn c_proj, c_fc (+ exact gelu fused), mlp c_proj; lm_head is a plain mm.
-    assert torch_backend.stats()["replaced"] == {"addmm": 3 * layers, "addmm+gelu": layers, "mm": 1}
+    # Per layer: c_attn, attn c_proj and mlp c_proj (each added into the residual stream), c_fc
+    # (+ exact gelu fused); lm_head is a plain mm.
+    assert torch_backend.stats()["replaced"] == {"addmm": layers, "addmm+residual": 2 * layers,
+                                                 "addmm+gelu": layers, "mm": 1}
     problems = torch_backend.stats()["problems"]
     assert f"16x{3 * HIDDEN}x{HIDDEN}:rrr:f16:f32:bias_n+f16" in problems, problems
     assert f"16x{4 * HIDDEN}x{HIDDEN}:rrr:f16:f32:bias_n+gelu+f16" in problems, problems
@@ -220,7 +221,9 @@ def test_unsupported_cases_are_left_alone_and_counted(fresh):
     ref = mixed(*args)
     out = torch.compile(mixed, backend="gemmgen", options=CPU)(*args)
     stats = torch_backend.stats()
-    assert stats["replaced"] == {"mm+relu": 1, "addmm+gelu": 1}
+    # relu(x w^T) + gelu(addmm): the two products meet in one add; the first takes it as its
+    # residual epilogue, the other's (fused) output is that residual.
+    assert stats["replaced"] == {"mm+relu+residual": 1, "addmm+gelu": 1}
     assert stats["skipped"] == {"dtype": 1, "batched_matmul": 1, "layout": 1}
     for o, r in zip(out, ref):
         assert rel_err(o, r) < 1e-2
@@ -498,10 +501,10 @@ def test_a_symbolic_m_is_taken_where_some_batch_size_has_a_winner(tmp_path, monk
     the addmm, whose epilogue nobody tuned, stays with inductor."""
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Problem
-    from gemmgen.torch_compile import graph_pass
+    from gemmgen.torch_compile import patterns
     from gemmgen.torch_compile.ops import clear_kernels, resolve, serve
 
-    monkeypatch.setattr(graph_pass, "_cuda_index", lambda device: 0)
+    monkeypatch.setattr(patterns, "cuda_index", lambda device: 0)
     db = tmp_path / "tuning.sqlite"
     options = PassOptions(db=str(db), devices=("cuda", "cpu"))
     clear_cache(), clear_kernels(), torch_backend.reset_stats()
@@ -520,6 +523,6 @@ def test_a_symbolic_m_is_taken_where_some_batch_size_has_a_winner(tmp_path, monk
     assert node.args[6] == "none"                                    # the relu stays for inductor
     assert [n for n in graph.nodes if n.target is torch.ops.aten.relu.default]
     # at run time each M is served from the table: the winners, the program between them, cuBLAS
-    key = lambda m: (m, 48, 32, "row", "col", False, False, "none", 1.0, 0.0, 0)  # noqa: E731
+    key = lambda m: (m, 48, 32, "row", "col", False, False, "none", 1.0, 0.0, 0, False, "none")  # noqa: E731
     assert [serve(key(m)).provenance.how for m in (8, 12, 16, 40)] == ["exact", "range", "exact", "baseline"]
     assert serve(key(8)) is resolve(key(8), str(db))      # at a measured M: exactly what compile serves

@@ -5,8 +5,8 @@ added (graph_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because
 given to inductor as a config patch, it applies to the forward graph and to the backward graph inductor compiles
 later. Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
 
-    ops           which matmuls to take and which activations to fuse
-                  (subset of "mm", "addmm", "relu", "gelu", "silu"; default all)
+    ops           which matmuls to take and which epilogues to fuse (subset of "mm", "addmm",
+                  "relu", "gelu", "silu", "residual", "gated"; default all)
     devices       device types to rewrite on: ("cuda",) by default; add "cpu" to run the
                   rewrite on CPU, where the op computes a torch reference (for testing)
     baseline      "stock" (default): a CUDA matmul with no tuned kernel stays with inductor;
@@ -16,9 +16,14 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
     tune_seconds  time to spend tuning per compiled graph (default: no limit but tune_budget)
     min_gain_us   take a tuned kernel only if it saves at least this much device time per call
                   (default 5: the op's extra host cost; see docs/torch_compile.md)
-    join_siblings join matmuls of one activation by several weights (q, k, v; gate, up) into
-                  one wider GEMM where the database's times say it saves min_gain_us; keeps a
-                  joined copy of those weights (their memory once more); default False
+    join_siblings join matmuls of one activation by several weights into one GEMM where the
+                  database's times say it saves min_gain_us: gate and up into one gated GEMM
+                  (silu(x Wg^T) * (x Wu^T)), q, k and v into one wider GEMM. The weights are
+                  joined once, at compile time, into constants the compiled graph owns (their
+                  memory once more). That needs the weights' values, which a graph has under
+                  inductor's freezing: torch._inductor.config.freezing = True when the model is
+                  traced (its first call), under torch.no_grad(). Freezing's contract holds:
+                  weights updated after compiling are not seen; recompile. Default False
     db            tuning database path (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)
     inductor      a dict of inductor config patches passed through unchanged
 
@@ -31,14 +36,8 @@ from typing import Any, Iterable, Mapping, Optional
 from gemmgen.errors import GemmgenError
 from gemmgen.torch_compile import graph_pass as torch_pass
 from gemmgen.torch_compile import ops as torch_ops
-from gemmgen.torch_compile.graph_pass import (
-    OP_KINDS,
-    GemmgenPass,
-    PassOptions,
-    missing_keys,
-    reset_stats,
-    stats,
-)
+from gemmgen.torch_compile.counts import missing_keys, reset_stats, stats
+from gemmgen.torch_compile.graph_pass import OP_KINDS, GemmgenPass, PassOptions
 from gemmgen.torch_compile.tuning import tune_keys
 
 __all__ = ["TorchBackendError", "gemmgen_backend", "make_backend", "missing_keys", "reset_stats", "stats",
@@ -128,11 +127,6 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optiona
     if mode and mode != "default":
         patches.update(torch._inductor.list_mode_options(mode))
     patches.update(inductor or {})
-    if options.join_siblings and patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs):
-        # A graph replays kernels, not the op's Python, so the joined copy would not follow a weight
-        # update; and made in a graph's warm-up, the copy lands in its memory pool, which refuses it.
-        raise TorchBackendError("join_siblings cannot be combined with CUDA graphs (mode='reduce-overhead' or "
-                                "'max-autotune', triton.cudagraphs): turn one of them off")
     # The pre slot of the post-grad passes: inductor's own post-grad patterns run after it, and
     # on some versions they split a GPU addmm into mm + add before a post pass could see it.
     existing = patches.get(PASS_SLOT, getattr(inductor_config, PASS_SLOT))

@@ -10,29 +10,32 @@ On CUDA the op calls the gemmgen Kernel. On CPU it computes the reference in fp3
 torch: that path exists so that CPU-only CI can run rewritten models end to end
 (`devices=("cuda", "cpu")`); it is not a fast path.
 
-`gemmgen::gemm_joined` multiplies one activation by several weights of the same K at once
-(Llama's q, k and v): one wider GEMM on the weights joined side by side, whose output the
-graph slices. The joined copy of the weights is made on the first call and kept (it costs
-their memory once more); it is made again when any of them changes in place (its version
-counter moves) or is replaced, and freed with them (or by `clear_kernels()`).
+A residual (`out = acc + residual`, the add into a decoder's residual stream) is one more
+optional operand of `gemmgen::gemm`. Joined siblings (q, k, v) are a `gemmgen::gemm` over a
+weight the pass joined at compile time and registered as a constant of the graph.
+
+`gemmgen::gemm_gated(a, b, a_major, gate)` computes silu(acc[:, :N]) * acc[:, N:] of one product
+over the joined weight [W_gate; W_up] (b = K x 2N, column-major): a gated MLP's gate and up
+in one GEMM (`Epilogue(gate=..., halves="stacked")`).
 """
 from __future__ import annotations
 
 import threading
-import weakref
+import warnings
 
 import torch
 
 from gemmgen.compile import compile as gemmgen_compile
 from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.errors import GatedNotServed, GemmgenError
 from gemmgen.kernel import check_major
 from gemmgen.runtime.epilogue import ACTIVATIONS as EPILOGUE_ACTIVATIONS
 from gemmgen.runtime.epilogue import reference as epilogue_reference
 
 ACTIVATIONS = ("none", *EPILOGUE_ACTIVATIONS)
 
-#: (m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device) -> Kernel
-#: (m None: the DispatchKernel over M)
+#: (m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device, has_residual, gate)
+#: -> Kernel (m None: the DispatchKernel over M; a gated key's n is N, its B has 2N columns)
 _KERNELS: dict = {}
 #: the same keys -> the Kernel a call at that M runs (`serve`)
 _SERVED: dict = {}
@@ -46,22 +49,34 @@ def set_lookup_db(db) -> None:
     _LOOKUP["db"] = db
 
 
-def epilogue_of(has_bias: bool, has_c: bool, activation: str, alpha: float, beta: float) -> Epilogue:
-    """The Epilogue a rewritten node computes: act(alpha * acc + beta * c + bias)."""
+def epilogue_of(has_bias: bool, has_c: bool, activation: str, alpha: float, beta: float,
+                has_residual: bool = False, gate: str = "none") -> Epilogue:
+    """The Epilogue a rewritten node computes: act(alpha * acc + beta * c + bias) + residual, or
+    with a gate, gate(acc[:, :N]) * acc[:, N:]."""
+    if gate != "none":
+        return Epilogue(gate=gate, halves="stacked")
     return Epilogue(alpha=float(alpha), beta=float(beta) if has_c else 0.0,
                     bias="n" if has_bias else None,
-                    activation=None if activation == "none" else activation)
+                    activation=None if activation == "none" else activation, residual=bool(has_residual))
 
 
-def kernel_key(m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device) -> tuple:
-    return (m, n, k, a_major, b_major, has_bias, has_c, activation, float(alpha), float(beta), device)
+def kernel_key(m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device,
+               has_residual: bool = False, gate: str = "none") -> tuple:
+    return (m, n, k, a_major, b_major, has_bias, has_c, activation, float(alpha), float(beta), device,
+            bool(has_residual), gate)
+
+
+def gated_key(m, n, k, a_major, device, gate: str = "silu") -> tuple:
+    """The op key of a gated product: N output columns, B K x 2N column-major (the joined weight)."""
+    return kernel_key(m, n, k, a_major, "col", False, False, "none", 1.0, 0.0, device, False, gate)
 
 
 def problem_of(key: tuple):
     """The gemmgen Problem an op key stands for."""
 
-    m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, _device = key
-    return Problem(m, n, k, a_major, b_major, epilogue=epilogue_of(has_bias, has_c, activation, alpha, beta))
+    m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, _device, residual, gate = key
+    return Problem(m, n, k, a_major, b_major,
+                   epilogue=epilogue_of(has_bias, has_c, activation, alpha, beta, residual, gate))
 
 
 def problem_key(key: tuple) -> str:
@@ -76,8 +91,8 @@ def resolve(key: tuple, db=None):
     if kernel is not None:
         return kernel
 
-    m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device = key
-    epilogue = epilogue_of(has_bias, has_c, activation, alpha, beta)
+    m, n, k, a_major, b_major, has_bias, has_c, activation, alpha, beta, device, residual, gate = key
+    epilogue = epilogue_of(has_bias, has_c, activation, alpha, beta, residual, gate)
     kernel = gemmgen_compile((m, n, k), a_major=a_major, b_major=b_major, epilogue=epilogue,
                              device=device, db=db if db is not None else _LOOKUP["db"])
     with _LOCK:
@@ -107,7 +122,7 @@ def clear_kernels() -> None:
         _KERNELS.clear()
         _SERVED.clear()
         _LAUNCHERS.clear()
-    clear_joined()
+        _GATED_FALLBACK.clear()
 
 
 def _stride_tag():
@@ -135,41 +150,44 @@ def pin_input_strides(node) -> None:
 # in post-grad graphs, after autograd), which is what decode-sized matmuls pay for.
 _LIB = torch.library.Library("gemmgen", "DEF")
 _LIB.define("gemm(Tensor a, Tensor b, Tensor? bias, Tensor? c, str a_major, str b_major, str activation, "
-            "float alpha, float beta) -> Tensor", tags=_stride_tag())
+            "float alpha, float beta, Tensor? residual=None) -> Tensor", tags=_stride_tag())
 #: (key, a's strides, b's strides) -> the kernel's launcher, once a checked call of operands of
 #: those strides went through (the warm path).
 _LAUNCHERS: dict = {}
 
 
-def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta):
-    """out = act(alpha * a @ b + beta * c + bias), fp16 out, fp32 accumulation, by a gemmgen Kernel."""
+def gemm_cuda(a, b, bias, c, a_major, b_major, activation, alpha, beta, residual=None):
+    """out = act(alpha * a @ b + beta * c + bias) + residual, fp16 out, fp32 accumulation, by a
+    gemmgen Kernel."""
     m, k = a.shape
     n = b.shape[1]
     key = (m, n, k, a_major, b_major, bias is not None, c is not None, activation, alpha, beta,
-           a.device.index)
+           a.device.index, residual is not None, "none")
     # Operands of these very strides went through the checked call before: skip the checks.
     # (The strides are in the key so that no other layout ever takes this path unchecked.)
     launch = _LAUNCHERS.get((key, a.stride(), b.stride()))
     if launch is not None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        launch(a, b, out, bias=bias, residual=None, c=c, alpha=alpha, beta=beta)
+        launch(a, b, out, bias=bias, residual=residual, c=c, alpha=alpha, beta=beta)
         return out
     kernel = _SERVED.get(key) or serve(key)
-    out = kernel(a, b, bias=bias, c=c)            # the checked call: operands against the problem
+    out = kernel(a, b, bias=bias, c=c, residual=residual)   # the checked call: operands against the problem
     _LAUNCHERS[(key, a.stride(), b.stride())] = kernel.launcher
     return out
 
 
-def gemm_cpu(a, b, bias, c, a_major, b_major, activation, alpha, beta):
+def gemm_cpu(a, b, bias, c, a_major, b_major, activation, alpha, beta, residual=None):
     """The fp32 torch reference: lets CPU-only CI run rewritten models (devices=("cuda", "cpu")).
     It checks the operands' majors as the CUDA kernel does, so CI sees the strides inductor hands over."""
 
     check_major("a", a, tuple(a.shape), a_major)
     check_major("b", b, tuple(b.shape), b_major)
-    return reference(a, b, bias, c, activation, alpha, beta)
+    if residual is not None:
+        check_major("residual", residual, (a.shape[0], b.shape[1]), "row")
+    return reference(a, b, bias, c, activation, alpha, beta, residual)
 
 
-def gemm_fake(a, b, bias, c, a_major, b_major, activation, alpha, beta):
+def gemm_fake(a, b, bias, c, a_major, b_major, activation, alpha, beta, residual=None):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -178,70 +196,67 @@ _LIB.impl("gemm", gemm_cpu, "CPU")
 torch.library.register_fake("gemmgen::gemm", gemm_fake, lib=_LIB)
 
 
-# -- joined siblings ---------------------------------------------------------------------------
+# -- gated products (a gated MLP's gate and up over one joined weight) ----------------------------
 
-_LIB.define("gemm_joined(Tensor a, Tensor[] ws, str a_major) -> Tensor", tags=_stride_tag())
-#: id() of each (N_i, K) weight -> (weak references to them, their version counters, the
-#: joined (sum N, K) row-major copy). The op is handed the parameter objects themselves (the
-#: pass passes the graph's inputs), so identity and version say whether a copy is current;
-#: the copy goes when any of its weights is freed, and never keeps a weight alive.
-_JOINED: dict = {}
+_LIB.define("gemm_gated(Tensor a, Tensor b, str a_major, str gate) -> Tensor", tags=_stride_tag())
+#: gated op keys gemmgen.compile does not serve (yet): the op computes them with torch
+_GATED_FALLBACK: dict = {}
 
 
-def _forget(key: tuple):
-    def drop(ref) -> None:
-        with _LOCK:
-            entry = _JOINED.get(key)
-            if entry is not None and any(r is ref for r in entry[0]):
-                del _JOINED[key]
-    return drop
+def gemm_gated_cuda(a, b, a_major, gate):
+    """gate(acc[:, :N]) * acc[:, N:] of acc = a @ b (b = [B_gate | B_up], K x 2N), fp16 out.
+    By the gemmgen Kernel of the gated problem; where gemmgen.compile cannot serve it, by
+    torch.mm and the epilogue in torch (what inductor would have run, less its fusion)."""
+    m, k = a.shape
+    n = b.shape[1] // 2
+    key = gated_key(m, n, k, a_major, a.device.index, gate)
+    launch = _LAUNCHERS.get((key, a.stride(), b.stride()))
+    if launch is not None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        launch(a, b, out, bias=None, residual=None, c=None, alpha=1.0, beta=0.0)
+        return out
+    if key not in _GATED_FALLBACK:
+        try:
+            kernel = _SERVED.get(key) or serve(key)
+        except GemmgenError as exc:      # a gated problem gemmgen.compile refuses (GatedNotServed)
+            warnings.warn(f"gemmgen: gated product {problem_key(key)} served by torch: {exc}", stacklevel=2)
+            _GATED_FALLBACK[key] = str(exc)
+        else:
+            out = kernel(a, b)
+            _LAUNCHERS[(key, a.stride(), b.stride())] = kernel.launcher
+            return out
+    return gated_epilogue(torch.mm(a, b), n, gate).to(a.dtype)
 
 
-def joined_weights(ws) -> torch.Tensor:
-    """The K x sum(N) column-major B of a @ [w_1.T | w_2.T | ...], made once per version of the
-    row-major (N_i, K) weights (an in-place update moves a version counter)."""
-    key = tuple(id(w) for w in ws)
-    versions = tuple(w._version for w in ws)
-    hit = _JOINED.get(key)
-    if hit is not None and hit[1] == versions and all(r() is w for r, w in zip(hit[0], ws)):
-        return hit[2].t()
-    joined = torch.cat(list(ws))
-    with _LOCK:
-        _JOINED[key] = (tuple(weakref.ref(w, _forget(key)) for w in ws), versions, joined)
-    return joined.t()
+def gemm_gated_cpu(a, b, a_major, gate):
+    """The fp32 torch reference of the gated product (checks the majors as the kernel does)."""
+    check_major("a", a, tuple(a.shape), a_major)
+    check_major("b", b, tuple(b.shape), "col")
+    return gated_epilogue(torch.mm(a.float(), b.float()), b.shape[1] // 2, gate).to(a.dtype)
 
 
-def clear_joined() -> None:
-    """Free the joined weight copies (graphs that use them make them again on their next call)."""
-    with _LOCK:
-        _JOINED.clear()
+def gemm_gated_fake(a, b, a_major, gate):
+    return a.new_empty((a.shape[0], b.shape[1] // 2))
 
 
-def joined_bytes() -> int:
-    """Memory held by joined weight copies (what `join_siblings` costs)."""
-    return sum(entry[2].untyped_storage().nbytes() for entry in _JOINED.values())
+def gated_epilogue(acc: torch.Tensor, n: int, gate: str) -> torch.Tensor:
+    """gate(acc[:, :N]) * acc[:, N:] in fp32 on an M x 2N accumulator: the runtime's reference
+    (`gemmgen.runtime.epilogue.reference`) where it serves gated epilogues, else the same formula
+    here."""
+    try:
+        return epilogue_reference(acc.float(), Epilogue(gate=gate, halves="stacked"))
+    except GatedNotServed:
+        x = acc.float()
+        return EPILOGUE_ACTIVATIONS[gate][0](x[:, :n]) * x[:, n:]
 
 
-def gemm_joined_cuda(a, ws, a_major):
-    """a @ [w_1.T | w_2.T | ...] by the gemmgen Kernel of the joined problem (M x sum(N) x K)."""
-    return gemm_cuda(a, joined_weights(ws), None, None, a_major, "col", "none", 1.0, 0.0)
+_LIB.impl("gemm_gated", gemm_gated_cuda, "CUDA")
+_LIB.impl("gemm_gated", gemm_gated_cpu, "CPU")
+torch.library.register_fake("gemmgen::gemm_gated", gemm_gated_fake, lib=_LIB)
 
 
-def gemm_joined_cpu(a, ws, a_major):
-    """The fp32 reference, on the same cached join as CUDA (so CPU CI sees a stale copy)."""
-    return gemm_cpu(a, joined_weights(ws), None, None, a_major, "col", "none", 1.0, 0.0)
-
-
-def gemm_joined_fake(a, ws, a_major):
-    return a.new_empty((a.shape[0], sum(w.shape[0] for w in ws)))
-
-
-_LIB.impl("gemm_joined", gemm_joined_cuda, "CUDA")
-_LIB.impl("gemm_joined", gemm_joined_cpu, "CPU")
-torch.library.register_fake("gemmgen::gemm_joined", gemm_joined_fake, lib=_LIB)
-
-
-def reference(a, b, bias, c, activation: str, alpha: float, beta: float) -> torch.Tensor:
+def reference(a, b, bias, c, activation: str, alpha: float, beta: float, residual=None) -> torch.Tensor:
     """The op's epilogue on an fp32 product (the runtime's one reference), cast to the operands' dtype."""
-    epilogue = epilogue_of(bias is not None, c is not None, activation, alpha, beta)
-    return epilogue_reference(torch.mm(a.float(), b.float()), epilogue, bias=bias, c=c).to(a.dtype)
+    epilogue = epilogue_of(bias is not None, c is not None, activation, alpha, beta, residual is not None)
+    return epilogue_reference(torch.mm(a.float(), b.float()), epilogue, bias=bias, c=c,
+                              residual=residual).to(a.dtype)
