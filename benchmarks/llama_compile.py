@@ -35,6 +35,8 @@ from compile_timing import (  # noqa: E402 - this folder's model timing, shared 
     ATTENTION_WORDS,
     GEMM_WORDS,
     ModelCase,
+    gemmgen_report,
+    gemmgen_reset,
     max_rel_err,
     sync,
     time_interleaved,
@@ -139,16 +141,10 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
     """Compile one variant and check its first output: (row so far, (call, reset), output)."""
     import torch
 
-    from gemmgen.torch_compile import backend as torch_backend
-
     from torch._dynamo.utils import counters
 
     counters.clear()
-    torch_backend.reset_stats()
-    if variant.startswith("gemmgen"):
-        from gemmgen.torch_compile.ops import clear_joined
-
-        clear_joined()          # so joined_weights_mib counts this case's joins only
+    gemmgen_reset()
     fn = compiled(case.model, variant, args)
     call, reset = case.call_for(fn)
     t0 = time.perf_counter()
@@ -161,11 +157,7 @@ def prepare_variant(case: Case, variant: str, args, ref) -> tuple[dict, tuple, o
     if not math.isfinite(row["max_rel_err"] or 0.0):
         row["note"] = "non-finite error"
     if variant.startswith("gemmgen"):
-        from gemmgen.torch_compile.ops import joined_bytes
-
-        row["gemmgen"] = torch_backend.stats()
-        row["kernels"] = kernels_used()
-        row["joined_weights_mib"] = round(joined_bytes() / 2 ** 20, 1)   # the memory join_siblings costs
+        row.update(gemmgen_report())
     return row, (call, reset), out
 
 
@@ -217,13 +209,6 @@ def pretune(cases, args) -> dict:
 
     return {"problems": [torch_ops.problem_key(k) for k in keys], "tune_s": round(time.perf_counter() - t0, 1),
             "report": "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()) or "nothing to tune"}
-
-
-def kernels_used() -> list:
-    from gemmgen.torch_compile import ops as torch_ops
-
-    return [{"problem": torch_ops.problem_key(key), "backend": k.backend, "via": k.provenance.how}
-            for key, k in torch_ops.served_kernels().items()]
 
 
 def plot(rows, path: Path) -> None:
