@@ -10,8 +10,6 @@ which every frozen parameter of the graph is under too).
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
@@ -21,10 +19,6 @@ from gemmgen.torch_compile.patterns import Candidate, Gated, Siblings, constant_
 
 aten = torch.ops.aten
 _META = ("stack_trace", "nn_module_stack")
-
-
-def _fake_context(node: fx.Node):
-    return detect_fake_mode([node.meta["val"]]) or contextlib.nullcontext()
 
 
 def _call(graph: fx.Graph, target, args, val) -> fx.Node:
@@ -77,7 +71,7 @@ def rewrite_single(graph: fx.Graph, cand: Candidate) -> None:
     node = cand.node
     anchor = cand.res_add if cand.residual is not None else node
     m, n, _ = cand.shape
-    with graph.inserting_before(anchor), _fake_context(cand.a):
+    with graph.inserting_before(anchor):
         bias = cand.bias
         if bias is not None and cand.bias_1xn:
             bias = _reshape(graph, cand.bias, [n])
@@ -133,8 +127,7 @@ def _joined_weight(graph: fx.Graph, weights: list, like: fx.Node) -> fx.Node:
     (sum N, K) row-major constant, and its transpose."""
     joined = _real(lambda: torch.cat([w.contiguous() for w in weights]).contiguous())
     const = add_constant(graph, joined, like)
-    with _fake_context(like):
-        return _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
+    return _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
 
 
 def rewrite_siblings(graph: fx.Graph, join: Siblings) -> fx.Node:
@@ -152,20 +145,19 @@ def rewrite_siblings(graph: fx.Graph, join: Siblings) -> fx.Node:
         if first.bias is not None:
             joined_bias = _real(lambda: torch.cat([constant_of(c.bias).reshape(-1) for c in members]))
             bias = add_constant(graph, joined_bias, first.a)
-        with _fake_context(first.a):
-            m, _, k = first.shape
-            val = first.node.meta["val"].new_empty((m, int(b.meta["val"].shape[1])))
-            new = _call(graph, torch.ops.gemmgen.gemm.default,
-                        (first.a, b, bias, None, first.a_major, "col", "none", 1.0, 0.0), val)
-            torch_ops.pin_input_strides(new)
-            start, parts = 0, []
-            for cand in members:
-                n = int(cand.shape[1])
-                part = _call(graph, aten.slice.Tensor, (new, 1, start, start + n),
-                             aten.slice.Tensor(val, 1, start, start + n))
-                _copy_meta(part, cand.node)
-                parts.append(part)
-                start += n
+        m, _, k = first.shape
+        val = first.a.meta["val"].new_empty((m, int(b.meta["val"].shape[1])))
+        new = _call(graph, torch.ops.gemmgen.gemm.default,
+                    (first.a, b, bias, None, first.a_major, "col", "none", 1.0, 0.0), val)
+        torch_ops.pin_input_strides(new)
+        start, parts = 0, []
+        for cand in members:
+            n = int(cand.shape[1])
+            part = _call(graph, aten.slice.Tensor, (new, 1, start, start + n),
+                         aten.slice.Tensor(val, 1, start, start + n))
+            _copy_meta(part, cand.node)
+            parts.append(part)
+            start += n
     for cand, part in zip(members, parts):   # erased only now: the first was the insertion point
         cand.node.replace_all_uses_with(part)
         graph.erase_node(cand.node)
@@ -186,16 +178,15 @@ def rewrite_gated(graph: fx.Graph, pair: Gated) -> fx.Node:
             halves = [b_all[:, :n].t(), b_all[:, n:].t()]
             weights = halves if pair.gate_first else halves[::-1]
         b = _joined_weight(graph, weights, gate.a)
-        with _fake_context(gate.a):
-            m, _, k = gate.shape
-            val = gate.node.meta["val"].new_empty((m, pair.n))
-            new = _call(graph, torch.ops.gemmgen.gemm_gated.default, (gate.a, b, gate.a_major, "silu"), val)
-            _copy_meta(new, gate.node)
-            torch_ops.pin_input_strides(new)
-            out = new
-            shape = tuple(pair.mul.meta["val"].shape)
-            if shape != (m, pair.n):
-                out = _reshape(graph, new, shape)
+        m, _, k = gate.shape
+        val = gate.a.meta["val"].new_empty((m, pair.n))
+        new = _call(graph, torch.ops.gemmgen.gemm_gated.default, (gate.a, b, gate.a_major, "silu"), val)
+        _copy_meta(new, gate.node)
+        torch_ops.pin_input_strides(new)
+        out = new
+        shape = tuple(pair.mul.meta["val"].shape)
+        if shape != (m, pair.n):
+            out = _reshape(graph, new, shape)
     pair.mul.replace_all_uses_with(out)
     dead = [pair.mul, *pair.act, *(c.node for c in pair.members), *_all_below(pair)]
     _erase_dead(graph, dead)
