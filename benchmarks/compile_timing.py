@@ -23,13 +23,16 @@ from typing import Optional, Sequence
 
 GEMM_WORDS = ("gemm", "nvjet", "cutlass", "xmma", "wgmma", "triton_tem", "gemmgen", "matmul", "_mm_")
 ATTENTION_WORDS = ("flash", "fmha", "attention", "sdpa", "efficient")
-#: inductor's fused pointwise and reduction kernels (norms, rotary, activations, residual adds)
-#: and eager's elementwise and reduction kernels
-POINTWISE_WORDS = ("triton_poi", "triton_red", "triton_per", "elementwise", "reduce_kernel")
+#: inductor's fused pointwise and reduction kernels (norms, rotary, activations, residual adds):
+#: named after the ops they fused, which can include an mm, so matched before the GEMM words
+INDUCTOR_POINTWISE_WORDS = ("triton_poi", "triton_red", "triton_per")
+#: eager's elementwise and reduction kernels; matched after the GEMM words (cuBLAS's split-K
+#: reduction is a splitKreduce_kernel)
+EAGER_POINTWISE_WORDS = ("elementwise", "reduce_kernel")
 #: (class, words) in the order a kernel's name is matched; unmatched kernels are "other".
-#: Attention first: the memory-efficient kernel is named fmha_cutlass...; pointwise before GEMM:
-#: inductor names a fused pointwise kernel after the ops it fused, which can include "_mm_".
-KERNEL_CLASSES = (("attention", ATTENTION_WORDS), ("pointwise", POINTWISE_WORDS), ("gemm", GEMM_WORDS))
+#: Attention first: the memory-efficient kernel is named fmha_cutlass...
+KERNEL_CLASSES = (("attention", ATTENTION_WORDS), ("pointwise", INDUCTOR_POINTWISE_WORDS),
+                  ("gemm", (*GEMM_WORDS, "splitk")), ("pointwise", EAGER_POINTWISE_WORDS))
 
 
 class ModelCase:
@@ -177,7 +180,7 @@ def kernel_split(kernels: Sequence[tuple[str, float, float]], calls: int, classe
     `calls` calls; the kernel count; the span from the first kernel's start to the last one's
     end against the union of kernel time (idle_ms and idle_share: the device's idle share)
     and its gaps of 20 us or more."""
-    split = {f"{cls}_ms": 0.0 for cls, _ in classes}
+    split = dict.fromkeys((f"{cls}_ms" for cls, _ in classes), 0.0)
     split.update(other_ms=0.0, kernels=len(kernels) // calls)
     for name, start, end in kernels:
         split[f"{kernel_class(name, classes)}_ms"] += (end - start) / 1e3 / calls

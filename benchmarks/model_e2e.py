@@ -281,8 +281,7 @@ def prepare_variant(case: ModelCase, variant: Variant, args, ref) -> tuple[dict,
         except Exception as exc:  # noqa: BLE001 - a variant that breaks is its row, not the run's
             if attempt == 0 and variant.graphs and options and options.get("join_siblings") \
                     and "join_siblings" in str(exc):
-                torch._dynamo.reset()
-                joins = False
+                joins = False          # a failed compile leaves no entry: the other variants stay compiled
                 row["note"] = "this gemmgen refuses joins under CUDA graphs: ran without them"
                 continue
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

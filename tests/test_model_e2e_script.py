@@ -115,6 +115,9 @@ def test_kernels_are_classed_gemm_attention_pointwise_or_other():
     assert timing.kernel_class("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN") == "gemm"
     assert timing.kernel_class("triton_tem_fused_mm_0") == "gemm"
     assert timing.kernel_class("Memcpy DtoD") == "other"
+    assert timing.kernel_class("void splitKreduce_kernel<32, 16, int, float, __half>") == "gemm"
+    assert timing.kernel_class("gemm_multistage") == timing.kernel_class("splitk_reduce") == "gemm"
+    assert timing.kernel_class("void at::native::vectorized_elementwise_kernel<4>") == "pointwise"
     split = timing.kernel_split([("nvjet_a", 0.0, 60.0), ("triton_poi_b", 70.0, 80.0), ("flash_c", 80.0, 100.0),
                                  ("memset", 130.0, 140.0)], calls=1)
     assert (split["gemm_ms"], split["pointwise_ms"], split["attention_ms"], split["other_ms"]) == (0.06, 0.01, 0.02, 0.01)
