@@ -448,7 +448,7 @@ def load_results(path: Path, tiny: bool) -> dict:
 
 def write_json(path: Path, data) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(json.dumps(data, indent=2, default=str))    # a stats value JSON lacks: its text
     tmp.replace(path)             # a run killed at its time limit leaves the previous file whole
 
 
