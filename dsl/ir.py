@@ -83,6 +83,28 @@ class Epilogue:
         parts.append(self.out_dtype)
         return "+".join(parts)
 
+    @classmethod
+    def from_signature(cls, signature: str) -> "Epilogue":
+        """The epilogue a signature names; alpha=2.0 and beta=1.0 stand for "present" (a signature
+        keeps which parts there are, not runtime values). ValueError if it is not one."""
+        *parts, out_dtype = signature.split("+")
+        items: dict = {"out_dtype": out_dtype}
+        for part in parts:
+            if part in ("alpha", "beta"):
+                items[part] = 2.0 if part == "alpha" else 1.0
+            elif part.startswith("bias_"):
+                items["bias"] = part[len("bias_"):]
+            elif part == "residual":
+                items["residual"] = True
+            elif part.startswith("gate_"):
+                items["gate"], _, items["halves"] = part[len("gate_"):].partition("_")
+            else:
+                items["activation"] = part
+        epilogue = cls(**items)
+        if epilogue.signature != signature:
+            raise ValueError(f"{signature!r} reads back as {epilogue.signature!r}")
+        return epilogue
+
 
 @dataclass(frozen=True)
 class Problem:

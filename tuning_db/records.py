@@ -235,28 +235,15 @@ def problem_from_key(key: str) -> Problem:
     """Rebuild a Problem from Problem.key (shape:majors:in:acc:epilogue signature).
 
     The signature keeps which epilogue parts are present, not the runtime alpha/beta
-    values; a rebuilt problem carries alpha=2.0 / beta=1.0 as placeholders for them.
+    values; a rebuilt problem carries alpha=2.0 / beta=1.0 as placeholders for them
+    (Epilogue.from_signature).
     """
     try:
         dims, majors, in_dtype, acc_dtype, signature = key.split(":")
         m, n, k = (None if d == "*" else int(d) for d in dims.split("x"))
         major = {"r": "row", "c": "col"}
         a_major, b_major, c_major = (major[c] for c in majors)
-        parts = signature.split("+")
-        out_dtype = parts.pop()
-        epi: dict[str, Any] = {"out_dtype": out_dtype}
-        for part in parts:
-            if part == "alpha":
-                epi["alpha"] = 2.0
-            elif part == "beta":
-                epi["beta"] = 1.0
-            elif part.startswith("bias_"):
-                epi["bias"] = part[5:]
-            elif part == "residual":
-                epi["residual"] = True
-            else:
-                epi["activation"] = part
-        problem = Problem(m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, Epilogue(**epi))
+        problem = Problem(m, n, k, a_major, b_major, c_major, in_dtype, acc_dtype, Epilogue.from_signature(signature))
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError(f"not a problem key: {key!r} ({exc})") from None
     if problem.key != key:

@@ -95,9 +95,10 @@ def _mantissa_operands(m: int, n: int, k: int, gen: torch.Generator, device, dty
     return a, b
 
 
-def a_scale(problem: Problem) -> float:
-    """What A's values are scaled by: a power of two for a gated problem (numerics.py), else 1."""
-    return gated_input_scale(problem.k) if problem.epilogue.gate else 1.0
+def a_scale(problem: Problem, case: str) -> float:
+    """What A's values are scaled by in a case: a power of two for a gated problem (numerics.py),
+    else 1."""
+    return gated_input_scale(problem.k, case) if problem.epilogue.gate else 1.0
 
 
 def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
@@ -127,8 +128,7 @@ def make_case(problem: Problem, name: str, seed: int, device="cuda") -> Case:
         b = _randn((k, b_cols), gen, device, in_dt)
     else:
         raise MeasureError(f"unknown check case {name!r}; use main, precision, mantissa or second")
-    if name != "mantissa":     # the mantissa probe's results are small already
-        a = a * a_scale(problem)
+    a = a * a_scale(problem, name)
     bias = _randn((n if ep.bias == "n" else m,), gen, device, out_dt) if ep.bias else None
     residual = _randn((m, n), gen, device, out_dt) if ep.residual else None
     c = _randn((m, n), gen, device, out_dt) if ep.beta != 0.0 else None

@@ -95,7 +95,7 @@ class Rotation:
         """The next set, refilled from `seed`, out poisoned: (a, b, out) and the keywords."""
         s = self.sets[self._turn % len(self.sets)]
         self._turn += 1
-        _fill(s, seed, self.device, a_scale(self.problem))
+        _fill(s, seed, self.device, a_scale(self.problem, "timed"))
         s.out.fill_(float("nan"))
         ep = self.problem.epilogue
         return (s.a, s.b, s.out), {"alpha": ep.alpha, "beta": ep.beta, **s.extras}
@@ -111,7 +111,7 @@ class Rotation:
         """The reference of the inputs `seed` fills (cached: kernels of a session share rounds)."""
         if seed not in self._cases:
             s = _new_set(self.problem, self.device)
-            _fill(s, seed, self.device, a_scale(self.problem))
+            _fill(s, seed, self.device, a_scale(self.problem, "timed"))
             self._cases[seed] = case_from(self.problem, "timed", seed, s.a, s.b, bias=s.extras.get("bias"),
                                           residual=s.extras.get("residual"), c=s.extras.get("c"))
         return self._cases[seed]
