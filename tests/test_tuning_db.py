@@ -47,8 +47,11 @@ def test_record_and_read_back_everything(tmp_path):
 
 def test_problem_key_round_trip():
     for p in (P, P_EPI, Problem(64, 64, 64, "col", "row", epilogue=Epilogue(beta=1.0, residual=True,
-                                                                             activation="silu", bias="m"))):
+                                                                             activation="silu", bias="m")),
+              Problem(8, 14336, 4096, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked"))):
         assert problem_from_key(p.key).key == p.key
+    gated = problem_from_key("8x14336x4096:rcr:f16:f32:gate_silu_stacked+f16")
+    assert (gated.epilogue.gate, gated.epilogue.halves, gated.epilogue.activation) == ("silu", "stacked", None)
     with pytest.raises(RecordError):
         problem_from_key("4096x4096:rr:f16")
 
