@@ -423,7 +423,7 @@ def case_plan(elapsed: float, budget: float, autotune: bool, last: dict) -> str:
     """What of the next case fits the budget: "all", "no-max-autotune" or "none", judged by the
     last case measured with max-autotune (`last[True]`, seconds) and without (`last[False]`)."""
     with_it = last[True] or (last[False] + MAX_AUTOTUNE_GUESS_S if last[False] else None)
-    without = last[False] or last[True]
+    without = last[False] or (max(last[True] - MAX_AUTOTUNE_GUESS_S, last[True] / 2) if last[True] else None)
     if autotune and (with_it is None or elapsed + with_it <= budget):
         return "all"
     if without is None or elapsed + without <= budget:

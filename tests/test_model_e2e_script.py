@@ -146,3 +146,4 @@ def test_the_budget_drops_max_autotune_before_it_drops_a_case(script):
     assert plan(300, 540, True, {True: None, False: 60}) == "all"             # 60 + the guess fits
     assert plan(500, 540, True, {True: 200, False: 60}) == "none"
     assert plan(500, 540, False, {True: None, False: 30}) == "no-max-autotune"
+    assert plan(280, 540, False, {True: 400, False: None}) == "no-max-autotune"     # 400 s less the guess
