@@ -25,6 +25,8 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
                   traced (its first call), under torch.no_grad(). Freezing's contract holds:
                   weights updated after compiling are not seen; recompile. Default False
     db            tuning database path (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)
+    mode          an inductor mode ("reduce-overhead": CUDA graphs; "max-autotune", ...) for
+                  backend="gemmgen" with options= (torch.compile takes mode= or options=, not both)
     inductor      a dict of inductor config patches passed through unchanged
 
 `stats()` says what was rewritten and why the rest was not.
@@ -48,7 +50,7 @@ _BASELINES = ("stock", "op")
 #: Where the pass goes in inductor's config (the first of the post-grad passes).
 PASS_SLOT = "post_grad_custom_pre_pass"
 _OPTION_NAMES = ("ops", "devices", "baseline", "tune_missing", "tune_budget", "tune_seconds", "min_gain_us",
-                 "join_siblings", "db", "inductor")
+                 "join_siblings", "db", "inductor", "mode")
 
 
 class TorchBackendError(GemmgenError):
@@ -110,6 +112,7 @@ def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Opt
     if unknown:
         raise TorchBackendError(f"unknown gemmgen backend options {unknown}; valid: {', '.join(_OPTION_NAMES)}")
     inductor = options.pop("inductor", None) or {}
+    mode = options.pop("mode", None) or mode
     return compile_with_pass(gm, example_inputs, pass_options(**options), mode=mode, inductor=inductor)
 
 
