@@ -5,11 +5,10 @@ import types
 
 import pytest
 import torch
+from test_torch_backend import record_winner
 
 from gemmgen.torch_compile import backend as torch_backend
 from gemmgen.torch_compile.graph_pass import GemmgenPass, PassOptions
-
-from test_torch_backend import record_winner  # noqa: E402
 
 M, N, K = 64, 48, 32
 CPU_JOINS = PassOptions(devices=("cuda", "cpu"), join_siblings=True)
@@ -172,8 +171,10 @@ def fake_gated_kernel(device_ms):
 def test_gate_up_is_taken_only_where_the_gated_kernel_beats_two_matmuls_and_the_pointwise(
         clean, tmp_path, monkeypatch, gated_ms, expected):
     from gemmgen.dsl.ir import Problem
+
     from gemmgen.errors import GemmgenError
-    from gemmgen.torch_compile import decide, ops as torch_ops
+    from gemmgen.torch_compile import decide
+    from gemmgen.torch_compile import ops as torch_ops
 
     db = tmp_path / "tuning.sqlite"
     record_winner(db, Problem(M, N, K, "row", "col"), device_ms=0.12, baseline_ms=0.100)

@@ -12,7 +12,7 @@ import torch
 from gemmgen.torch_compile import backend as torch_backend
 
 transformers = pytest.importorskip("transformers")
-from test_torch_backend import fresh, rel_err  # noqa: E402,F401 - fresh is a fixture
+from test_torch_backend import fresh, rel_err  # noqa: F401 - fresh is a fixture
 
 LAYERS, HIDDEN, INTER, VOCAB = 2, 64, 128, 128
 #: fp16 eager (fp16 products rounded per op) against fp32 references in the ops: the tolerance

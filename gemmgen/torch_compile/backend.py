@@ -33,7 +33,8 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from gemmgen.errors import GemmgenError
 from gemmgen.torch_compile import graph_pass as torch_pass
@@ -59,7 +60,7 @@ class TorchBackendError(GemmgenError):
 
 def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
                  tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0,
-                 db=None, join_siblings: bool = False, tune_seconds: Optional[float] = None) -> PassOptions:
+                 db=None, join_siblings: bool = False, tune_seconds: float | None = None) -> PassOptions:
     """Validated PassOptions from user values."""
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
     devices = (devices,) if isinstance(devices, str) else tuple(devices)
@@ -88,14 +89,14 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
 
 def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
                  tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0, db=None,
-                 join_siblings: bool = False, inductor: Optional[Mapping[str, Any]] = None,
-                 tune_seconds: Optional[float] = None):
+                 join_siblings: bool = False, inductor: Mapping[str, Any] | None = None,
+                 tune_seconds: float | None = None):
     """A torch.compile backend with these options: torch.compile(m, backend=make_backend(...))."""
     chosen = pass_options(ops, devices, baseline, tune_missing, tune_budget, min_gain_us, db, join_siblings,
                           tune_seconds)
     patches = dict(inductor or {})
 
-    def backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):
+    def backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
         if options:
             raise TorchBackendError("a make_backend() backend takes its options from make_backend(); "
                                     "pass options= only with backend='gemmgen'")
@@ -105,7 +106,7 @@ def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cu
     return backend
 
 
-def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Optional[dict] = None):
+def gemmgen_backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
     """The registered backend (entry point `gemmgen`): options arrive from torch.compile(options=...)."""
     options = dict(options or {})
     unknown = sorted(set(options) - set(_OPTION_NAMES))
@@ -116,8 +117,8 @@ def gemmgen_backend(gm, example_inputs, mode: Optional[str] = None, options: Opt
     return compile_with_pass(gm, example_inputs, pass_options(**options), mode=mode, inductor=inductor)
 
 
-def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: Optional[str] = None,
-                      inductor: Optional[Mapping[str, Any]] = None):
+def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: str | None = None,
+                      inductor: Mapping[str, Any] | None = None):
     """Inductor's compile_fx with the gemmgen pass patched in (forward and backward graphs)."""
     # Deferred: torch (optional, heavy to import).
     import torch._inductor

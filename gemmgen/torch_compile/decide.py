@@ -22,10 +22,9 @@ Joins and gated products compete with what inductor runs in their place:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from gemmgen.torch_compile import counts
-from gemmgen.torch_compile import ops as torch_ops
 from gemmgen.torch_compile.patterns import Candidate, Gated, Siblings
 
 #: Inductor's fused silu(gate) * up kernel, estimated (not measured): a memory-bound pass at
@@ -34,7 +33,7 @@ POINTWISE_BYTES_PER_S = 3.3e12
 POINTWISE_FLOOR_US = 2.0
 
 
-def time_ms(kernel) -> Optional[float]:
+def time_ms(kernel) -> float | None:
     """Device time of what would run for a key: the tuned kernel or the baseline, as measured."""
     if kernel is None:
         return None
@@ -48,7 +47,7 @@ def pointwise_us(m: int, n: int) -> float:
     return max(POINTWISE_FLOOR_US, 3 * m * n * 2 / POINTWISE_BYTES_PER_S * 1e6)
 
 
-def estimated_gain_us(kernel, reference_ms: Optional[float] = None) -> float:
+def estimated_gain_us(kernel, reference_ms: float | None = None) -> float:
     """Device time a tuned kernel saves per call against `reference_ms` (default: the best
     baseline of its tuning run), as measured at this very shape (a winner or a library choice);
     0 for the baseline."""
@@ -136,7 +135,7 @@ def gated_keys(pair: Gated) -> list:
     return [pair.key(), *(c.key(bare=True) for c in pair.members)]
 
 
-def gated_reference_us(pair: Gated, kernels: dict) -> Optional[float]:
+def gated_reference_us(pair: Gated, kernels: dict) -> float | None:
     """What inductor runs in the gated kernel's place: the matmul(s) and the fused pointwise kernel."""
     times = [time_ms(kernels[c.key(bare=True)]) for c in pair.members]
     if None in times:

@@ -29,16 +29,19 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
-import torch
-import torch.fx as fx
+from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from gemmgen.errors import GemmgenError
 from gemmgen.torch_compile import counts, decide, patterns, rewrite
 from gemmgen.torch_compile import ops as torch_ops
-from gemmgen.torch_compile.counts import missing_keys, note_cache_hit, reset_stats, stats  # noqa: F401
+from gemmgen.torch_compile.counts import (  # noqa: F401
+    missing_keys,
+    note_cache_hit,
+    reset_stats,
+    stats,
+)
 from gemmgen.torch_compile.decide import estimated_gain_us, in_graph_gain_us  # noqa: F401
 from gemmgen.torch_compile.patterns import (  # noqa: F401
     BATCHED,
@@ -64,8 +67,8 @@ class PassOptions:
     devices: tuple = ("cuda",)
     tune_missing: bool = False
     tune_budget: int = 8
-    tune_seconds: Optional[float] = None
-    db: Optional[str] = None
+    tune_seconds: float | None = None
+    db: str | None = None
     baseline: str = "stock"
     min_gain_us: float = 5.0
     join_siblings: bool = False

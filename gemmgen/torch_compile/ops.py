@@ -127,7 +127,7 @@ def clear_kernels() -> None:
 
 def _stride_tag():
     """Inductor must hand the op exactly the strides the pass saw (the majors depend on them)."""
-    tag = getattr(torch.Tag, "needs_exact_strides", None) or getattr(torch.Tag, "needs_fixed_stride_order")
+    tag = getattr(torch.Tag, "needs_exact_strides", None) or torch.Tag.needs_fixed_stride_order
     return (tag,)
 
 

@@ -20,10 +20,9 @@ import math
 import operator
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
-import torch.fx as fx
+from torch import fx
 
 from gemmgen.torch_compile import ops as torch_ops
 
@@ -46,20 +45,20 @@ class Candidate:
     b: fx.Node
     a_major: str
     b_major: str
-    bias: Optional[fx.Node] = None
+    bias: fx.Node | None = None
     bias_1xn: bool = False
-    c: Optional[fx.Node] = None
+    c: fx.Node | None = None
     alpha: float = 1.0
     beta: float = 0.0
     activation: str = "none"
     act_nodes: list = field(default_factory=list)
-    act_out: Optional[fx.Node] = None
-    chain_last: Optional[fx.Node] = None
-    residual: Optional[fx.Node] = None       # the tensor added to the product (through reshapes)
-    res_add: Optional[fx.Node] = None        # the add node the residual epilogue replaces
+    act_out: fx.Node | None = None
+    chain_last: fx.Node | None = None
+    residual: fx.Node | None = None       # the tensor added to the product (through reshapes)
+    res_add: fx.Node | None = None        # the add node the residual epilogue replaces
     res_index: int = 0                       # where the residual is among the add's arguments
     standalone: bool = False    # inductor would run the epilogue item as a kernel of its own
-    device: Optional[int] = None
+    device: int | None = None
     chosen: bool = False
     dynamic_m: bool = False             # M is symbolic: its key has M = None (a dispatch over M)
 
@@ -118,7 +117,7 @@ class Candidate:
         self.residual, self.res_add, self.standalone = None, None, False
 
 
-def major_of(shape, stride) -> Optional[str]:
+def major_of(shape, stride) -> str | None:
     """'row' or 'col' by the rules gemmgen kernels check, or None (a strided view)."""
     rows, cols = shape
     if (stride[1] == 1 or cols == 1) and (stride[0] == cols or rows == 1):
@@ -141,7 +140,7 @@ def _dynamic_m(a, b) -> bool:
             and tuple(a.stride()) == (cols, 1))
 
 
-def cuda_index(device: torch.device) -> Optional[int]:
+def cuda_index(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return device.index if device.index is not None else torch.cuda.current_device()
@@ -200,7 +199,7 @@ def settle_residuals(candidates: list) -> None:
             claimed.add(cand.res_add)
 
 
-def _addmm_input(cand: Candidate, inp, beta: float, m: int, n: int) -> Optional[str]:
+def _addmm_input(cand: Candidate, inp, beta: float, m: int, n: int) -> str | None:
     """Place addmm's input as the bias (a row vector) or as C (an M x N matrix)."""
     if not isinstance(inp, fx.Node) or "val" not in inp.meta:
         return "no_metadata"
@@ -372,7 +371,7 @@ def _literal_equal(r, n) -> bool:
 # -- constants: weights whose values the graph owns ----------------------------------------------
 
 
-def constant_of(node) -> Optional[torch.Tensor]:
+def constant_of(node) -> torch.Tensor | None:
     """The tensor a `get_attr` node (a frozen parameter, a folded view of one) holds, else None."""
     if not (isinstance(node, fx.Node) and node.op == "get_attr" and node.graph.owning_module is not None):
         return None
@@ -382,7 +381,7 @@ def constant_of(node) -> Optional[torch.Tensor]:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def weight_constant(cand: Candidate) -> Optional[fx.Node]:
+def weight_constant(cand: Candidate) -> fx.Node | None:
     """The get_attr node of a column-major B that is a constant (N, K) weight's transpose, folded
     by freezing into one constant or a `permute`/`t` of one; else None."""
     b = cand.b
@@ -449,7 +448,7 @@ class Gated:
     up: Candidate
     mul: fx.Node
     act: tuple
-    split: Optional[fx.Node] = None
+    split: fx.Node | None = None
     gate_first: bool = True
 
     @property

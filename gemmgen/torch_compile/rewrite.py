@@ -11,11 +11,17 @@ which every frozen parameter of the graph is under too).
 from __future__ import annotations
 
 import torch
-import torch.fx as fx
+from torch import fx
 from torch._guards import detect_fake_mode
 
 from gemmgen.torch_compile import ops as torch_ops
-from gemmgen.torch_compile.patterns import Candidate, Gated, Siblings, constant_of, weight_nk
+from gemmgen.torch_compile.patterns import (
+    Candidate,
+    Gated,
+    Siblings,
+    constant_of,
+    weight_nk,
+)
 
 aten = torch.ops.aten
 _META = ("stack_trace", "nn_module_stack")
@@ -145,7 +151,7 @@ def rewrite_siblings(graph: fx.Graph, join: Siblings) -> fx.Node:
         if first.bias is not None:
             joined_bias = _real(lambda: torch.cat([constant_of(c.bias).reshape(-1) for c in members]))
             bias = add_constant(graph, joined_bias, first.a)
-        m, _, k = first.shape
+        m = first.shape[0]
         val = first.a.meta["val"].new_empty((m, int(b.meta["val"].shape[1])))
         new = _call(graph, torch.ops.gemmgen.gemm.default,
                     (first.a, b, bias, None, first.a_major, "col", "none", 1.0, 0.0), val)
@@ -178,7 +184,7 @@ def rewrite_gated(graph: fx.Graph, pair: Gated) -> fx.Node:
             halves = [b_all[:, :n].t(), b_all[:, n:].t()]
             weights = halves if pair.gate_first else halves[::-1]
         b = _joined_weight(graph, weights, gate.a)
-        m, _, k = gate.shape
+        m = gate.shape[0]
         val = gate.a.meta["val"].new_empty((m, pair.n))
         new = _call(graph, torch.ops.gemmgen.gemm_gated.default, (gate.a, b, gate.a_major, "silu"), val)
         _copy_meta(new, gate.node)

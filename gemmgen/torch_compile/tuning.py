@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from gemmgen.compile import clear_cache
 from gemmgen.torch_compile.ops import clear_kernels, problem_of, resolve
 from gemmgen.tune.on_demand import summary, tune_now
 
 
-def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: Optional[float] = None,
-              backends: Optional[Iterable[str]] = None, *, found: Optional[int] = None):
+def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: float | None = None,
+              backends: Iterable[str] | None = None, *, found: int | None = None):
     """Tune the problems of these op keys (`missing_keys()`) into the database (GPU), with a
     progress bar, then forget cached kernels so the next compile sees the winners, and print one
     line: GEMMs found (`found`, else the keys), tuned, won, seconds. Returns the reports
