@@ -41,8 +41,12 @@ def test_the_harness_passes_gated_programs(index):
 
 
 @pytest.mark.parametrize("name", ["torch", "cublas_nn", "cublas_tn", "lt_heuristic"])
-@pytest.mark.parametrize("shape", SHAPES[1:3])
+@pytest.mark.parametrize("shape", [(100, 1000, 77), (300, 4096, 1024)])
 def test_the_harness_passes_every_unfused_baseline(name, shape):
+    """At shapes where the libraries sum in fp32: at 17x5998x4097 (small M, long K) every baseline
+    failed the elementwise bound by one element a case on the H200 (error ~35 fp16 ulps of the
+    result, as when split-K partials far larger than the result are added in fp16: torch's default
+    allows it, and cuBLASLt may reduce in the output type), which the fp32 promise refuses."""
     from gemmgen.measure import check
     from gemmgen.measure.baselines import make
 
