@@ -45,12 +45,15 @@ for _backend in ("triton", "cuda"):
               for gate, out in GATES[:1]]
     CASES += [_program(_backend, UNALIGNED[_backend, b], gate, out, b=b) for gate, out in GATES for b in ("row", "col")]
 # The CUDA backend's multistage ring read by wgmma (one warpgroup, its 128 columns of each half),
-# and a tile narrower than a warp's 16 columns a half would allow on 2x2 warps.
+# and tiles whose halves split a thread's chunks at either boundary of the copier.
 CASES += [_program("cuda", (m, 2999, 4104), "silu", "f16", tile=(64, 128, 64), warps=(4, 1),
                    instr=Instr("wgmma", 64, 128, 16)) for m in (1, 100)]
 CASES += [_program("cuda", (100, 3000, 4104), "gelu", "bf16", b="row", tile=(64, 128, 64), warps=(4, 1),
                    instr=Instr("wgmma", 64, 128, 16)),
           _program("cuda", (100, 2999, 4104), "relu", "f32", tile=(32, 32, 64), warps=(2, 2)),
+          # B tiles of 2 x 16 columns: fewer rows than a thread's chunks are apart (one chunk a thread)
+          _program("cuda", (100, 2999, 4104), "silu", "f16", tile=(64, 16, 32), warps=(4, 1)),
+          _program("cuda", (100, 3000, 4104), "gelu", "f16", b="row", tile=(64, 16, 32), warps=(4, 1)),
           _program("cuda", (100, 3000, 4104), "silu", "f16", b="row", tile=(128, 64, 32), warps=(2, 2))]
 
 
