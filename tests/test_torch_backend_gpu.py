@@ -65,7 +65,7 @@ def test_op_path_matches_eager_in_inference(fresh, tmp_path):
     with torch.no_grad():
         ref = model(ids).logits
         out = torch.compile(model, backend="gemmgen", dynamic=False, options=opts)(ids).logits
-    assert torch_backend.stats()["replaced"] == {"mm": LAYERS * 6 + 1, "mm+silu": LAYERS}
+    assert torch_backend.stats()["replaced"] == {"mm": LAYERS * 4 + 1, "mm+silu": LAYERS, "mm+residual": 2 * LAYERS}
     assert rel_err(out, ref) < 1e-2
 
 
@@ -78,7 +78,8 @@ def test_op_path_trains(fresh, tmp_path):
     opts = {"baseline": "op", "db": str(tmp_path / "user.sqlite")}
     torch.compile(model, backend="gemmgen", dynamic=False, options=opts)(ids, labels=ids).loss.backward()
     projections = LAYERS * 7 + 1
-    assert torch_backend.stats()["replaced"] == {"mm": 3 * projections}
+    replaced = torch_backend.stats()["replaced"]        # o, down and summed input gradients: residual
+    assert sum(replaced.values()) == 3 * projections and set(replaced) == {"mm", "mm+residual"}, replaced
     for name, p in model.named_parameters():
         assert rel_err(p.grad, ref[name]) < 2e-2, name
 
@@ -109,12 +110,13 @@ def test_generated_kernels_run_inside_the_compiled_model(fresh, tmp_path, graphs
     model = tiny_llama().eval()
     ids = torch.randint(0, 256, (4, 16), device="cuda")
     db = str(tmp_path / "user.sqlite")
-    with torch.no_grad():
-        torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(ids)
-    keys = torch_backend.missing_keys()
-    assert keys
-    record_triton_winners(db, [problem_of(key) for key in keys], device_ms=0.001)
-    clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
+    for _ in range(2):      # a fused epilogue's kernel then the bare matmul it competes with
+        with torch.no_grad():
+            torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(ids)
+        keys = torch_backend.missing_keys()
+        if keys:
+            record_triton_winners(db, [problem_of(key) for key in keys], device_ms=0.001)
+        clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
     opts = {"db": db, "inductor": {"triton.cudagraphs": True}} if graphs else {"db": db}
     compiled = torch.compile(model, backend="gemmgen", dynamic=False, options=opts)
     with torch.no_grad():
@@ -193,7 +195,6 @@ def test_fused_decoder_under_cuda_graphs_replays_right_on_new_inputs(fresh, tmp_
             for call in range(3):
                 assert rel_err(compiled(ids).logits, ref) < 1e-2, (ids.sum().item(), call)
     stats = torch_backend.stats()
-    print(stats)
     assert stats["patterns"].get("gated") == LAYERS and stats["patterns"].get("residual") == 2 * LAYERS, stats
 
 

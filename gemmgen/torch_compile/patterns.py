@@ -512,9 +512,14 @@ def _plain_weight_mm(cand: Candidate) -> bool:
             and weight_constant(cand) is not None)
 
 
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else x
+
+
 def _prejoined(candidates: list) -> list:
     """One matmul over a constant B of 2N columns, split in two halves by inductor's freezing
-    pass (concat_linear), whose halves meet as silu(half) * other half."""
+    pass (concat_linear; `split_with_sizes` on torch 2.13's CPU graphs, `split` by N on torch
+    2.11's CUDA ones), whose halves meet as silu(half) * other half."""
     found = []
     for cand in candidates:
         if (cand.bias is not None or cand.c is not None or cand.alpha != 1.0 or cand.dynamic_m
@@ -522,7 +527,8 @@ def _prejoined(candidates: list) -> list:
             continue
         (split,) = cand.node.users
         n2 = int(cand.shape[1])
-        if split.target is not aten.split_with_sizes.default or list(split.args[1]) != [n2 // 2] * 2:
+        halves = {aten.split_with_sizes.default: [n2 // 2] * 2, aten.split.Tensor: n2 // 2}
+        if split.target not in halves or n2 % 2 or _as_list(split.args[1]) != halves[split.target]:
             continue
         if (split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)) not in (1, -1):
             continue
