@@ -79,6 +79,11 @@ def _multistage(problem: Problem) -> list[Program]:
     tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
     if math.ceil(p.m / 64) * math.ceil(p.n / 64) < SMS:
         tiles += NARROW_TILES
+    if gated and p.m <= 32:
+        # A few rows of a gated MLP (decode): tiles of 16 or 32 rows waste no mma work on zero rows.
+        # At 16x14336x4096 on the H200 16x64 and 16x128 (1x4 warps) ran 64 us, 1.12x the unfused
+        # torch product; the 64-row tiles 71-77 us (docs/design/cuda_kernels.md).
+        tiles += tuple(t for t in ((16, 64), (16, 128), (32, 64), (32, 128)) if t not in tiles)
     for (tm, tn) in tiles:
         # More tiles than SMs: persistent CTAs, whose ring runs across tiles, so the next tile
         # loads during this one's stores and a ring deeper than one tile's K loop still fills
