@@ -105,10 +105,12 @@ VARIANTS = (Variant("eager", "eager", False), Variant("eager+graphs", "eager", T
 BY_NAME = {v.name: v for v in VARIANTS}
 
 #: gemmgen's torch.compile options without and with CUDA graphs: the one place to change them.
-#: join_siblings joins q/k/v and gate/up (a gated GEMM) where measured times say it pays. A
-#: gemmgen that refuses joins under CUDA graphs gets them off there, noted in the row.
+#: join_siblings joins q/k/v and gate/up (a gated GEMM) where measured times say it pays; it needs
+#: the weights as constants, so gemmgen's variants trace under inductor's freezing (GEMMGEN_FREEZING).
+#: A gemmgen that refuses joins under CUDA graphs gets them off there, noted in the row.
 GEMMGEN_OPTIONS = {False: {"join_siblings": True},
                    True: {"join_siblings": True, "inductor": {"triton.cudagraphs": True}}}
+GEMMGEN_FREEZING = True
 
 #: summary key -> (variant, reference) per case kind; decode compares CUDA graphs on both sides
 COMPARISONS = {
@@ -259,6 +261,7 @@ def prepare_variant(case: ModelCase, variant: Variant, args, ref) -> tuple[dict,
     """Compile one variant and check its first output: (row, (call, reset) or None if it broke, output)."""
     import torch
     from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
 
     row = {"variant": variant.name, "graphs": variant.graphs, "compiler": variant.compiler, "mode": variant.mode}
     if variant.graphs and args.device != "cuda":
@@ -267,12 +270,14 @@ def prepare_variant(case: ModelCase, variant: Variant, args, ref) -> tuple[dict,
     counters.clear()
     gemmgen_reset()
     joins = True
+    frozen = variant.compiler == "gemmgen" and GEMMGEN_FREEZING
+    row["freezing"] = frozen
     t0 = time.perf_counter()
     for attempt in range(2):
         options = gemmgen_options(variant.graphs, args, joins) if variant.compiler == "gemmgen" else None
         try:
             call, reset = case.call_for(compiled(case.model, variant, options))
-            with torch.no_grad():
+            with torch.no_grad(), inductor_config.patch(freezing=frozen):    # read as the first call traces
                 if variant.compiler == "eager" and variant.graphs:
                     call, reset = graphed(call, reset)
                 out = call().float().clone()
