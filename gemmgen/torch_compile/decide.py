@@ -15,13 +15,9 @@ Joins and gated products compete with what inductor runs in their place:
 - gate and up: the two matmuls' times added up (or, where inductor's freezing already joined
   them, the joined matmul's), plus `pointwise_us`, an estimate of inductor's fused
   silu(gate) * up kernel (it reads 2 M N and writes M N fp16 values), against the gated kernel's
-  measured time. Where those matmuls were never timed (inductor's joined product over its own
-  row-major copy of the weights, say), the gated kernel's own tuning run stands in: it timed
-  the unfused form beside the winner (the best library product over the joined weight, then
-  silu in place and the multiply, each a torch kernel), and inductor's fused form is that less
-  the separate activation pass (`activation_pass_us`, estimated as `pointwise_us` is). A gated
-  problem `gemmgen.compile` cannot serve, or with no measured kernel, is not taken: its fallback
-  in the op is the torch product and the torch epilogue, never faster than inductor's.
+  measured time. A gated problem `gemmgen.compile` cannot serve, or with no measured kernel, is
+  not taken: its fallback in the op is the torch product and the torch epilogue, never faster
+  than inductor's.
 """
 from __future__ import annotations
 
@@ -49,12 +45,6 @@ def time_ms(kernel) -> float | None:
 def pointwise_us(m: int, n: int) -> float:
     """Estimated device time of inductor's fused gate * up kernel on M x N fp16 halves."""
     return max(POINTWISE_FLOOR_US, 3 * m * n * 2 / POINTWISE_BYTES_PER_S * 1e6)
-
-
-def activation_pass_us(m: int, n: int) -> float:
-    """Estimated device time of an in-place activation over the M x N fp16 gate half (reads and
-    writes it): what the unfused baseline runs and inductor fuses into its multiply."""
-    return max(POINTWISE_FLOOR_US, 2 * m * n * 2 / POINTWISE_BYTES_PER_S * 1e6)
 
 
 def estimated_gain_us(kernel, reference_ms: float | None = None) -> float:
@@ -146,15 +136,12 @@ def gated_keys(pair: Gated) -> list:
 
 
 def gated_reference_us(pair: Gated, kernels: dict) -> float | None:
-    """What inductor runs in the gated kernel's place: the matmul(s) and the fused pointwise kernel
-    (measured matmuls; else the gated run's unfused baseline less the activation pass)."""
+    """What inductor runs in the gated kernel's place: the matmul(s) and the fused pointwise kernel."""
     times = [time_ms(kernels[c.key(bare=True)]) for c in pair.members]
+    if None in times:
+        return None
     m = int(pair.gate.shape[0])
-    if None not in times:
-        return sum(times) * 1e3 + pointwise_us(m, pair.n)
-    gated = kernels[pair.key()]
-    best = gated.provenance.best_baseline_ms if gated is not None and gated.backend != "torch" else None
-    return best * 1e3 - activation_pass_us(m, pair.n) if best else None
+    return sum(times) * 1e3 + pointwise_us(m, pair.n)
 
 
 def decide_gated(pair: Gated, kernels: dict, min_gain_us: float) -> str:
