@@ -287,27 +287,18 @@ def time_variants(calls: list, iters: int, repeats: int, *, cuda: bool, warm: bo
 
 
 def gemmgen_reset() -> None:
-    """Clear gemmgen's pass counts (and joined weights, where a version makes them at run time),
-    so that a variant's row counts its own."""
+    """Clear gemmgen's pass counts, so that a variant's row counts its own."""
     from gemmgen.torch_compile import backend as torch_backend
-    from gemmgen.torch_compile import ops as torch_ops
 
     torch_backend.reset_stats()
-    clear = getattr(torch_ops, "clear_joined", None)
-    if clear is not None:
-        clear()
 
 
 def gemmgen_report() -> dict:
-    """What gemmgen's pass did since `gemmgen_reset`: its counts, the kernels the calls ran and,
-    where a version keeps joined weights beside the model's, their MiB."""
+    """What gemmgen's pass did since `gemmgen_reset`: its counts and the kernels the calls ran."""
     from gemmgen.torch_compile import backend as torch_backend
     from gemmgen.torch_compile import ops as torch_ops
 
     report = {"gemmgen": torch_backend.stats(),
               "kernels": [{"problem": torch_ops.problem_key(key), "backend": k.backend, "via": k.provenance.how}
                           for key, k in torch_ops.served_kernels().items()]}
-    joined = getattr(torch_ops, "joined_bytes", None)
-    if joined is not None:
-        report["joined_weights_mib"] = round(joined() / 2 ** 20, 1)   # the memory join_siblings costs
     return report

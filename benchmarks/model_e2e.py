@@ -107,7 +107,6 @@ BY_NAME = {v.name: v for v in VARIANTS}
 #: gemmgen's torch.compile options without and with CUDA graphs: the one place to change them.
 #: join_siblings joins q/k/v and gate/up (a gated GEMM) where measured times say it pays; it needs
 #: the weights as constants, so gemmgen's variants trace under inductor's freezing (GEMMGEN_FREEZING).
-#: A gemmgen that refuses joins under CUDA graphs gets them off there, noted in the row.
 GEMMGEN_OPTIONS = {False: {"join_siblings": True},
                    True: {"join_siblings": True, "inductor": {"triton.cudagraphs": True}}}
 GEMMGEN_FREEZING = True
@@ -209,7 +208,7 @@ def build_model(spec: ModelSpec, device: str):
     return model.to(torch.float16).eval(), cfg
 
 
-def gemmgen_options(graphs: bool, args, joins: bool = True) -> dict:
+def gemmgen_options(graphs: bool, args) -> dict:
     """GEMMGEN_OPTIONS for this variant with --gemmgen-options and --db laid over them."""
     options = json.loads(json.dumps(GEMMGEN_OPTIONS[graphs]))       # a deep copy
     for key, value in json.loads(args.gemmgen_options).items():
@@ -218,8 +217,6 @@ def gemmgen_options(graphs: bool, args, joins: bool = True) -> dict:
         options["db"] = args.db
     if args.device == "cpu":
         options["devices"] = ("cuda", "cpu")     # the CPU reference op: exercises the rewrite only
-    if not joins:
-        options["join_siblings"] = False
     return options
 
 
@@ -269,29 +266,21 @@ def prepare_variant(case: ModelCase, variant: Variant, args, ref) -> tuple[dict,
         return row, None, None
     counters.clear()
     gemmgen_reset()
-    joins = True
     frozen = variant.compiler == "gemmgen" and GEMMGEN_FREEZING
     row["freezing"] = frozen
     t0 = time.perf_counter()
-    for attempt in range(2):
-        options = gemmgen_options(variant.graphs, args, joins) if variant.compiler == "gemmgen" else None
-        try:
-            call, reset = case.call_for(compiled(case.model, variant, options))
-            with torch.no_grad(), inductor_config.patch(freezing=frozen):    # read as the first call traces
-                if variant.compiler == "eager" and variant.graphs:
-                    call, reset = graphed(call, reset)
-                out = call().float().clone()
-                sync()
-            break
-        except Exception as exc:  # noqa: BLE001 - a variant that breaks is its row, not the run's
-            if attempt == 0 and variant.graphs and options and options.get("join_siblings") \
-                    and "join_siblings" in str(exc):
-                joins = False          # a failed compile leaves no entry: the other variants stay compiled
-                row["note"] = "this gemmgen refuses joins under CUDA graphs: ran without them"
-                continue
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-            row["error"] = f"{type(exc).__name__}: {' | '.join(lines[:3])[:500]}"
-            return row, None, None
+    options = gemmgen_options(variant.graphs, args) if variant.compiler == "gemmgen" else None
+    try:
+        call, reset = case.call_for(compiled(case.model, variant, options))
+        with torch.no_grad(), inductor_config.patch(freezing=frozen):    # read as the first call traces
+            if variant.compiler == "eager" and variant.graphs:
+                call, reset = graphed(call, reset)
+            out = call().float().clone()
+            sync()
+    except Exception as exc:  # noqa: BLE001 - a variant that breaks is its row, not the run's
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        row["error"] = f"{type(exc).__name__}: {' | '.join(lines[:3])[:500]}"
+        return row, None, None
     row.update(compile_s=round(time.perf_counter() - t0, 2),
                dynamo_graphs=counters["stats"]["unique_graphs"])     # > 1 per graph break or recompile
     if options is not None:

@@ -2,7 +2,7 @@
 
 from gemmgen.dsl.diagnostics import GemmgenError
 
-__all__ = ["GatedNotServed", "GemmgenError", "NoGPUError"]
+__all__ = ["GemmgenError", "NoGPUError"]
 
 
 class NoGPUError(GemmgenError):
@@ -13,7 +13,3 @@ class NoGPUError(GemmgenError):
             f"{what} needs an NVIDIA Hopper GPU (sm_90a) and torch with CUDA; none was found. "
             "Inspection, lowering and building work without one."
         )
-
-
-class GatedNotServed(GemmgenError):
-    """A gated epilogue that a path cannot compute (none left: every path serves one now)."""

@@ -130,7 +130,7 @@ def test_the_gated_reference_is_the_runtimes_formula():
 
     acc = torch.randn(8, 2 * N)
     expected = torch.nn.functional.silu(acc[:, :N]) * acc[:, N:]
-    assert torch.allclose(gated_epilogue(acc, N, "silu"), expected)
+    assert torch.allclose(gated_epilogue(acc, "silu"), expected)
 
 
 # -- the CUDA decision, on CPU: fake CUDA graphs and made-up database records --------------------------

@@ -27,7 +27,7 @@ import torch
 
 from gemmgen.compile import compile as gemmgen_compile
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.errors import GatedNotServed, GemmgenError
+from gemmgen.errors import GemmgenError
 from gemmgen.kernel import check_major
 from gemmgen.runtime.epilogue import ACTIVATIONS as EPILOGUE_ACTIVATIONS
 from gemmgen.runtime.epilogue import reference as epilogue_reference
@@ -218,36 +218,30 @@ def gemm_gated_cuda(a, b, a_major, gate):
     if key not in _GATED_FALLBACK:
         try:
             kernel = _SERVED.get(key) or serve(key)
-        except GemmgenError as exc:      # a gated problem gemmgen.compile refuses (GatedNotServed)
+        except GemmgenError as exc:      # a gated problem gemmgen.compile refuses (too large, say)
             warnings.warn(f"gemmgen: gated product {problem_key(key)} served by torch: {exc}", stacklevel=2)
             _GATED_FALLBACK[key] = str(exc)
         else:
             out = kernel(a, b)
             _LAUNCHERS[(key, a.stride(), b.stride())] = kernel.launcher
             return out
-    return gated_epilogue(torch.mm(a, b), n, gate).to(a.dtype)
+    return gated_epilogue(torch.mm(a, b), gate).to(a.dtype)
 
 
 def gemm_gated_cpu(a, b, a_major, gate):
     """The fp32 torch reference of the gated product (checks the majors as the kernel does)."""
     check_major("a", a, tuple(a.shape), a_major)
     check_major("b", b, tuple(b.shape), "col")
-    return gated_epilogue(torch.mm(a.float(), b.float()), b.shape[1] // 2, gate).to(a.dtype)
+    return gated_epilogue(torch.mm(a.float(), b.float()), gate).to(a.dtype)
 
 
 def gemm_gated_fake(a, b, a_major, gate):
     return a.new_empty((a.shape[0], b.shape[1] // 2))
 
 
-def gated_epilogue(acc: torch.Tensor, n: int, gate: str) -> torch.Tensor:
-    """gate(acc[:, :N]) * acc[:, N:] in fp32 on an M x 2N accumulator: the runtime's reference
-    (`gemmgen.runtime.epilogue.reference`) where it serves gated epilogues, else the same formula
-    here."""
-    try:
-        return epilogue_reference(acc.float(), Epilogue(gate=gate, halves="stacked"))
-    except GatedNotServed:
-        x = acc.float()
-        return EPILOGUE_ACTIVATIONS[gate][0](x[:, :n]) * x[:, n:]
+def gated_epilogue(acc: torch.Tensor, gate: str) -> torch.Tensor:
+    """gate(acc[:, :N]) * acc[:, N:] in fp32 on an M x 2N accumulator (the runtime's reference)."""
+    return epilogue_reference(acc.float(), Epilogue(gate=gate, halves="stacked"))
 
 
 _LIB.impl("gemm_gated", gemm_gated_cuda, "CUDA")
