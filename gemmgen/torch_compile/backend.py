@@ -125,7 +125,6 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: str | N
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-
     torch_ops.set_lookup_db(options.db)
     patches: dict = {}
     if mode and mode != "default":

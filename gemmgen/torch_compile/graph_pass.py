@@ -11,8 +11,9 @@ decompositions and before inductor's own post-grad patterns. Its three roles liv
   the graph.
 
 With `join_siblings`, gate/up pairs become one gated GEMM and other siblings one wider GEMM
-where the weights are constants of the graph (inductor's freezing, which the backend turns on
-with the option; inference graphs only), each where it pays.
+where the weights are constants of the graph (inductor's freezing, on while the model is first
+traced, under torch.no_grad(): dynamo reads it then, before any backend runs), each where it
+pays; elsewhere they count as `weights_not_constant`.
 
 A matmul whose M is symbolic (`dynamic=True`, `mark_dynamic` on the batch) while N, K and the
 strides are not is rewritten when gemmgen serves some batch size of its (·, N, K) with a
@@ -112,6 +113,8 @@ class GemmgenPass(CustomGraphPass):
         patterns.settle_residuals(candidates)
         gated, joins = [], []
         if opts.join_siblings:
+            for _ in range(patterns.siblings_of_inputs(candidates)):
+                counts.note_outcome("joins", "weights_not_constant")
             gated = self._choose_gated(candidates) if "gated" in opts.ops else []
             taken = {id(c) for pair in gated for c in pair.members}
             joins = self._choose_joins([c for c in candidates if id(c) not in taken])

@@ -435,6 +435,17 @@ def sibling_groups(candidates: list) -> list:
     return [Siblings(tuple(members)) for members in groups.values() if len(members) > 1]
 
 
+def siblings_of_inputs(candidates: list) -> int:
+    """Groups of two or more matmuls of one A whose weights are not all constants of the graph
+    (freezing was off as the model was traced): what join_siblings cannot join there."""
+    groups = defaultdict(list)
+    for cand in candidates:
+        if not cand.dynamic_m:
+            groups[(_source(cand.a), cand.a_major, cand.device)].append(cand)
+    return sum(1 for members in groups.values()
+               if len(members) > 1 and any(weight_constant(c) is None for c in members))
+
+
 # -- gated MLPs: silu(x W_gate^T) * (x W_up^T) ----------------------------------------------------
 
 
