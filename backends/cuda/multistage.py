@@ -16,6 +16,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
+from gemmgen.dsl.checks import gate_findings
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.dsl.resources import b_tiles
@@ -173,13 +174,8 @@ def gate_rules(program: Program) -> list[tuple[str, str]]:
                                  f"{program.scheduler}`"))
     if program.split_k > 1:
         out.append(("split_k", f"{what} needs the whole K sum in one CTA (the gate is not linear): write `split_k 1`"))
-    extra = [word for word, used in (("an activation", e.activation), ("bias", e.bias), ("beta (C)", e.beta != 0.0),
-                                     ("residual", e.residual), ("alpha", e.alpha != 1.0)) if used]
-    if extra:
-        out.append(("epilogue", f"{what} is gate(A B_gate) * (A B_up) alone: drop {', '.join(extra)} "
-                                f"(`epilogue gate={e.gate} halves={e.halves or 'stacked'} out={e.out_dtype}`)"))
-    if e.halves not in (None, "stacked"):
-        out.append(("epilogue", f"{what} reads B's halves stacked: write halves=stacked"))
+    # the language's own words for a malformed gate, also when lower() is called directly
+    out.extend(("epilogue", finding) for finding in gate_findings(e))
     return out
 
 
