@@ -304,6 +304,7 @@ def test_a_gated_epilogue_is_served_by_its_unfused_baseline_until_tuned():
     gated = Epilogue(gate="silu", halves="stacked")
     kernel = gemmgen.compile(Problem(16, 4096, 4096, b_major="col", epilogue=gated))
     assert kernel.provenance.how == "baseline"
+    assert gemmgen.compile((16, 4096, 4096), b_major="col", epilogue="gate=silu halves=stacked").problem.epilogue == gated
     assert "torch.mul(g, u, out=out)" in kernel.source and "F.silu(g, inplace=True)" in kernel.source
     with pytest.raises(CompileError, match="halves=stacked"):
         gemmgen.compile(Problem(16, 4096, 4096, b_major="col", epilogue=Epilogue(gate="silu")))
