@@ -175,6 +175,10 @@ def kernel_class(name: str, classes: Sequence = KERNEL_CLASSES) -> str:
     return next((cls for cls, words in classes if any(w in low for w in words)), "other")
 
 
+#: kernels listed by name in a profile, the costliest first
+TOP_KERNELS = 12
+
+
 def kernel_split(kernels: Sequence[tuple[str, float, float]], calls: int, classes: Sequence = KERNEL_CLASSES) -> dict:
     """Per-call device ms by kernel class from (name, start_us, end_us) kernel records of
     `calls` calls; the kernel count; the span from the first kernel's start to the last one's
@@ -197,7 +201,21 @@ def kernel_split(kernels: Sequence[tuple[str, float, float]], calls: int, classe
     split["idle_share"] = (span - busy) / span if span else 0.0
     split["gaps_20us"] = sum(1 for g in gaps if g >= 20) / calls
     split["gaps_20us_ms"] = sum(g for g in gaps if g >= 20) / 1e3 / calls
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in split.items()}
+    split = {k: round(v, 4) if isinstance(v, float) else v for k, v in split.items()}
+    split["top_kernels"] = top_kernels(kernels, calls)
+    return split
+
+
+def top_kernels(kernels: Sequence[tuple[str, float, float]], calls: int, count: int = TOP_KERNELS) -> list:
+    """The kernels with the most device time per call: name (cut to 120 characters), launches and
+    ms per call, and the mean us a launch: which kernel of a class grew between two variants."""
+    per_name: dict = {}
+    for name, start, end in kernels:
+        launches, us = per_name.get(name, (0, 0.0))
+        per_name[name] = (launches + 1, us + (end - start))
+    ranked = sorted(per_name.items(), key=lambda item: -item[1][1])[:count]
+    return [{"kernel": name[:120], "launches": launches // calls, "ms": round(us / 1e3 / calls, 4),
+             "us_each": round(us / launches, 2)} for name, (launches, us) in ranked]
 
 
 def profile_split(call, calls: int = 3, trace: Path | None = None, classes: Sequence = KERNEL_CLASSES) -> dict:

@@ -122,6 +122,8 @@ def test_kernels_are_classed_gemm_attention_pointwise_or_other():
                                  ("memset", 130.0, 140.0)], calls=1)
     assert (split["gemm_ms"], split["pointwise_ms"], split["attention_ms"], split["other_ms"]) == (0.06, 0.01, 0.02, 0.01)
     assert split["idle_share"] == pytest.approx(40 / 140, abs=1e-4) and split["gaps_20us"] == 1
+    assert [(k["kernel"], k["launches"], k["ms"]) for k in split["top_kernels"][:2]] == [("nvjet_a", 1, 0.06),
+                                                                                         ("flash_c", 1, 0.02)]
 
 
 @pytest.mark.gpu
