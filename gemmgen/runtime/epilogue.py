@@ -9,11 +9,11 @@ both halves and `gate_tail` after it), the text `Kernel.source` shows for the ba
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from dataclasses import replace
 from typing import Callable
+
+import torch
+import torch.nn.functional as F
 
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.runtime.tensors import TORCH_DTYPES, empty_laid_out
@@ -85,18 +85,16 @@ def product_problem(problem: Problem) -> Problem:
 
 def with_gate_tail(product_fn: Callable, problem: Problem) -> Callable:
     """A gated problem's unfused call from `product_fn`, a plain call of `product_problem`: the
-    product into a scratch (kept between calls, one per device), then `gate_tail` into `out`."""
+    product into a scratch from torch's caching allocator (as `a @ b` would take it, and safe on
+    any stream), then `gate_tail` into `out`."""
     gate = problem.epilogue.gate
     plain = product_problem(problem)
-    scratch: dict = {}
+    dtype = TORCH_DTYPES[plain.epilogue.out_dtype]
 
     def fn(a, b, out, **_):
-        t = scratch.get(out.device)
-        if t is None:
-            t = scratch[out.device] = empty_laid_out(plain.m, plain.n, "row", TORCH_DTYPES[plain.epilogue.out_dtype],
-                                                     out.device)
-        product_fn(a, b, t)
-        gate_tail(t, out, gate)
+        scratch = empty_laid_out(plain.m, plain.n, "row", dtype, out.device)
+        product_fn(a, b, scratch)
+        gate_tail(scratch, out, gate)
 
     return fn
 
