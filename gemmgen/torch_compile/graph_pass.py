@@ -169,47 +169,39 @@ class GemmgenPass(CustomGraphPass):
     def _choose_gated(self, candidates: list) -> list:
         """The gate/up pairs worth one gated GEMM: on CUDA, those decide.decide_gated takes; on
         CPU, all (for testing); only where the weights are constants of the graph."""
-        pairs = patterns.gated_pairs(candidates)
-        cuda = [p for p in pairs if p.gate.device is not None]
-        keys = {k for p in cuda for k in decide.gated_keys(p)}
-        kernels = self._kernels(keys, lambda kern: decide.time_ms(kern) is None)
-        chosen = [p for p in pairs if p.gate.device is None]
-        for pair in cuda:
-            outcome = decide.decide_gated(pair, kernels, self.options.min_gain_us)
-            if outcome == "gated":
-                chosen.append(pair)
-                continue
-            counts.note_outcome("gated", outcome)
-            if outcome == "unmeasured":
-                for key in decide.gated_keys(pair):
-                    if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
-                        counts.note_missing(key)
-        for _ in chosen:
-            counts.note_outcome("gated", "gated")
-        return chosen
+        return self._choose_measured(patterns.gated_pairs(candidates), lambda pair: pair.gate.device,
+                                     decide.gated_keys, decide.decide_gated, "gated", "gated")
 
     def _choose_joins(self, candidates: list) -> list:
         """The sibling groups worth joining: on CUDA, those decide.decide_join takes by the
         measured times (tuning the unmeasured ones first if asked); on CPU, all (for testing)."""
-        groups = patterns.sibling_groups(candidates)
-        cuda = [j for j in groups if j.members[0].device is not None]
-        keys = {k for j in cuda for k in decide.join_keys(j)}
-        kernels = self._kernels(keys, lambda kern: decide.time_ms(kern) is None)
-        chosen = [j for j in groups if j.members[0].device is None]
-        for join in cuda:
-            outcome = decide.decide_join(join, kernels, self.options.min_gain_us)
-            if outcome == "joined":
-                chosen.append(join)
-                continue
-            counts.note_outcome("joins", outcome)
-            if outcome == "unmeasured":
-                for key in decide.join_keys(join):
-                    if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
-                        counts.note_missing(key)
+        chosen = self._choose_measured(patterns.sibling_groups(candidates), lambda join: join.members[0].device,
+                                       decide.join_keys, decide.decide_join, "joins", "joined")
         for join in chosen:
-            counts.note_outcome("joins", "joined")
             for cand in join.members:
                 cand.drop_fusions()      # a fused activation would cover only its own slice
+        return chosen
+
+    def _choose_measured(self, groups: list, device_of, keys_of, decide_one, kind: str, taken: str) -> list:
+        """The groups `decide_one` takes on CUDA by the database's times (after tuning the
+        unmeasured keys if asked), and every CPU group; each outcome counted under `kind`, and an
+        unmeasured group's untimed keys noted as missing."""
+        cuda = [g for g in groups if device_of(g) is not None]
+        keys = {k for g in cuda for k in keys_of(g)}
+        kernels = self._kernels(keys, lambda kern: decide.time_ms(kern) is None)
+        chosen = [g for g in groups if device_of(g) is None]
+        for group in cuda:
+            outcome = decide_one(group, kernels, self.options.min_gain_us)
+            if outcome == taken:
+                chosen.append(group)
+                continue
+            counts.note_outcome(kind, outcome)
+            if outcome == "unmeasured":
+                for key in keys_of(group):
+                    if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
+                        counts.note_missing(key)
+        for _ in chosen:
+            counts.note_outcome(kind, taken)
         return chosen
 
     def _choose_kernels(self, candidates: list, skipped: Counter) -> None:
