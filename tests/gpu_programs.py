@@ -1,5 +1,17 @@
 """What the GPU test files of generated programs share: build a list of programs in parallel
-(through the disk cache), then judge one with the harness (gemmgen.measure.check)."""
+(through the disk cache), then judge one with the harness (gemmgen.measure.check), and the
+epilogues each puts its programs through."""
+from gemmgen.dsl.ir import Epilogue
+
+#: every epilogue item, alone and together, and both other output dtypes
+EPILOGUES = (
+    Epilogue(bias="n", activation="gelu"),
+    Epilogue(alpha=0.5, beta=-1.0, bias="m", activation="relu"),
+    Epilogue(activation="silu", residual=True),
+    Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True),
+    Epilogue(out_dtype="f32"),
+    Epilogue(out_dtype="bf16", bias="n"),
+)
 
 
 def build_all(programs) -> dict:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
+from gpu_programs import EPILOGUES as FUSED_EPILOGUES
 from gpu_programs import assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
@@ -28,15 +29,7 @@ CONFIGS = [  # (tile, warps, stages, scheduler, split_k, reduce)
     ((64, 64, 64), (4, 1), 3, "persistent", 2, "workspace"),
     ((64, 128, 32), (4, 1), 4, "tile", 2, "atomic"),
 ]
-EPILOGUES = [
-    Epilogue(),
-    Epilogue(bias="n", activation="gelu"),
-    Epilogue(alpha=0.5, beta=-1.0, bias="m", activation="relu"),
-    Epilogue(activation="silu", residual=True),
-    Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True),
-    Epilogue(out_dtype="f32"),
-    Epilogue(out_dtype="bf16", bias="n"),
-]
+EPILOGUES = [Epilogue(), *FUSED_EPILOGUES]
 
 
 def _program(shape, majors, epilogue, config) -> Program:

@@ -9,7 +9,7 @@ import functools
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
-from tests.gpu_programs import assert_passes, build_all
+from gpu_programs import assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
 

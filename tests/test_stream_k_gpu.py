@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
-from gpu_programs import assert_passes, build_all
+from gpu_programs import EPILOGUES, assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
 
@@ -21,14 +21,6 @@ CONFIGS = [  # (tile, warps, stages)
     ((16, 128, 128), (1, 4), 4),
     ((32, 64, 64), (2, 2), 6),
     ((128, 64, 64), (4, 1), 3),
-]
-EPILOGUES = [
-    Epilogue(bias="n", activation="gelu"),
-    Epilogue(alpha=0.5, beta=-1.0, bias="m", activation="relu"),
-    Epilogue(activation="silu", residual=True),
-    Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True),
-    Epilogue(out_dtype="f32"),
-    Epilogue(out_dtype="bf16", bias="n"),
 ]
 
 

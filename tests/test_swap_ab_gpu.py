@@ -14,7 +14,7 @@ import pytest
 
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
 from gemmgen.dsl.resources import max_stages
-from gpu_programs import assert_passes, build_all
+from gpu_programs import EPILOGUES, assert_passes, build_all
 
 pytestmark = pytest.mark.gpu
 
@@ -24,14 +24,6 @@ CONFIGS = [  # (scheduler, tile M, tile K, stages); tile N from M
     ("tile", 64, 128, 6),
     ("stream_k", 128, 64, 6),
     ("tile", 128, 32, 3),
-]
-EPILOGUES = [
-    Epilogue(bias="n", activation="gelu"),
-    Epilogue(alpha=0.5, beta=-1.0, bias="m", activation="relu"),
-    Epilogue(activation="silu", residual=True),
-    Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True),
-    Epilogue(out_dtype="f32"),
-    Epilogue(out_dtype="bf16", bias="n"),
 ]
 
 
