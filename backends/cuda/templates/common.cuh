@@ -231,6 +231,28 @@ __device__ __forceinline__ void epilogue_store_block_staged(const EpilogueArgs& 
 }
 #endif
 
+// ---- the tensor-core instruction and the arguments of the mma.sync families -----
+// D (16 x 8, fp32) += A (16 x 16, row) * B (16 x 8, col): fp16, or bf16 when IN_DTYPE_BF16.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if IN_DTYPE_BF16
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct GemmArgs {
+  const f16_bits* __restrict__ a; long long ld_a;
+  const f16_bits* __restrict__ b; long long ld_b;
+  int M, N, K;
+  float* __restrict__ workspace;      // split-K: fp32 partials (SPLIT_K x M x N, or M x N when atomic)
+  unsigned* __restrict__ counters;    // split-K atomic: arrivals per output tile, left at zero
+                                      // stream-K: a flag per CTA (its partial is written), left at zero
+};
+
 // ---- CTA rasterization: linear tile id -> (tile_m, tile_n) -------------------
 // RASTER_M: consecutive ids walk down M inside bands of SWIZZLE tile columns
 // (n fastest inside the band, so SWIZZLE=1 is plain column order); RASTER_N is

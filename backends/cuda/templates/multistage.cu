@@ -48,17 +48,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned add
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-#if IN_DTYPE_BF16
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#else
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#endif
-               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // ldmatrix lane l addresses row l%8 of 8x8 matrix q = l/8.
 // A fragment (16 x 16): matrices a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15),
 // (m 8-15, k 8-15): mn_half = q & 1, k_half = q >> 1.
@@ -137,15 +126,6 @@ __device__ __forceinline__ void for_each_quad(const float (&acc)[MMA_M_TILES][MM
       }
 }
 #endif
-
-struct GemmArgs {
-  const f16_bits* __restrict__ a; long long ld_a;
-  const f16_bits* __restrict__ b; long long ld_b;
-  int M, N, K;
-  float* __restrict__ workspace;      // split-K: fp32 partials (SPLIT_K x M x N, or M x N when atomic)
-  unsigned* __restrict__ counters;    // split-K atomic: arrivals per output tile, left at zero
-                                      // stream-K: a flag per CTA (its partial is written), left at zero
-};
 
 #if SPLIT_K == 1
 // One tile's epilogue when the CTA holds the whole K sum. The warp's accumulators start at row
