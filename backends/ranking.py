@@ -16,6 +16,7 @@ import math
 
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
+from gemmgen.dsl.resources import REGISTER_MAINLOOPS
 
 SMS = SM90A.sms
 PEAK_FLOPS = SM90A.peak_flops_f16
@@ -45,7 +46,9 @@ def estimated_seconds(program: Program) -> float:
     reduce = 0.0
     if split > 1:
         partial_bytes = split * p.m * p.n * 4
-        reduce = REDUCE_LAUNCH_S + (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
+        # a register-ring mainloop's last CTA of a tile finishes it: no second launch
+        launch = 0.0 if program.mainloop in REGISTER_MAINLOOPS else REDUCE_LAUNCH_S
+        reduce = launch + (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
     start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
     return max(compute, dram, l2) + reduce + LAUNCH_S + start
 

@@ -19,7 +19,7 @@ from gemmgen.dsl.hardware import SM90A
 Major = Literal["row", "col"]
 DType = Literal["f16", "bf16", "f32"]
 Backend = Literal["triton", "cutlass", "cuda"]
-Mainloop = Literal["multistage", "ws_cooperative", "ws_pingpong"]
+Mainloop = Literal["multistage", "ws_cooperative", "ws_pingpong", "direct"]
 Scheduler = Literal["tile", "persistent", "stream_k"]
 Activation = Literal["relu", "gelu", "silu"]
 SplitKReduce = Literal["workspace", "atomic", "unordered"]
@@ -30,7 +30,7 @@ DTYPES: tuple[str, ...] = ("f16", "bf16", "f32")
 #: The input types gemmgen generates GEMMs for (fp16 A and B); every backend's SUPPORT agrees.
 INPUT_DTYPES: tuple[str, ...] = ("f16",)
 BACKENDS: tuple[str, ...] = ("triton", "cutlass", "cuda")
-MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong")
+MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong", "direct")
 SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
 SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered")

@@ -32,7 +32,7 @@ USAGE = {
     "instr": "instr auto | instr wgmma 64xNx16 | instr mma 16x8x16",
     "cluster": "cluster CMxCN, e.g. cluster 2x1",
     "stages": "stages N | stages auto",
-    "mainloop": "mainloop multistage|ws_cooperative|ws_pingpong",
+    "mainloop": "mainloop multistage|ws_cooperative|ws_pingpong|direct",
     "scheduler": "scheduler tile|persistent|stream_k (persistent: optionally the SMs it may use, e.g. 128)",
     "raster": "raster m|n swizzle=S, e.g. raster m swizzle=8",
     "smem_swizzle": "smem_swizzle auto|0|32|64|128",

@@ -15,6 +15,8 @@ The model (documented in docs/dsl.md, "Resource model"):
   one more per C/residual operand read; a backend's rules may give its own automatic subtile
   (CUTLASS's 128x32 or 64x32, `cutlass_rules.epilogue_tile`).
   A multistage epilogue reuses the mainloop's buffers.
+* direct: no shared memory; its `stages` are k tiles of loads in flight in each thread's
+  registers, at most DIRECT_MAX_STAGES (the backend bounds the registers they take).
 * accumulator registers per math thread = tile_m * tile_n / (32 * WM * WN) fp32 values,
   plus REG_RESERVE for addresses, indices and fragments.
 """
@@ -26,6 +28,8 @@ from gemmgen.dsl.hardware import SM90A, Hardware
 from gemmgen.dsl.ir import DTYPE_BYTES, Program
 
 WS_MAINLOOPS = ("ws_cooperative", "ws_pingpong")
+REGISTER_MAINLOOPS = ("direct",)   # operands go from global memory straight to registers
+DIRECT_MAX_STAGES = 8
 PRODUCER_WARPS = 4
 REG_RESERVE = 32            # registers a math thread needs beside its accumulators
 PRODUCER_REGS = 40          # a TMA producer warpgroup after setmaxnreg.dec
@@ -86,7 +90,9 @@ def epilogue_smem_bytes(program: Program, default_subtile: Optional[tuple[int, i
 
 
 def per_stage_bytes(program: Program) -> int:
-    """Shared memory one more stage costs, barriers included."""
+    """Shared memory one more stage costs, barriers included (none for a register ring)."""
+    if program.mainloop in REGISTER_MAINLOOPS:
+        return 0
     return stage_bytes(program) + (MBARRIER_BYTES_PER_STAGE if is_ws(program) else 0)
 
 
@@ -96,6 +102,8 @@ def smem_bytes(program: Program, stages: int) -> int:
 
 def max_stages(program: Program, hw: Hardware = SM90A) -> int:
     """The most stages whose shared memory fits one CTA (0 if not even one)."""
+    if program.mainloop in REGISTER_MAINLOOPS:
+        return DIRECT_MAX_STAGES
     per = per_stage_bytes(program)
     if per <= 0:
         return 0

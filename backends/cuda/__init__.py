@@ -1,10 +1,12 @@
 """The raw CUDA C backend: our own sm_90a kernels, generated from the program.
 
-Two families, chosen by the program's `mainloop`:
+Three families, chosen by the program's `mainloop`:
   * multistage      - cp.async + ldmatrix + mma.sync m16n8k16, or wgmma from the same
                       ring (multistage.py); the only family with the gated epilogue
   * ws_cooperative  - TMA + mbarrier pipeline + wgmma, warp-specialized and
     ws_pingpong       persistent (hopper.py)
+  * direct          - operands from global memory straight into mma.sync registers, K split
+                      over CTAs: skinny products under swap_ab, the weight as A (direct.py)
 lower() is pure (program -> CUDA C text), build() compiles to an sm_90a cubin on
 the CPU (NVRTC, else nvcc) and caches it on disk, load() needs the GPU.
 """
@@ -31,7 +33,8 @@ NAME = "cuda"
 
 _FAMILIES = {"multistage": "gemmgen.backends.cuda.multistage",
              "ws_cooperative": "gemmgen.backends.cuda.hopper",
-             "ws_pingpong": "gemmgen.backends.cuda.hopper"}
+             "ws_pingpong": "gemmgen.backends.cuda.hopper",
+             "direct": "gemmgen.backends.cuda.direct"}
 
 
 def _family(program: Program):
@@ -46,8 +49,9 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     if program.mainloop not in _FAMILIES:
         return []  # SUPPORT.mainloops already refuses it
     out = []
-    if program.problem.c_major != "row":
-        out.append(("gemm", "backend cuda writes row-major outputs only: write c=row"))
+    if program.problem.c_major != "row" and program.mainloop != "direct":
+        out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
+                            "(or mainloop direct, which stores C either way)"))
     if program.problem.epilogue.gate and program.mainloop != "multistage":
         out.append(("mainloop", f"backend cuda lowers a gated epilogue (gate={program.problem.epilogue.gate}) in mainloop "
                                 f"multistage only, not {program.mainloop}: write `mainloop multistage` with `scheduler tile` "
@@ -71,7 +75,7 @@ SUPPORT = Support(
     auto_stages=True,
     majors_a=frozenset({"row", "col"}),
     majors_b=frozenset({"row", "col"}),
-    majors_c=frozenset({"row"}),
+    majors_c=frozenset({"row", "col"}),   # col: mainloop direct only (_family_rules)
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
     in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_family_rules,),

@@ -171,7 +171,7 @@ class OperandCheck:
             raise BackendError(f"dtypes: a, b must be {self.in_dtype} and out {self.out_dtype}")
         ld_a = _lead(a, "A", p.a_major)
         ld_b = _lead(b, "B", p.b_major)
-        _lead(out, "out", "row")
+        _lead(out, "out", p.c_major)
         for name, t, ld in (("A", a, ld_a), ("B", b, ld_b)):
             if t.data_ptr() % 16 or ld % 8:
                 raise BackendError(f"{name} must start 16-byte aligned with a leading dimension that is a multiple "
@@ -288,9 +288,14 @@ class FamilyLauncher:
     def _launch(self, M: int, N: int, stream: int) -> None:
         raise NotImplementedError
 
-    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
+    def _fill_epilogue(self, out, bias, residual, c, alpha: float, beta: float) -> None:
+        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+
+    def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=None, beta=None):
         # Deferred: torch (optional, heavy to import).
         import torch
+        e = self.program.problem.epilogue     # alpha, beta not given: the program's (as every backend)
+        alpha, beta = e.alpha if alpha is None else alpha, e.beta if beta is None else beta
         M, N, K, ld_a, ld_b = self.check.operands(a, b, out)
         check_call(self.program, self.device, M, N, K, TensorArg.of("out", out),
                    [TensorArg.of(name, t) for name, t in (("a", a), ("b", b), ("bias", bias), ("residual", residual),
@@ -298,6 +303,6 @@ class FamilyLauncher:
         if M == 0 or N == 0:
             return out
         self._set_operands(a, b, M, N, K, ld_a, ld_b)
-        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+        self._fill_epilogue(out, bias, residual, c, alpha, beta)
         self._launch(M, N, torch.cuda.current_stream(a.device).cuda_stream)
         return out

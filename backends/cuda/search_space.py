@@ -11,6 +11,7 @@ import itertools
 import math
 from dataclasses import replace
 
+from gemmgen.backends.cuda import direct
 from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.multistage import stream_k_grid
 from gemmgen.dsl.hardware import SM90A
@@ -141,6 +142,54 @@ def _hopper(problem: Problem) -> list[Program]:
                 if not hop.rules(prog.bind(p) if not problem.is_bound else prog):
                     out.append(prog)
     return out
+
+
+# The direct family (operands straight into registers) is for `x @ W.T` at a small batch: the
+# weight is read once and is nearly all the bytes. Proposed under swap_ab (the weight's N rows
+# fill mma's M side, the batch is the narrow N) up to this batch: past it every warp re-reads
+# the batch's columns for each 16 weight rows, and at M = 64 and 128 its best program ran
+# 0.27-0.63x torch.matmul on the H200 (benchmarks/results/small_m_direct/).
+DIRECT_MAX_M = 16
+# The grid a direct program aims for: about 4 CTAs an SM (the best programs of the H200 sweep
+# ran 224-896 CTAs), each thread keeping up to 512 bytes of loads in flight.
+DIRECT_CTAS = 4 * SMS
+DIRECT_IN_FLIGHT = 512
+
+
+def direct_programs(problem: Problem) -> list[Program]:
+    """swap_ab programs of the direct family: tile M (weight rows) 16-256, tile N the batch
+    rounded up to 8 or 16, K split so the grid holds 2-8 CTAs an SM."""
+    p = _bound(problem)
+    if p.m > DIRECT_MAX_M or (p.a_major, p.b_major) != ("row", "col") or problem.epilogue.gate:
+        return []
+    tile_n = 8 if p.m <= 8 else 16
+    out = []
+    for rows_per_warp, warps_m, tk, stages in itertools.product((16, 32), (1, 2, 4, 8), (32, 64, 128), (2, 4, 8)):
+        tile_m = rows_per_warp * warps_m
+        tiles = math.ceil(p.n / tile_m) * math.ceil(p.m / tile_n)
+        whole_k_tiles = max(1, p.k // tk)      # every K slice at least one whole k tile
+        splits = sorted({min(whole_k_tiles, max(1, 1 << round(math.log2(max(1, c / tiles)))))
+                         for c in (DIRECT_CTAS // 2, DIRECT_CTAS, 2 * DIRECT_CTAS)})
+        for split in splits:
+            prog = Program(problem=problem, backend="cuda", tile=Tile(tile_m, tile_n, tk), warps=(warps_m, 1),
+                           mainloop="direct", instr=Instr("mma", 16, 8, 16), stages=stages, scheduler="tile",
+                           split_k=split, split_k_reduce="unordered" if split > 1 else "workspace", swap_ab=True)
+            if not direct.rules(prog.bind(p).computed):
+                out.append(prog)
+    return sorted(out, key=lambda q: direct_rank(q, p))
+
+
+def direct_rank(program: Program, problem: Problem) -> tuple:
+    """The direct family's order, read off the H200 sweep of every program at M = 1 and 16
+    (best of the first 4 within 0.97 of the best of all, geomean over 6 shapes): a grid near
+    DIRECT_CTAS, then more bytes of loads in flight a thread (up to DIRECT_IN_FLIGHT), then
+    4 warps a CTA, then fewer K slices."""
+    c = program.bind(problem).computed
+    t = program.tile
+    ctas = math.ceil(c.problem.m / t.m) * math.ceil(c.problem.n / t.n) * program.split_k
+    in_flight = direct.stages_of(c) * direct.ring_regs_per_stage(c) * 4
+    return (round(abs(math.log2(ctas / DIRECT_CTAS))), -min(in_flight, DIRECT_IN_FLIGHT),
+            abs(math.log2(program.num_warps / 4)), program.split_k)
 
 
 def _resident(program: Program) -> int:
@@ -285,15 +334,19 @@ def _tiebreak(q: Program, problem: Problem) -> tuple:
 
 
 def space(problem: Problem, limit: int = 40) -> list[Program]:
-    """Both families' candidates for `problem`, best first, at most `limit`.
+    """The families' candidates for `problem`, best first, at most `limit`.
 
-    Half the slots go to each family when both have candidates, so a search
-    always measures some of both.
+    Half the slots go to each of multistage and the TMA family when both have candidates, so a
+    search always measures some of both; at a small batch of `x @ W.T` the direct family's
+    best come first and take half.
     """
     p = _bound(problem)
+    direct_ranked = direct_programs(problem)
     ms = _round_robin(_multistage(problem), p)
     hop = _round_robin(_hopper(problem), p)
-    half = limit // 2
-    take_hop = min(len(hop), max(half, limit - len(ms)))
-    chosen = ms[: limit - take_hop] + hop[:take_hop]
+    first = direct_ranked[: limit // 2] if direct_ranked else []
+    rest = limit - len(first)
+    half = rest // 2
+    take_hop = min(len(hop), max(half, rest - len(ms)))
+    chosen = first + ms[: rest - take_hop] + hop[:take_hop]
     return [replace(q, spans={}) for q in chosen]
