@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                 entries = common.entries_for(programs, builds, keep=lambda p: p.mainloop in group)
                 if not entries:
                     continue
-                trial, part = common.run_shape_job(runner, f"shape{i}-{group[0]}", "cuda", entries, problem,
+                trial, part = common.run_shape_job(runner, f"shape{i}-{group[0]}", entries, problem,
                                                    args.seed + i, out / f".shape_{i}.json")
                 if "torch" in part and "torch" in report:
                     part.pop("torch")

@@ -64,18 +64,17 @@ def shapes_from(args, arrange: Callable[[list, argparse.Namespace], list]) -> li
 
 # ---- run in the worker (module level, so jobs pickle by reference) -------------------------
 
-def measure_shape(backend: str, entries, problem, seed: int, result_path: str):
+def measure_shape(entries, problem, seed: int, result_path: str):
     """A no-argument job: check each (name, artifact, program text) on shared cases, then time
     torch.matmul and the passing ones in one session; every entry records that session's torch time."""
     def run():
         from gemmgen import dsl
-        from gemmgen.backends import get
+        from gemmgen.backends import load
         from gemmgen.measure.baselines import make as make_baseline
         from gemmgen.measure.cases import make_cases
         from gemmgen.measure.checking import check
         from gemmgen.measure.timing import TimingOptions, time_many
 
-        load = get(backend).load
         cases = make_cases(problem, seed, "cuda")
         report, timed = {}, [("torch", make_baseline("torch", problem).fn, problem)]
         for name, artifact, text in entries:
@@ -122,12 +121,12 @@ def entry_outcome(entry: dict, built) -> tuple[str, str]:
     return "not_run", ""
 
 
-def run_shape_job(runner, name: str, backend: str, entries, problem, seed: int, result_path: Path):
+def run_shape_job(runner, name: str, entries, problem, seed: int, result_path: Path):
     """measure_shape in an isolated worker: (the trial, the report it wrote or {})."""
     from gemmgen.measure.worker import Job
 
     result_path.unlink(missing_ok=True)
-    trial = runner.run(Job(name, measure_shape, (backend, entries, problem, seed, str(result_path))))
+    trial = runner.run(Job(name, measure_shape, (entries, problem, seed, str(result_path))))
     report = json.loads(result_path.read_text()) if result_path.exists() else {}
     result_path.unlink(missing_ok=True)
     return trial, report

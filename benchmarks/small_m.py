@@ -1,7 +1,7 @@
 """Which kernel idea streams the weight fastest for `x @ W.T` at M <= 128, measured idea by idea.
 
 For each shape (M x N x K, layout nt: the activation x row-major, the weight W stored N x K),
-every program of four ideas, each written in the DSL for the Triton backend:
+every program of five ideas, four written in the DSL for the Triton backend and one for raw CUDA:
 
   tile      one CTA per output tile, tiles of 16-128 rows (no wider than M needs)
   split_k   the same tiles, K split over enough CTAs to fill the SMs, partials added as they
@@ -13,6 +13,10 @@ every program of four ideas, each written in the DSL for the Triton backend:
             MMA's M side and the batch is a narrow N (16-128) of wgmma; stream-K and one CTA
             a tile. Timed writing C^T row-major (M x N of output is small beside N x K of
             weight); its speedup is over torch.matmul's time of the original problem.
+  direct    raw CUDA's direct family under swap_ab: the weight streams from global memory
+            straight into mma.sync registers, K split over a few CTAs an SM, partials added in
+            the same launch (every program of `backends/cuda/search_space.direct_programs`), timed on
+            the original problem.
 
 Each program is built, checked by the harness (gemmgen.measure.check) and timed beside
 torch.matmul in one isolated worker per shape (offline, L2 flushed, CUPTI device time), as
@@ -38,10 +42,12 @@ import triton_search  # noqa: E402 - its build and row helpers
 MS = (1, 16, 128)
 # (N, K) of Llama-3-8B's layers: q/o, gate or up, down
 WIDTHS = ((4096, 4096), (14336, 4096), (4096, 14336))
-IDEAS = ("tile", "split_k", "stream_k", "persistent", "swap")
+IDEAS = ("tile", "split_k", "stream_k", "persistent", "swap", "direct")
 
 
 def idea_of(program, swapped: bool) -> str:
+    if program.mainloop == "direct":
+        return "direct"
     if swapped:
         return "swap"
     if program.split_k > 1:
@@ -129,20 +135,32 @@ def main(argv=None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=16)
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values")
+    ap.add_argument("--ideas", default=",".join(IDEAS), help=f"comma-separated, of {', '.join(IDEAS)}")
     ap.add_argument("--seed", type=int, default=20261201)
     args = ap.parse_args(argv)
+    from gemmgen.backends.cuda.search_space import direct_programs
     from gemmgen.measure.shapes import Shape
     from gemmgen.measure.worker import Runner
 
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shapes = []
+    ideas = set(args.ideas.split(","))
+    unknown = ideas - set(IDEAS)
+    if unknown:
+        ap.error(f"unknown idea(s) {', '.join(sorted(unknown))}: choose from {', '.join(IDEAS)}")
+    shapes, plans = [], []
     for m in map(int, args.ms.split(",")):
         for n, k in WIDTHS:
-            shapes += [(Shape(m, n, k, "nt"), False), (Shape(n, m, k, "nt"), True)]
-    plans = [(s, s.problem(), swapped_candidates(s.problem()) if swapped else candidates(s.problem()))
-             for s, swapped in shapes]
+            original, transposed = Shape(m, n, k, "nt"), Shape(n, m, k, "nt")
+            mine = [p for p in candidates(original.problem()) if idea_of(p, False) in ideas]
+            mine += direct_programs(original.problem()) if "direct" in ideas else []
+            if mine:
+                shapes.append((original, False))
+                plans.append((original, original.problem(), mine))
+            if "swap" in ideas:
+                shapes.append((transposed, True))
+                plans.append((transposed, transposed.problem(), swapped_candidates(transposed.problem())))
     builds = triton_search.build_all(plans, args.jobs)
     rows: list[dict] = []
     with Runner(timeout_s=240) as runner:

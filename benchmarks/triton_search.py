@@ -60,10 +60,10 @@ def candidates_for(problem, top: int) -> list:
 
 
 def build_all(plans, jobs: int) -> list:
-    from gemmgen.backends import triton as tb
+    from gemmgen.backends import lower
     from gemmgen.backends.build import build_many
 
-    sources = [tb.lower(p) for _, _, programs in plans for p in programs]
+    sources = [lower(p) for _, _, programs in plans for p in programs]
     bar = None
     try:
         from tqdm import tqdm
@@ -160,7 +160,7 @@ def measured_shapes(runner, plans, builds, out: Path, seed: int, start: float, t
             print(f"time budget spent after {i} of {len(plans)} shapes", flush=True)
             return
         entries = common.entries_for(programs, built)
-        trial, report = common.run_shape_job(runner, f"shape{i}", "triton", entries, problem, seed + i,
+        trial, report = common.run_shape_job(runner, f"shape{i}", entries, problem, seed + i,
                                              out / f".shape_{i}.json")
         yield i, shape, trial, shape_rows(shape, problem, programs, built, report)
 
