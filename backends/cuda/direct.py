@@ -143,10 +143,6 @@ def geometry(program: Program) -> Geometry:
                     split_k=program.split_k)
 
 
-def tile_count(geo: Geometry, M: int, N: int) -> int:
-    return math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
-
-
 class DirectLauncher(L.FamilyLauncher):
     """Runs one direct program: fn(a, b, out, *, bias, residual, c, alpha, beta), out (and c and
     residual) in the computed problem's layout, as backends.swap hands them over."""
@@ -167,7 +163,7 @@ class DirectLauncher(L.FamilyLauncher):
         key = (M, N, device)
         if key not in self._workspaces:
             self._workspaces[key] = (persistent_buffer(M * N, torch.float32, device, zero=True),
-                                     persistent_buffer(tile_count(self.geo, M, N), torch.int32, device, zero=True))
+                                     persistent_buffer(L.tile_count(self.geo, M, N), torch.int32, device, zero=True))
         return self._workspaces[key]
 
     def _set_operands(self, a, b, M, N, K, ld_a, ld_b) -> None:
@@ -186,7 +182,7 @@ class DirectLauncher(L.FamilyLauncher):
 
     def _launch(self, M, N, stream) -> None:
         g = self.geo
-        L.launch(self.funcs[ENTRY], (tile_count(g, M, N), 1, g.split_k), g.threads, 0, stream, self.pack)
+        L.launch(self.funcs[ENTRY], (L.tile_count(g, M, N), 1, g.split_k), g.threads, 0, stream, self.pack)
 
 
 def launcher(artifact, program: Program) -> DirectLauncher:

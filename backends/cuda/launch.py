@@ -231,6 +231,11 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def tile_count(geo, M: int, N: int) -> int:
+    """Output tiles of an M x N product under a family's geometry (its tile_m and tile_n)."""
+    return ceil_div(M, geo.tile_m) * ceil_div(N, geo.tile_n)
+
+
 INDEXES = "the CUDA kernels count rows, columns and tiles in 32-bit ints"
 
 
@@ -257,7 +262,7 @@ def index_rules(program) -> list[tuple[str, str]]:
 
 
 __all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "INDEXES", "OperandCheck", "ceil_div", "check", "check_call",
-           "index_counts", "index_rules", "launch", "load_functions", "resident_ctas"]
+           "index_counts", "index_rules", "launch", "load_functions", "resident_ctas", "tile_count"]
 
 
 def check_call(program, device: int, M: int, N: int, K: int, out: TensorArg, inputs: list, alpha, beta) -> None:

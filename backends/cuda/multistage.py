@@ -259,13 +259,9 @@ def geometry(program: Program) -> Geometry:
                     tile_k=program.tile.k)
 
 
-def tile_count(geo: Geometry, M: int, N: int) -> int:
-    return math.ceil(M / geo.tile_m) * math.ceil(N / geo.tile_n)
-
-
 def iteration_count(geo: Geometry, M: int, N: int, K: int) -> int:
     """(tile, k tile) pairs of the whole product: what stream-K shares out."""
-    return tile_count(geo, M, N) * math.ceil(K / geo.tile_k)
+    return L.tile_count(geo, M, N) * math.ceil(K / geo.tile_k)
 
 
 def grid_size(geo: Geometry, M: int, N: int, K: int, wave: int | None) -> int:
@@ -274,7 +270,7 @@ def grid_size(geo: Geometry, M: int, N: int, K: int, wave: int | None) -> int:
     iterations (stream_k_grid)."""
     if geo.stream_k and wave:
         return stream_k_grid(iteration_count(geo, M, N, K), wave)
-    tiles = tile_count(geo, M, N)
+    tiles = L.tile_count(geo, M, N)
     return min(tiles, wave) if geo.persistent and wave else tiles
 
 
@@ -322,7 +318,7 @@ class MultistageLauncher(L.FamilyLauncher):
                       persistent_buffer(self.wave, torch.int32, device, zero=True))
             elif g.atomic:
                 ws = (persistent_buffer(M * N, torch.float32, device, zero=True),
-                      persistent_buffer(tile_count(g, M, N), torch.int32, device, zero=True))
+                      persistent_buffer(L.tile_count(g, M, N), torch.int32, device, zero=True))
             else:
                 ws = (persistent_buffer(g.split_k * M * N, torch.float32, device), None)
             self._workspaces[key] = ws
