@@ -115,6 +115,27 @@ __device__ __forceinline__ void reduce_slices(const float* __restrict__ parts, i
   }
 }
 
+// Arrival-order split-K (`split_k N unordered`), one launch: each CTA adds its fp32 partials
+// into the workspace, then learns here whether it is its tile's last to arrive. Only that one
+// reads the sums (take_sum) and applies the epilogue; it leaves workspace and counter at zero.
+__device__ __forceinline__ bool last_to_arrive(unsigned* counter, int slices) {
+  __shared__ unsigned is_last;
+  __threadfence();   // this CTA's adds are visible before its arrival is
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1u) == (unsigned)(slices - 1);
+  __syncthreads();
+  if (is_last) __threadfence();
+  return is_last;
+}
+
+// A finished sum, read past L1 (other SMs wrote it), and the element zeroed for the next call.
+__device__ __forceinline__ float take_sum(float* w) {
+  float s;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s) : "l"(w));
+  *w = 0.f;
+  return s;
+}
+
 // Store the epilogue of two horizontally adjacent accumulators (row, col), (row, col+1),
 // bounds-checked against M x N; one 4- or 8-byte store when both are in and aligned.
 __device__ __forceinline__ void epilogue_store_pair(const EpilogueArgs& e, float acc0, float acc1,

@@ -127,19 +127,7 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
   }
 
   // Accumulator (i, j, v): row g (+8 for v >= 2) of block i, column 2q (+1 for odd v) of block j.
-#if SPLIT_K == 1
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
-        if (r < M && c < N) store_element(epi, acc[i][j][v], r, c);
-      }
-#else
-  // Add into the fp32 workspace; the tile's last CTA to arrive reads the sums, applies the
-  // epilogue and leaves workspace and counter at zero for the next call.
+#if SPLIT_K > 1
 #pragma unroll
   for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
@@ -149,14 +137,8 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
         const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
         if (r < M && c < N) atomicAdd(args.workspace + (long long)r * N + c, acc[i][j][v]);
       }
-  __threadfence();
-  __syncthreads();
-  __shared__ unsigned is_last;
-  const int tile_id = blockIdx.x;
-  if (threadIdx.x == 0) is_last = atomicAdd(args.counters + tile_id, 1u) == SPLIT_K - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
+  if (!last_to_arrive(args.counters + blockIdx.x, SPLIT_K)) return;
+#endif
 #pragma unroll
   for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
@@ -164,14 +146,14 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
-        if (r < M && c < N) {
-          float* w = args.workspace + (long long)r * N + c;
-          float sum;
-          asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(sum) : "l"(w));
-          *w = 0.f;
-          store_element(epi, sum, r, c);
-        }
+        if (r >= M || c >= N) continue;
+#if SPLIT_K > 1
+        store_element(epi, take_sum(args.workspace + (long long)r * N + c), r, c);
+#else
+        store_element(epi, acc[i][j][v], r, c);
+#endif
       }
-  if (threadIdx.x == 0) args.counters[tile_id] = 0u;
+#if SPLIT_K > 1
+  if (threadIdx.x == 0) args.counters[blockIdx.x] = 0u;
 #endif
 }

@@ -467,14 +467,8 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
             if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, acc[i][j][2 * h + 1]);
           }
         }
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned is_last;
     const int tile_id = tm * tiles_n + tn;
-    if (tid == 0) is_last = atomicAdd(args.counters + tile_id, 1u) == SPLIT_K - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
+    if (!last_to_arrive(args.counters + tile_id, SPLIT_K)) return;
 #pragma unroll
     for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
@@ -484,13 +478,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
           int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
           if (row < M && col < N) {
             float* w = args.workspace + (long long)row * N + col;
-            float s0, s1 = 0.f;
-            asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s0) : "l"(w));
-            w[0] = 0.f;
-            if (col + 1 < N) {
-              asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(s1) : "l"(w + 1));
-              w[1] = 0.f;
-            }
+            const float s0 = take_sum(w), s1 = col + 1 < N ? take_sum(w + 1) : 0.f;
             epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
           }
         }
