@@ -89,7 +89,7 @@ SM90A = Hardware(
     # wgmma's nominal rate at that clock (1,070 TFLOP/s)
     mma_sync_flops_f16=646e12,
     peak_bytes_per_s=4.8e12,
-    dram_read_bytes_per_s=4.24e12,   # 4.24-4.30 TB/s measured on the H200
+    dram_read_bytes_per_s=4.24e12,   # H200: 4.24-4.30 TB/s; 4.4-4.6 on reads of >= 117 MB (read_ceiling)
     l2_bytes_per_s=10e12,            # estimate, not measured here
     sm_load_bytes_per_s=150e9,       # estimate, not measured here
     dram_latency_s=0.8e-6,           # estimate, not measured here

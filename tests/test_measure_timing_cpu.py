@@ -155,9 +155,9 @@ def test_the_flush_reads_its_buffer_unless_asked_to_write():
     kernel would write back inside its own time (docs/measure.md). A typo is refused."""
     import torch
 
-    reading = timing._flusher(TimingOptions(flush_bytes=4096), "cpu")
+    reading = timing.flusher(TimingOptions(flush_bytes=4096), "cpu")
     assert int(reading()) == 0                          # a sum over the (zeroed) buffer: a read
-    writing = timing._flusher(TimingOptions(flush_bytes=4096, flush="write"), "cpu")
+    writing = timing.flusher(TimingOptions(flush_bytes=4096, flush="write"), "cpu")
     assert isinstance(writing(), torch.Tensor)
     with pytest.raises(ValueError, match="flush='dirty'"):
-        timing._flusher(TimingOptions(flush_bytes=4096, flush="dirty"), "cpu")
+        timing.flusher(TimingOptions(flush_bytes=4096, flush="dirty"), "cpu")

@@ -141,7 +141,7 @@ class _Entry:
         self.judged.append((which, seed, self.rotation.stats(self.args[2], seed)))
 
 
-def _flusher(options: TimingOptions, device) -> Callable[[], None]:
+def flusher(options: TimingOptions, device) -> Callable[[], None]:
     # Deferred: torch (optional, heavy to import).
     import torch
 
@@ -504,7 +504,7 @@ def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "off
         if problem.key not in rotations:      # fresh seeds: no kernel can know the inputs ahead
             rotations[problem.key] = Rotation(problem, fresh_seed(), device)
         entries.append(_Entry(name, fn, problem, (), {}, rotation=rotations[problem.key]))
-    flush = _flusher(options, device)
+    flush = flusher(options, device)
     for entry in entries:
         try:
             entry.reps = _estimate_reps(entry, mode, options, flush)

@@ -1,0 +1,137 @@
+"""How fast a kernel that only reads a layer's weight can run on this GPU: the ceiling of any
+decode GEMM (M = 1), which must read at least the weight.
+
+For each distinct weight (N x K, fp16) of a shapes file, this times plain reads of exactly that
+many bytes under the harness's flush (L2 cleaned by a read of 4 x L2 before every call; CUPTI
+device time): torch.sum over the weight, and a Triton kernel that sums it in blocks, over a few
+block sizes and warp counts. The fastest is the ceiling. Reported per weight: its time, its
+fraction of the bandwidth floor (bytes / 4.8 TB/s, `Problem.floor_s`) and the rate in TB/s.
+A small weight cannot reach HBM's sustained rate: the launch, the first load's latency and the
+last wave's tail are a fixed cost its few bytes do not hide.
+
+    python3 benchmarks/read_ceiling.py --shapes benchmarks/shapes/llm_layers.csv --part tuning \\
+        --out benchmarks/results/read_ceiling
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+BLOCKS = (4096, 8192, 16384)
+WARPS = (4, 8)
+REPS = 50
+
+
+def weights(path: str, part: str) -> list[tuple[int, int]]:
+    from gemmgen.measure.shapes import read_shapes
+
+    return sorted({(s.n, s.k) for s in read_shapes(path, part)}, key=lambda nk: nk[0] * nk[1])
+
+
+@functools.lru_cache(maxsize=None)
+def _block_sum():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def block_sum(src, dst, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(src + offs, mask=offs < n, other=0.0, eviction_policy="evict_first")
+        tl.store(dst + pid, tl.sum(x.to(tl.float32), axis=0))
+
+    return block_sum
+
+
+def readers(w):
+    """name -> a callable that reads every byte of w (writing one float per block)."""
+    import torch
+    import triton
+
+    flat = w.view(-1)
+    out = {"torch.sum": lambda: torch.sum(flat, dtype=torch.float32)}
+    for block in BLOCKS:
+        grid = (triton.cdiv(flat.numel(), block),)
+        dst = torch.empty(grid[0], dtype=torch.float32, device=w.device)
+        for warps in WARPS:
+            out[f"triton b{block} w{warps}"] = (
+                lambda block=block, grid=grid, dst=dst, warps=warps:
+                _block_sum()[grid](flat, dst, flat.numel(), BLOCK=block, num_warps=warps))
+    return out
+
+
+def _kernel_us(calls) -> list[float]:
+    """Device durations (us) of the kernels `calls` launches, in launch order (CUPTI)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        calls()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [e.device_time_total for e in sorted(kernels, key=lambda e: e.time_range.start)]
+
+
+def device_us(fn, flush) -> float:
+    """Median device time of one call of fn, each call after a flush."""
+    for _ in range(3):
+        flush(); fn()
+    per_flush = len(_kernel_us(flush))
+
+    def loop():
+        for _ in range(REPS):
+            flush()
+            fn()
+
+    kernels = _kernel_us(loop)
+    per_rep = len(kernels) // REPS
+    if per_rep * REPS != len(kernels) or per_rep <= per_flush:
+        raise RuntimeError(f"{len(kernels)} kernels in {REPS} calls after a {per_flush}-kernel flush")
+    return statistics.median(sum(kernels[i * per_rep + per_flush:(i + 1) * per_rep]) for i in range(REPS))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="benchmarks/shapes/llm_layers.csv")
+    ap.add_argument("--part", default="tuning", choices=("all", "tuning", "held-out"))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.errors import NoGPUError
+    from gemmgen.measure.timing import TimingOptions, flusher
+
+    if not torch.cuda.is_available():
+        raise SystemExit(str(NoGPUError("read_ceiling")))
+    flush = flusher(TimingOptions(), "cuda")
+    rows = []
+    for n, k in tqdm(weights(args.shapes, args.part), desc="weights"):
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        times = {name: device_us(fn, flush) for name, fn in readers(w).items()}
+        best = min(times, key=times.get)
+        floor_us = Problem(1, n, k, b_major="col").floor_s * 1e6
+        rows.append({"n": n, "k": k, "bytes": 2 * n * k, "best": best, "device_us": times[best],
+                     "fraction_of_floor": floor_us / times[best], "tb_per_s": 2 * n * k / times[best] / 1e6,
+                     "all_us": times})
+        del w
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "read_ceiling.json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    lines = [f"{'N':>7} {'K':>6} {'MB':>7} {'read us':>8} {'floor':>6} {'TB/s':>5}  fastest reader"]
+    lines += [f"{r['n']:>7} {r['k']:>6} {r['bytes'] / 1e6:>7.1f} {r['device_us']:>8.2f} "
+              f"{r['fraction_of_floor']:>6.3f} {r['tb_per_s']:>5.2f}  {r['best']}" for r in rows]
+    (out / "table.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
