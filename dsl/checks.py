@@ -112,6 +112,8 @@ def check_instruction(p: Program, hw: Hardware) -> Iterator[Finding]:
             yield "tile", (f"{tile} with warps {wm}x{wn}: each warpgroup computes {warp_n} columns, which "
                            f"must be a multiple of the instruction's N={n_step}; use instr wgmma 64x{_gcd_n(warp_n, hw)}x16 "
                            f"or change tile_n")
+    elif p.mainloop in res.REGISTER_MAINLOOPS and kind is None:
+        return   # the backend picks the math (Triton's direct: FMA); its own rules size the tile
     else:
         if warp_m % 16 or warp_n % 8:
             yield "tile", (f"{tile} with warps {wm}x{wn} gives each warp {warp_m}x{warp_n}, which mma.sync "

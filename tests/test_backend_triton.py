@@ -79,7 +79,7 @@ def test_unsupported_features_are_refused_by_the_validator_with_a_location(what)
 
 def test_support_lists_what_triton_can_do():
     s = tb.SUPPORT
-    assert s.mainloops == {"multistage"}
+    assert s.mainloops == {"multistage", "direct"}     # direct: tests/test_backend_triton_direct.py
     assert s.schedulers == {"tile", "persistent", "stream_k"}
     assert s.split_k_reduces == {"workspace", "unordered", "atomic"}
     assert s.max_cluster == 1 and s.instr_kinds == {None}
@@ -192,7 +192,9 @@ def test_every_triton_example_lowers_and_compiles_to_sm_90a(name):
         assert k["metadata"]["target"]["arch"] == 90
     ptx = _sass_facts(art)
     assert ".target sm_90a" in ptx
-    if p.tile.m >= 64:      # Triton's wgmma needs 64 rows a warpgroup; a thinner tile is mma.sync's
+    if p.mainloop == "direct":   # FMA on CUDA cores: no tensor-core instruction at all
+        assert "mma" not in ptx and "fma.rn.f32" in ptx
+    elif p.tile.m >= 64:    # Triton's wgmma needs 64 rows a warpgroup; a thinner tile is mma.sync's
         assert "wgmma.mma_async" in ptx or name == "triton_split_k"
     else:
         assert "mma.sync.aligned" in ptx and "wgmma" not in ptx
@@ -248,7 +250,7 @@ def test_space_is_valid_pruned_and_ordered(shape):
         assert all(c.tile.m <= max(64, 16 * -(-m // 16)) for c in plain)
         assert m > 16 or all(c.tile.m == 16 for c in plain if c.tile.m < 64)
         assert k < 4 * 128 or any(c.scheduler == "stream_k" for c in cands)
-        swapped = [c for c in cands if c.swap_ab]
+        swapped = [c for c in cands if c.swap_ab and c.mainloop != "direct"]   # direct: its own test file
         assert (len(swapped) >= 3) == (m <= 64) and all(c.tile.n == max(16, 1 << (m - 1).bit_length())
                                                        for c in swapped)
         assert any(c.swap_ab for c in cands[:4]) == (m <= 64)      # measured early within a small budget

@@ -1,6 +1,6 @@
-"""GPU tests of the raw CUDA backend's direct family (operands straight into mma.sync registers,
-K split over CTAs), mostly as `x @ W.T` under swap_ab (on the H200: pytest -m gpu
-tests/test_direct_gpu.py).
+"""GPU tests of the direct mainloops, mostly as `x @ W.T` under swap_ab (on the H200: pytest -m
+gpu tests/test_direct_gpu.py): the raw CUDA family (operands straight into mma.sync registers,
+K split over CTAs) and Triton's (FMA over row-contiguous K steps).
 
 Every program is built through `gemmgen.backends.lower`, loaded through `backends.load` and
 judged by the harness (gemmgen.measure.check) on the caller's problem at M = 1, 3, 17 and 100, on
@@ -61,7 +61,24 @@ def _cases() -> list[Program]:
     return out
 
 
-CASES = _cases()
+def _triton(m, n, k, epilogue=Epilogue()) -> Program:
+    cols = min(16, 1 << max(0, (m - 1).bit_length()))
+    return Program(problem=Problem(m, n, k, a_major="row", b_major="col", epilogue=epilogue), backend="triton",
+                   tile=Tile(16, cols, max(64, 1024 // cols)), warps=(8, 1), mainloop="direct",
+                   scheduler="tile", swap_ab=True)
+
+
+def _triton_cases() -> list[Program]:
+    from gemmgen.backends import diagnose
+
+    out = [_triton(m, n, k) for m in MS for n, k in WIDTHS]
+    out += [_triton(m, 2999, 4104, e) for m in (1, 3) for e in EPILOGUES]
+    found = [diagnose(p) for p in out if diagnose(p)]
+    assert not found, found[0]
+    return out
+
+
+CASES = _cases() + _triton_cases()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,10 @@ MAX_STAGES = 6
 MAX_SPLIT_K = 32
 MAX_ACC_REGS = 128           # fp32 accumulator registers per thread before spills dominate
 INDEXES = "the Triton kernels compute element offsets (row x stride + column) in 32-bit integers"
+# mainloop direct (lowering.py): FMA on CUDA cores over row-contiguous K steps, no tensor cores
+DIRECT_TILE = {"m": (1, 64), "n": (1, 16), "k": (64, 2048)}
+DIRECT_WARPS = (1, 2, 4, 8)
+DIRECT_MAX_PARTIALS = 64     # fp32 partial sums per thread (tile M x N x K over the threads)
 
 __all__ = ["INDEXES", "INT32_LIMIT", "SUPPORT", "index_counts", "tma_misaligned"]
 
@@ -23,6 +27,8 @@ def _pow2(x: int) -> bool:
 
 
 def _tile_rules(p: Program) -> list[tuple[str, str]]:
+    if p.mainloop == "direct":
+        return _direct_rules(p)
     out = []
     t = p.tile
     for dim, value in (("m", t.m), ("n", t.n), ("k", t.k)):
@@ -50,6 +56,35 @@ def _tile_rules(p: Program) -> list[tuple[str, str]]:
         what = f" plus {staging} B to stage the TMA-stored output" if staging else ""
         out.append(("stages", f"{stages} stages of a {t.m}x{t.n}x{t.k} tile{what} need {smem} B of shared memory "
                               f"(most {SM90A.max_smem_per_block}): use fewer stages or a smaller tile K"))
+    return out
+
+
+def _direct_rules(p: Program) -> list[tuple[str, str]]:
+    """mainloop direct: each step loads tile K contiguous elements of every row of A and of
+    every column of B, so both must be K-contiguous; one CTA a tile, no split."""
+    out, t, pr = [], p.tile, p.problem
+    if (pr.a_major, pr.b_major) != ("row", "col"):
+        out.append(("gemm", "mainloop direct reads A's rows and B's columns along K: it needs a=row b=col "
+                            "(the x @ W.T case is written `swap_ab` over it); use mainloop multistage"))
+    for dim, value in (("m", t.m), ("n", t.n), ("k", t.k)):
+        low, high = DIRECT_TILE[dim]
+        if not (_pow2(value) and low <= value <= high):
+            out.append(("tile", f"mainloop direct: tile {dim.upper()}={value} must be a power of two from "
+                                f"{low} to {high}"))
+    if p.num_warps not in DIRECT_WARPS or p.warps[1] != 1:
+        out.append(("warps", f"mainloop direct: warps {p.warps[0]}x{p.warps[1]}; write warps Wx1 with W one of "
+                             f"{', '.join(map(str, DIRECT_WARPS))} (at most tile M)"))
+    elif t.m * t.n * t.k // (32 * p.num_warps) > DIRECT_MAX_PARTIALS:
+        out.append(("tile", f"mainloop direct keeps {t.m}x{t.n}x{t.k} fp32 partial sums, "
+                            f"{t.m * t.n * t.k // (32 * p.num_warps)} a thread over {p.num_warps} warps "
+                            f"(most {DIRECT_MAX_PARTIALS}): use a smaller tile K or more warps"))
+    if p.scheduler != "tile" or p.split_k > 1:
+        out.append(("scheduler", "mainloop direct runs one CTA a tile over the whole K: write `scheduler tile` "
+                                 "and `split_k 1`"))
+    if pr.epilogue.gate:
+        out.append(("epilogue", "mainloop direct has no gated epilogue: use mainloop multistage"))
+    if p.stages is not None and not 1 <= p.stages <= MAX_STAGES:
+        out.append(("stages", f"stages {p.stages}: Triton pipelines 1 to {MAX_STAGES} stages; write stages 1"))
     return out
 
 
@@ -109,7 +144,7 @@ def _tma_rules(p: Program) -> list[tuple[str, str]]:
 
 
 SUPPORT = Support(
-    mainloops=frozenset({"multistage"}),
+    mainloops=frozenset({"multistage", "direct"}),
     schedulers=frozenset({"tile", "persistent", "stream_k"}),
     instr_kinds=frozenset({None}),
     split_k_reduces=frozenset({"workspace", "unordered", "atomic"}),

@@ -7,6 +7,9 @@ deterministic workspace or `unordered`, fp32 partials added as they arrive), and
 leading configurations the rasterisation (raster n swizzle=8 is triton's GROUP_M=8 order;
 also swizzle 16, raster m, and no banding).
 
+At a batch of 1-2 (`x @ W.T`), `mainloop direct` programs (FMA over row-contiguous K steps,
+under swap_ab) come first, in the order a sweep of them measured best.
+
 Pruned: tiles much wider than the matrix (a 256-row tile for M=64), shared
 memory over the limit, accumulators over 128 registers per thread, TMA on
 unaligned operands, split-K slices shorter than two K tiles.
@@ -52,6 +55,16 @@ SMALL_M_HEAD = (("stream_k", 64, 128, 6, 4, 1), ("tile", 128, 128, 4, 4, 1), ("t
 SWAP_MAX_M = 64
 SWAP_HEAD = (("tile", 64, 128, 6), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6), ("tile", 128, 128, 4),
              ("stream_k", 128, 128, 4))
+#: At M <= DIRECT_MAX_M (decode), `mainloop direct` under swap_ab: FMA over row-contiguous K
+#: steps, which read the weight nearly at a plain read's rate (benchmarks/gemv_patterns.py).
+#: (weight rows a CTA, tile K at a batch of one, warps), best measured first: tuning the layer
+#: set's M = 1-4 rows (tune_llm_direct_triton*/) found 4 rows, K steps of 1024 and 2 warps best
+#: on every layer: 1.035x torch.matmul over 20 layers at M = 1, 0.955x at M = 2 (up to 1.15x),
+#: 0.63x at M = 4. Tile N is the batch rounded up to a power of two and tile K shrinks as it
+#: grows, keeping the partial sums a thread holds.
+DIRECT_MAX_M = 2
+DIRECT_HEAD = ((4, 1024, 2), (16, 1024, 8), (8, 256, 2), (16, 256, 4), (8, 512, 4), (2, 1024, 2),
+               (32, 256, 4), (1, 1024, 1))
 DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
 DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
 L2_BYTES_PER_S = SM90A.l2_bytes_per_s
@@ -293,6 +306,23 @@ def swapped_head(problem: Problem) -> list[Program]:
     return out
 
 
+def direct_head(problem: Problem) -> list[Program]:
+    """DIRECT_HEAD at this problem (`x @ W.T`, M <= DIRECT_MAX_M), as swap_ab programs the
+    backend's rules accept for the transposed problem."""
+    if problem.m is None or problem.m > DIRECT_MAX_M or problem.epilogue.gate or (
+            problem.a_major, problem.b_major) != ("row", "col"):
+        return []
+    cols = 1 << max(0, (problem.m - 1).bit_length())
+    longest = max(64, 1 << max(0, (problem.k - 1).bit_length()))      # no K step past K
+    out = []
+    for rows, bk, warps in DIRECT_HEAD:
+        p = Program(problem=problem, backend="triton", tile=Tile(rows, cols, min(longest, max(64, bk // cols))),
+                    warps=(warps, 1), mainloop="direct", scheduler="tile", swap_ab=True)
+        if p not in out and not any(rule(p.computed) for rule in SUPPORT.extra_rules):
+            out.append(p)
+    return out
+
+
 def _interleave(*lists: list) -> list:
     return [x for group in itertools.zip_longest(*lists) for x in group if x is not None]
 
@@ -310,7 +340,7 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
         ranked = [p for p in ranked if p.scheduler != "stream_k"]
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
-        head = _interleave(small_m_head(problem), swapped_head(problem)) + head
+        head = direct_head(problem) + _interleave(small_m_head(problem), swapped_head(problem)) + head
     else:
         head = head[:4] + streamed + head[4:]
     out, seen = [], set()

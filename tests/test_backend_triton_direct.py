@@ -1,0 +1,95 @@
+"""The Triton backend's `mainloop direct` (FMA over row-contiguous K steps, for `x @ W.T` at a
+batch of one or two under swap_ab): its rules, its space, its PTX for sm_90a, and its numbers under
+Triton's interpreter. The GPU tests are in tests/test_direct_gpu.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gemmgen import backends
+from gemmgen.backends import triton as tb
+from gemmgen.backends.swap import SwappedLauncher
+from gemmgen.backends.triton import search_space
+from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
+from test_backend_triton import _operands, _reference
+
+
+def direct(m, n, k, tile, warps=1, epilogue=Epilogue(), **kw) -> Program:
+    kw = {"scheduler": "tile", **kw}
+    return Program(problem=Problem(m, n, k, a_major="row", b_major="col", epilogue=epilogue), backend="triton",
+                   tile=Tile(*tile), warps=(warps, 1), mainloop="direct", swap_ab=True, **kw)
+
+
+FULL = Epilogue(alpha=2.0, beta=0.5, bias="n", activation="silu", residual=True)
+
+
+@pytest.mark.parametrize("p, what", [
+    (direct(1, 4096, 4096, (16, 1, 1024), 4), "128 a thread over 4 warps (most 64)"),
+    (direct(1, 4096, 4096, (16, 32, 64), 4), "tile N=32 must be a power of two from 1 to 16"),
+    (direct(1, 4096, 4096, (16, 1, 32), 4), "tile K=32 must be a power of two from 64 to 2048"),
+    (direct(1, 4096, 4096, (16, 1, 256), 4, split_k=2, split_k_reduce="unordered"), "`split_k 1`"),
+    (direct(1, 4096, 4096, (16, 1, 256), 4, scheduler="stream_k"), "`scheduler tile`"),
+    (direct(1, 4096, 4096, (4, 1, 256), 8), "tile_m must be a multiple of 8"),
+])
+def test_what_direct_cannot_do_is_refused_with_what_to_write(p, what):
+    found = backends.diagnose(p)
+    assert found and any(what in d.message for d in found), found
+
+
+def test_direct_needs_both_operands_k_contiguous():
+    p = Program(problem=Problem(1, 4096, 4096, a_major="row", b_major="row"), backend="triton",
+                tile=Tile(16, 1, 256), warps=(4, 1), mainloop="direct", scheduler="tile", swap_ab=True)
+    assert any("a=row b=col" in d.message for d in backends.diagnose(p))
+    gated = direct(1, 4096, 4096, (16, 1, 256), 4, epilogue=Epilogue(gate="silu"))
+    assert backends.diagnose(gated)
+
+
+def test_the_space_offers_direct_first_at_a_batch_of_one_or_two_only():
+    for m in (1, 2):
+        space = search_space.space(Problem(m, 4096, 14336, a_major="row", b_major="col"))
+        heads = [p for p in space if p.mainloop == "direct"]
+        assert space[:len(heads)] == heads and len(heads) >= 6
+        for p in heads:
+            assert p.swap_ab and p.tile.n == 1 << (m - 1).bit_length() and not backends.diagnose(p)
+    for m in (3, 4, 8):   # a batch axis in the partial sums lost to torch.matmul (0.62x at M = 4)
+        assert not any(p.mainloop == "direct" for p in search_space.space(Problem(m, 4096, 4096, a_major="row",
+                                                                                  b_major="col")))
+    assert not search_space.direct_head(Problem(1, 4096, 4096, a_major="row", b_major="row"))
+
+
+def test_direct_lowers_to_fma_and_16_byte_streaming_loads_for_sm_90a():
+    art = tb.build(backends.lower(direct(1, 4096, 4096, (16, 1, 1024), 8)))
+    ptx = "\n".join(p.read_text() for p in Path(art.path).glob("*.ptx"))
+    assert ".target sm_90a" in ptx and "mma" not in ptx and "cp.async" not in ptx
+    assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx    # the weight: 16 B a lane, streamed
+    assert "fma.rn.f32" in ptx
+
+
+CASES = [  # unaligned N and K, batches 1-4 and past the tile, every epilogue piece
+    (direct(1, 100, 72, (16, 1, 64), 2), None),
+    (direct(3, 45, 200, (8, 4, 64), 2, epilogue=FULL), None),
+    (direct(2, 33, 130, (4, 2, 128), 1, epilogue=Epilogue(bias="n", activation="gelu", out_dtype="f32")), None),
+    (direct(5, 64, 256, (16, 4, 64), 4, epilogue=Epilogue(residual=True)), None),
+    (direct(None, None, None, (16, 1, 256), 4), (1, 77, 300)),
+]
+
+
+def test_direct_programs_compute_x_at_w_transposed_under_the_interpreter():
+    from gemmgen.backends.triton.launch import interpret_many
+
+    cases, refs = [], []
+    for i, (p, shape) in enumerate(CASES):
+        assert not backends.diagnose(p), p
+        m, n, k = shape or (p.problem.m, p.problem.n, p.problem.k)
+        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=300 + i)
+        calls = []
+        SwappedLauncher(lambda *args, **kw: calls.append((args, kw)))(a, b, out, **extra)
+        (a_t, b_t, out_t), kw = calls[0]
+        alpha, beta = kw.pop("alpha"), kw.pop("beta")
+        cases.append((backends.lower(p), p.computed, dict(a=a_t, b=b_t, out=out_t, **kw), alpha, beta))
+        refs.append(_reference(p, a, b, extra))
+    for (p, _), out_t, ref in zip(CASES, interpret_many(cases), refs):
+        out = out_t.t()
+        assert out.shape == ref.shape and not out.isnan().any(), p
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3, p
