@@ -34,7 +34,21 @@ def layer_shapes(models_layers_ms) -> list[tuple[str, tuple[int, int, int]]]:
     rows = [r for r in csv.reader(line for line in (REPO / "benchmarks/shapes/llm_layers.csv").open()
                                   if not line.startswith("#"))][1:]
     found = {(r[4], r[5], int(r[0])): (int(r[0]), int(r[1]), int(r[2])) for r in rows}
+    missing = [f"{model}.{layer}.{m}" for model, layer, m in models_layers_ms if (model, layer, m) not in found]
+    if missing:
+        raise SystemExit(f"not rows of benchmarks/shapes/llm_layers.csv: {', '.join(missing)}")
     return [(f"{model}.{layer}", found[(model, layer, m)]) for model, layer, m in models_layers_ms]
+
+
+def parse_problems(text: str) -> list[tuple[str, str, int]]:
+    """'gemma2_9b.q.1,granite3_8b.down.1' -> [(model, layer, M), ...]."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        parts = item.rsplit(".", 2)
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise SystemExit(f"--problems: {item!r} is not MODEL.LAYER.M (e.g. gemma2_9b.q.1)")
+        out.append((parts[0], parts[1], int(parts[2])))
+    return out
 
 
 def side_by_side(kernels: dict, problem) -> tuple[dict, dict]:
@@ -61,6 +75,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tune", type=float, default=10.0, help="seconds of on-demand tuning a problem")
     ap.add_argument("--space", type=int, default=48, help="programs of the exhaustive run")
+    ap.add_argument("--problems", default=None, metavar="MODEL.LAYER.M,...",
+                    help="layers of the layer set to tune (default: " + ",".join(
+                        f"{model}.{layer}.{m}" for model, layer, m in PROBLEMS) + ")")
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="start no new problem after S seconds; results are saved")
     args = ap.parse_args(argv)
@@ -73,7 +90,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     db = Path(tempfile.mkdtemp()) / "tuning.sqlite"
     rows, start = [], time.monotonic()
-    for name, shape in layer_shapes(PROBLEMS):
+    for name, shape in layer_shapes(parse_problems(args.problems) if args.problems else PROBLEMS):
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:
             break
         t0 = time.monotonic()
