@@ -441,30 +441,34 @@ def test_gated_epilogue_parses_validates_and_is_refused_where_it_cannot_run():
     assert not isinstance(result, Exception), result
 
 
-def test_swap_ab_programs_compute_x_at_w_transposed_under_the_interpreter():
-    """The launcher of a swap_ab program hands its kernel B^T, A^T and out^T (views: nothing is
-    copied); the kernel of the transposed problem then writes the caller's row-major out."""
+def assert_swapped_programs_compute(cases, seed: int) -> None:
+    """Each (swap_ab program, shape it runs at or None) under Triton's interpreter: its launcher
+    hands the kernel B^T, A^T and out^T (views: nothing is copied), and the kernel of the
+    transposed problem writes the caller's row-major out, matching the fp64 reference."""
     from gemmgen.backends.swap import SwappedLauncher
     from gemmgen.backends.triton.launch import interpret_many
 
-    cases, refs = [], []
-    for i, (p, shape) in enumerate(SWAPPED):
+    runs, refs = [], []
+    for i, (p, shape) in enumerate(cases):
         assert not backends.diagnose(p), p
         m, n, k = shape or (p.problem.m, p.problem.n, p.problem.k)
-        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=100 + i)
+        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=seed + i)
         calls = []
         SwappedLauncher(lambda *args, **kw: calls.append((args, kw)))(a, b, out, **extra)
         (a_t, b_t, out_t), kw = calls[0]
         assert a_t.data_ptr() == b.data_ptr() and b_t.data_ptr() == a.data_ptr() and out_t.data_ptr() == out.data_ptr()
         alpha, beta = kw.pop("alpha"), kw.pop("beta")
-        cases.append((backends.lower(p), p.computed, dict(a=a_t, b=b_t, out=out_t, **kw), alpha, beta))
+        runs.append((backends.lower(p), p.computed, dict(a=a_t, b=b_t, out=out_t, **kw), alpha, beta))
         refs.append(_reference(p, a, b, extra))
-    outs = interpret_many(cases)
-    for (p, _), out_t, ref in zip(SWAPPED, outs, refs):
+    for (p, _), out_t, ref in zip(cases, interpret_many(runs), refs):
         out = out_t.t()
         assert out.shape == ref.shape and not out.isnan().any(), p
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err < 2e-3, (p, err)
+
+
+def test_swap_ab_programs_compute_x_at_w_transposed_under_the_interpreter():
+    assert_swapped_programs_compute(SWAPPED, seed=100)
 
 
 def test_swap_ab_lowers_the_transposed_problem_and_refuses_what_it_cannot_write():

@@ -9,10 +9,9 @@ import pytest
 
 from gemmgen import backends
 from gemmgen.backends import triton as tb
-from gemmgen.backends.swap import SwappedLauncher
 from gemmgen.backends.triton import search_space
 from gemmgen.dsl.ir import Epilogue, Problem, Program, Tile
-from test_backend_triton import _operands, _reference
+from test_backend_triton import assert_swapped_programs_compute
 
 
 def direct(m, n, k, tile, warps=1, epilogue=Epilogue(), **kw) -> Program:
@@ -76,20 +75,4 @@ CASES = [  # unaligned N and K, batches 1-4 and past the tile, every epilogue pi
 
 
 def test_direct_programs_compute_x_at_w_transposed_under_the_interpreter():
-    from gemmgen.backends.triton.launch import interpret_many
-
-    cases, refs = [], []
-    for i, (p, shape) in enumerate(CASES):
-        assert not backends.diagnose(p), p
-        m, n, k = shape or (p.problem.m, p.problem.n, p.problem.k)
-        a, b, out, extra = _operands(p.bind((m, n, k)), m, n, k, seed=300 + i)
-        calls = []
-        SwappedLauncher(lambda *args, **kw: calls.append((args, kw)))(a, b, out, **extra)
-        (a_t, b_t, out_t), kw = calls[0]
-        alpha, beta = kw.pop("alpha"), kw.pop("beta")
-        cases.append((backends.lower(p), p.computed, dict(a=a_t, b=b_t, out=out_t, **kw), alpha, beta))
-        refs.append(_reference(p, a, b, extra))
-    for (p, _), out_t, ref in zip(CASES, interpret_many(cases), refs):
-        out = out_t.t()
-        assert out.shape == ref.shape and not out.isnan().any(), p
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3, p
+    assert_swapped_programs_compute(CASES, seed=300)

@@ -101,6 +101,15 @@ def epilogue_staging_bytes(program: Program) -> int:
     return half * (2 if e.residual or e.beta != 0.0 else 1)
 
 
+# The one-CTA-a-tile kernels' first lines: this CTA's output tile, its rows and its columns.
+TILE_START = """    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)"""
+
+
 def _tile_kernel(program: Program, name: str, bound: bool, epi_params: list[str]) -> tuple[str, Args, dict, dict]:
     p = program.problem
     split = program.split_k > 1
@@ -137,12 +146,7 @@ def {name}(
 {args.text()}
 ):
     """One BLOCK_M x BLOCK_N output tile (K slice pid_k of SPLIT_K) per CTA."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+{TILE_START}
     rows_a = {rows}
     cols_b = {cols}
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -168,12 +172,7 @@ def {name}(
 ):
     """BLOCK_M rows of A (K-contiguous) against BLOCK_N columns of B (K-contiguous), by FMA:
     each step loads BLOCK_K contiguous elements of every row; A streams (evict first)."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = tile_coords(pid, num_pid_m, num_pid_n, GROUP)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+{TILE_START}
     offs_k = tl.arange(0, BLOCK_K)
     # rows and columns past the edge wrap: loads stay in bounds, the store is masked
     a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_a + offs_k[None, :]
