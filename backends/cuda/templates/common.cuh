@@ -115,6 +115,17 @@ __device__ __forceinline__ void reduce_slices(const float* __restrict__ parts, i
   }
 }
 
+// Zero a warp's mma.sync accumulators: [M tiles][N tiles] fragments of four fp32 values.
+template <int TILES_M, int TILES_N>
+__device__ __forceinline__ void zero_acc(float (&acc)[TILES_M][TILES_N][4]) {
+#pragma unroll
+  for (int i = 0; i < TILES_M; ++i)
+#pragma unroll
+    for (int j = 0; j < TILES_N; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+}
+
 // Arrival-order split-K (`split_k N unordered`), one launch: each CTA adds its fp32 partials
 // into the workspace, then learns here whether it is its tile's last to arrive. Only that one
 // reads the sums (take_sum) and applies the epilogue; it leaves workspace and counter at zero.

@@ -108,12 +108,7 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
   for (int j = 0; j < MMA_N_TILES; ++j) b_col[j] = args.b + (long long)imin(col0 + 8 * j + g, N - 1) * args.ld_b;
 
   float acc[MMA_M_TILES][MMA_N_TILES][4];
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+  zero_acc(acc);
 
   Stage ring[STAGES];
 #pragma unroll

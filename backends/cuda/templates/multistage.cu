@@ -296,20 +296,10 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
     const int m0 = tm * BM, n0 = tn * BN;
 
     float acc[MMA_M_TILES][MMA_N_TILES][4];
-#pragma unroll
-    for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-      for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+    zero_acc(acc);
 #if GATED
     float acc_up[MMA_M_TILES][MMA_N_TILES][4];   // the up half's, element for element beside acc
-#pragma unroll
-    for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-      for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc_up[i][j][v] = 0.f;
+    zero_acc(acc_up);
 #endif
 
     for (int kt = seg_from; kt < seg_to; ++kt, ++g) {
