@@ -80,6 +80,11 @@ PERSISTENT_START_US = 0.5
 SPACE_SIZE = 48
 
 
+def _pow2_at_least(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1): Triton block shapes are powers of two."""
+    return 1 << max(0, (x - 1).bit_length())
+
+
 def warp_layout(block_m: int, num_warps: int) -> tuple[int, int]:
     """How Triton lays out warps: for wgmma 4 along M per warpgroup, more along M while rows last;
     a tile under 64 rows is mma.sync's, 16 rows a warp, the other warps side by side along N."""
@@ -164,7 +169,7 @@ def estimate_us(p: Program) -> float:
 
 def _tile_fits(size: int, dim: int) -> bool:
     """No tile more than twice the padded dimension (a 256-row tile for M=64 is waste)."""
-    return size <= max(64, 1 << max(0, (dim - 1).bit_length()))
+    return size <= max(64, _pow2_at_least(dim))
 
 
 def _tile_choices(pr: Problem) -> Iterable[tuple[int, int, int]]:
@@ -174,9 +179,9 @@ def _tile_choices(pr: Problem) -> Iterable[tuple[int, int, int]]:
     tile_m = SMALL_TILE_M + TILE_MN if small else TILE_MN
     tile_n = SMALL_TILE_N + TILE_MN if small else TILE_MN
     for bm, bn, bk in itertools.product(tile_m, tile_n, TILE_K):
-        if bm < 64 and bm > max(16, 1 << max(0, (pr.m - 1).bit_length())):
+        if bm < 64 and bm > max(16, _pow2_at_least(pr.m)):
             continue
-        if _tile_fits(bm, pr.m) and _tile_fits(bn, pr.n) and bk <= max(32, 1 << max(0, (pr.k - 1).bit_length())):
+        if _tile_fits(bm, pr.m) and _tile_fits(bn, pr.n) and bk <= max(32, _pow2_at_least(pr.k)):
             yield bm, bn, bk
 
 
@@ -271,12 +276,12 @@ def generic_space(problem: Problem) -> list[Program]:
 def small_m_head(problem: Problem) -> list[Program]:
     """SMALL_M_HEAD at this problem: tile M the smallest power of two (16 to 128) that holds M,
     and 64 beside 128; those the backend's rules accept."""
-    rows = min(128, max(16, 1 << max(0, (problem.m - 1).bit_length())))
+    rows = min(128, max(16, _pow2_at_least(problem.m)))
     out = []
     for bm in (rows, 64) if rows == 128 else (rows,):
         for scheduler, bn, bk, stages, warps, split in SMALL_M_HEAD:
             k_tiles = math.ceil(problem.k / bk)
-            if (bk > max(32, 1 << max(0, (problem.k - 1).bit_length()))       # no K tile past K
+            if (bk > max(32, _pow2_at_least(problem.k))       # no K tile past K
                     or (scheduler == "stream_k" and k_tiles < STREAM_K_MIN_K_TILES) or k_tiles < 2 * split):
                 continue
             p = Program(problem=problem, backend="triton", tile=Tile(bm, bn, bk), warps=warp_layout(bm, warps),
@@ -292,11 +297,11 @@ def swapped_head(problem: Problem) -> list[Program]:
     64) that holds M; those the backend's rules accept for the transposed problem."""
     if problem.m > SWAP_MAX_M or problem.epilogue.gate:     # a gated product's halves are columns
         return []
-    cols = max(16, 1 << max(0, (problem.m - 1).bit_length()))
+    cols = max(16, _pow2_at_least(problem.m))
     out = []
     for scheduler, bm, bk, stages in SWAP_HEAD:
         k_tiles = math.ceil(problem.k / bk)
-        if bk > max(32, 1 << max(0, (problem.k - 1).bit_length())) or (
+        if bk > max(32, _pow2_at_least(problem.k)) or (
                 scheduler == "stream_k" and k_tiles < STREAM_K_MIN_K_TILES):
             continue
         p = Program(problem=problem, backend="triton", tile=Tile(bm, cols, bk), warps=warp_layout(bm, 4),
@@ -312,8 +317,8 @@ def direct_head(problem: Problem) -> list[Program]:
     if problem.m is None or problem.m > DIRECT_MAX_M or problem.epilogue.gate or (
             problem.a_major, problem.b_major) != ("row", "col"):
         return []
-    cols = 1 << max(0, (problem.m - 1).bit_length())
-    longest = max(64, 1 << max(0, (problem.k - 1).bit_length()))      # no K step past K
+    cols = _pow2_at_least(problem.m)
+    longest = max(64, _pow2_at_least(problem.k))      # no K step past K
     out = []
     for rows, bk, warps in DIRECT_HEAD:
         p = Program(problem=problem, backend="triton", tile=Tile(rows, cols, min(longest, max(64, bk // cols))),
