@@ -47,20 +47,23 @@ def _block_sum():
     return block_sum
 
 
-def readers(w):
-    """name -> a callable that reads every byte of w (writing one float per block)."""
+def block_reader(w, block: int, warps: int):
+    """A callable that reads every byte of w in blocks of `block` elements (one float out each)."""
     import torch
     import triton
 
     flat = w.view(-1)
-    out = {"torch.sum": lambda: torch.sum(flat, dtype=torch.float32)}
-    for block in BLOCKS:
-        grid = (triton.cdiv(flat.numel(), block),)
-        dst = torch.empty(grid[0], dtype=torch.float32, device=w.device)
-        for warps in WARPS:
-            out[f"triton b{block} w{warps}"] = (
-                lambda block=block, grid=grid, dst=dst, warps=warps:
-                _block_sum()[grid](flat, dst, flat.numel(), BLOCK=block, num_warps=warps))
+    grid = (triton.cdiv(flat.numel(), block),)
+    dst = torch.empty(grid[0], dtype=torch.float32, device=w.device)
+    return lambda: _block_sum()[grid](flat, dst, flat.numel(), BLOCK=block, num_warps=warps)
+
+
+def readers(w):
+    """name -> a callable that reads every byte of w: torch.sum and the block readers."""
+    import torch
+
+    out = {"torch.sum": lambda: torch.sum(w.view(-1), dtype=torch.float32)}
+    out.update({f"triton b{block} w{warps}": block_reader(w, block, warps) for block in BLOCKS for warps in WARPS})
     return out
 
 
