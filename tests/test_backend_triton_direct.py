@@ -1,5 +1,5 @@
 """The Triton backend's `mainloop direct` (FMA over row-contiguous K steps, for `x @ W.T` at a
-batch of 1-16 under swap_ab): its rules, its space, its PTX for sm_90a, and its numbers under
+batch of one or two under swap_ab): its rules, its space, its PTX for sm_90a, and its numbers under
 Triton's interpreter. The GPU tests are in tests/test_direct_gpu.py."""
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ FULL = Epilogue(alpha=2.0, beta=0.5, bias="n", activation="silu", residual=True)
 
 
 @pytest.mark.parametrize("p, what", [
-    (direct(1, 4096, 4096, (16, 1, 1024), 4), "keeps 128 fp32 partial sums a thread over 4 warps (most 64)"),
-    (direct(8, 4096, 4096, (4, 8, 2048), 2), "keeps 128 fp32 partial sums a thread over 2 warps (most 64)"),
+    (direct(1, 4096, 4096, (16, 1, 1024), 4), "128 a thread over 4 warps (most 64)"),
     (direct(1, 4096, 4096, (16, 32, 64), 4), "tile N=32 must be a power of two from 1 to 16"),
     (direct(1, 4096, 4096, (16, 1, 32), 4), "tile K=32 must be a power of two from 64 to 2048"),
     (direct(1, 4096, 4096, (16, 1, 256), 4, split_k=2, split_k_reduce="unordered"), "`split_k 1`"),
@@ -46,14 +45,14 @@ def test_direct_needs_both_operands_k_contiguous():
     assert backends.diagnose(gated)
 
 
-def test_the_space_offers_direct_first_at_a_batch_of_1_to_16_only():
-    for m in (1, 2, 3, 8, 16):
+def test_the_space_offers_direct_first_at_a_batch_of_one_or_two_only():
+    for m in (1, 2):
         space = search_space.space(Problem(m, 4096, 14336, a_major="row", b_major="col"))
         heads = [p for p in space if p.mainloop == "direct"]
         assert space[:len(heads)] == heads and len(heads) >= 6
         for p in heads:
             assert p.swap_ab and p.tile.n == 1 << (m - 1).bit_length() and not backends.diagnose(p)
-    for m in (17, 64):
+    for m in (3, 4, 8):   # a batch axis in the partial sums lost to torch.matmul (0.62x at M = 4)
         assert not any(p.mainloop == "direct" for p in search_space.space(Problem(m, 4096, 4096, a_major="row",
                                                                                   b_major="col")))
     assert not search_space.direct_head(Problem(1, 4096, 4096, a_major="row", b_major="row"))
@@ -79,22 +78,23 @@ def _loop_bodies(ptx: str) -> list[str]:
     return bodies
 
 
-@pytest.mark.parametrize("m, tile, warps", [(1, (4, 1, 1024), 2), (2, (4, 2, 1024), 2), (4, (4, 4, 256), 4),
-                                            (8, (8, 8, 512), 4), (16, (16, 16, 256), 8)])
-def test_the_k_loop_streams_without_shared_memory_or_barriers(m, tile, warps):
-    # A batch column loaded in a layout of its own made Triton move the weight through shared
-    # memory behind two barriers every step; the loop must only load, convert and FMA.
-    art = tb.build(backends.lower(direct(m, 4096, 4096, tile, warps)))
+@pytest.mark.parametrize("m", [1, 2])
+def test_the_space_leaders_k_loop_streams_without_shared_memory_or_barriers(m):
+    # The loop must only load, convert and FMA. A batch column whose load gets a layout other
+    # than the rows' (tile K under 8 x threads at M = 2) makes Triton move the weight through
+    # shared memory behind two barriers every step; the space's leader avoids that.
+    (leader, *_) = search_space.direct_head(Problem(m, 4096, 4096, a_major="row", b_major="col"))
+    art = tb.build(backends.lower(leader))
     ptx = "\n".join(p.read_text() for p in Path(art.path).glob("*.ptx"))
     (body,) = _loop_bodies(ptx)
     assert "bar.sync" not in body and "shared" not in body
     assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in body and "fma.rn.f32" in body
 
 
-CASES = [  # unaligned N and K, batches 1-16 and past the tile, every epilogue piece
+CASES = [  # unaligned N and K, batches 1-4 and past the tile, every epilogue piece
     (direct(1, 100, 72, (16, 1, 64), 2), None),
-    (direct(16, 70, 520, (4, 16, 128), 2, epilogue=FULL), None),
-    (direct(7, 33, 1000, (2, 8, 256), 1), None),
+    (direct(16, 70, 520, (1, 16, 64), 1, epilogue=FULL), None),
+    (direct(7, 33, 1000, (2, 8, 64), 1), None),
     (direct(3, 45, 200, (8, 4, 64), 2, epilogue=FULL), None),
     (direct(2, 33, 130, (4, 2, 128), 1, epilogue=Epilogue(bias="n", activation="gelu", out_dtype="f32")), None),
     (direct(5, 64, 256, (16, 4, 64), 4, epilogue=Epilogue(residual=True)), None),

@@ -3,7 +3,7 @@ validator reads (docs/backends.md, "Triton")."""
 from __future__ import annotations
 
 from gemmgen.backends.base import INT32_LIMIT, Support, int32_overflows
-from gemmgen.backends.triton.lowering import DIRECT_VECTOR, epilogue_staging_bytes, num_stages
+from gemmgen.backends.triton.lowering import epilogue_staging_bytes, num_stages
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, INPUT_DTYPES, Problem, Program
 from gemmgen.dsl.resources import b_tiles
@@ -17,7 +17,7 @@ INDEXES = "the Triton kernels compute element offsets (row x stride + column) in
 # mainloop direct (lowering.py): FMA on CUDA cores over row-contiguous K steps, no tensor cores
 DIRECT_TILE = {"m": (1, 64), "n": (1, 16), "k": (64, 2048)}
 DIRECT_WARPS = (1, 2, 4, 8)
-DIRECT_MAX_PARTIALS = 64     # fp32 partial sums a thread keeps (direct_partials)
+DIRECT_MAX_PARTIALS = 64     # fp32 partial sums per thread (tile M x N x K over the threads)
 
 __all__ = ["INDEXES", "INT32_LIMIT", "SUPPORT", "index_counts", "tma_misaligned"]
 
@@ -59,14 +59,6 @@ def _tile_rules(p: Program) -> list[tuple[str, str]]:
     return out
 
 
-def direct_partials(p: Program) -> int:
-    """fp32 partial sums a thread of a direct kernel keeps: tile M x K at a batch of one; at
-    two or more, one a 16-byte vector of a row and a column (tile M x N x K / 8)."""
-    t = p.tile
-    per_cta = t.m * t.k if t.n == 1 else t.m * t.n * t.k // DIRECT_VECTOR
-    return per_cta // (32 * p.num_warps)
-
-
 def _direct_rules(p: Program) -> list[tuple[str, str]]:
     """mainloop direct: each step loads tile K contiguous elements of every row of A and of
     every column of B, so both must be K-contiguous; one CTA a tile, no split."""
@@ -82,10 +74,10 @@ def _direct_rules(p: Program) -> list[tuple[str, str]]:
     if p.num_warps not in DIRECT_WARPS or p.warps[1] != 1:
         out.append(("warps", f"mainloop direct: warps {p.warps[0]}x{p.warps[1]}; write warps Wx1 with W one of "
                              f"{', '.join(map(str, DIRECT_WARPS))} (at most tile M)"))
-    elif direct_partials(p) > DIRECT_MAX_PARTIALS:
-        out.append(("tile", f"mainloop direct at tile {t.m}x{t.n}x{t.k} keeps {direct_partials(p)} fp32 partial "
-                            f"sums a thread over {p.num_warps} warps (most {DIRECT_MAX_PARTIALS}): use a smaller "
-                            "tile K or more warps"))
+    elif t.m * t.n * t.k // (32 * p.num_warps) > DIRECT_MAX_PARTIALS:
+        out.append(("tile", f"mainloop direct keeps {t.m}x{t.n}x{t.k} fp32 partial sums, "
+                            f"{t.m * t.n * t.k // (32 * p.num_warps)} a thread over {p.num_warps} warps "
+                            f"(most {DIRECT_MAX_PARTIALS}): use a smaller tile K or more warps"))
     if p.scheduler != "tile" or p.split_k > 1:
         out.append(("scheduler", "mainloop direct runs one CTA a tile over the whole K: write `scheduler tile` "
                                  "and `split_k 1`"))

@@ -7,7 +7,7 @@ deterministic workspace or `unordered`, fp32 partials added as they arrive), and
 leading configurations the rasterisation (raster n swizzle=8 is triton's GROUP_M=8 order;
 also swizzle 16, raster m, and no banding).
 
-At a batch of 1-16 (`x @ W.T`), `mainloop direct` programs (FMA over row-contiguous K steps,
+At a batch of 1-2 (`x @ W.T`), `mainloop direct` programs (FMA over row-contiguous K steps,
 under swap_ab) come first, in the order a sweep of them measured best.
 
 Pruned: tiles much wider than the matrix (a 256-row tile for M=64), shared
@@ -30,7 +30,7 @@ import math
 from dataclasses import replace
 from typing import Iterable
 
-from gemmgen.backends.triton.rules import DIRECT_MAX_PARTIALS, SUPPORT, direct_partials, tma_misaligned
+from gemmgen.backends.triton.rules import SUPPORT, tma_misaligned
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Problem, Program, Tile
 
@@ -57,16 +57,15 @@ SWAP_HEAD = (("tile", 64, 128, 6), ("stream_k", 128, 64, 6), ("stream_k", 64, 12
              ("stream_k", 128, 128, 4))
 #: At M <= DIRECT_MAX_M (decode), `mainloop direct` under swap_ab: FMA over row-contiguous K
 #: steps, which read the weight nearly at a plain read's rate (benchmarks/gemv_patterns.py).
-#: (weight rows a CTA, tile K, warps), best measured first. At a batch of one, tuning the
-#: layer set's M = 1 rows (tune_llm_direct_triton*/) found 4 rows, K steps of 1024 and 2 warps
-#: best on every layer: 1.035x torch.matmul over 20 layers. At two or more the kernel keeps a
-#: partial a 16-byte vector and a column, so its head is its own; tile K halves until the
-#: partial sums fit (rules.direct_partials).
-DIRECT_MAX_M = 16
+#: (weight rows a CTA, tile K at a batch of one, warps), best measured first: tuning the layer
+#: set's M = 1-4 rows (tune_llm_direct_triton*/) found 4 rows, K steps of 1024 and 2 warps best
+#: on every layer: 1.035x torch.matmul over 20 layers at M = 1, 0.955x at M = 2 (up to 1.15x),
+#: 0.63x at M = 4; a form with 8x fewer partials (tune_llm_direct_columns/) reached 0.72x at
+#: M = 4 and 0.19x at 16: the FMA work grows with the batch. Tile N is the batch rounded up to
+#: a power of two and tile K shrinks as it grows, keeping the partial sums a thread holds.
+DIRECT_MAX_M = 2
 DIRECT_HEAD = ((4, 1024, 2), (16, 1024, 8), (8, 256, 2), (16, 256, 4), (8, 512, 4), (2, 1024, 2),
                (32, 256, 4), (1, 1024, 1))
-DIRECT_COLUMNS_HEAD = ((4, 1024, 2), (4, 256, 4), (8, 512, 4), (2, 1024, 2), (8, 256, 8), (16, 256, 4),
-                       (4, 512, 2), (1, 1024, 1), (16, 512, 8), (8, 1024, 4))
 DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
 DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
 L2_BYTES_PER_S = SM90A.l2_bytes_per_s
@@ -322,11 +321,9 @@ def direct_head(problem: Problem) -> list[Program]:
     cols = _pow2_at_least(problem.m)
     longest = max(64, _pow2_at_least(problem.k))      # no K step past K
     out = []
-    for rows, bk, warps in DIRECT_HEAD if cols == 1 else DIRECT_COLUMNS_HEAD:
-        p = Program(problem=problem, backend="triton", tile=Tile(rows, cols, min(longest, bk)),
+    for rows, bk, warps in DIRECT_HEAD:
+        p = Program(problem=problem, backend="triton", tile=Tile(rows, cols, min(longest, max(64, bk // cols))),
                     warps=(warps, 1), mainloop="direct", scheduler="tile", swap_ab=True)
-        while direct_partials(p) > DIRECT_MAX_PARTIALS and p.tile.k > 64:
-            p = replace(p, tile=replace(p.tile, k=p.tile.k // 2))
         if p not in out and not any(rule(p.computed) for rule in SUPPORT.extra_rules):
             out.append(p)
     return out
