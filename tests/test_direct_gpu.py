@@ -75,7 +75,8 @@ def _triton_cases() -> list[Program]:
 
     out = [_triton(m, n, k) for m in MS for n, k in WIDTHS]
     out += [_triton(m, 2999, 4104, e) for m in (1, 3) for e in EPILOGUES]
-    # the space's own direct programs at a batch of two, unaligned N and K
+    # the space's own direct programs at a batch of one and two, unaligned N and K
+    out += direct_head(Problem(1, 2999, 4104, a_major="row", b_major="col"))
     out += direct_head(Problem(2, 2999, 4104, a_major="row", b_major="col"))
     found = [diagnose(p) for p in out if diagnose(p)]
     assert not found, found[0]

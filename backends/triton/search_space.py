@@ -57,15 +57,19 @@ SWAP_HEAD = (("tile", 64, 128, 6), ("stream_k", 128, 64, 6), ("stream_k", 64, 12
              ("stream_k", 128, 128, 4))
 #: At M <= DIRECT_MAX_M (decode), `mainloop direct` under swap_ab: FMA over row-contiguous K
 #: steps, which read the weight nearly at a plain read's rate (benchmarks/gemv_patterns.py).
-#: (weight rows a CTA, tile K at a batch of one, warps), best measured first: tuning the layer
-#: set's M = 1-4 rows (tune_llm_direct_triton*/) found 4 rows, K steps of 1024 and 2 warps best
-#: on every layer: 1.035x torch.matmul over 20 layers at M = 1, 0.955x at M = 2 (up to 1.15x),
-#: 0.63x at M = 4; a form with 8x fewer partials (tune_llm_direct_columns/) reached 0.72x at
-#: M = 4 and 0.19x at 16: the FMA work grows with the batch. Tile N is the batch rounded up to
-#: a power of two and tile K shrinks as it grows, keeping the partial sums a thread holds.
+#: (weight rows a CTA, tile K at a batch of one, warps), best measured first. At M = 1, 8 rows,
+#: K steps of 1024 and 4 warps beat 4 rows on 2 warps (the best of the rest before) on all 22
+#: layers tried, by 1.02-1.16x (tune_llm_direct_m1_lanes/). At M = 2 one partial sum a batch
+#: column measured 0.955x torch.matmul over 20 layers, at M = 4 0.63x, and a form with 8x
+#: fewer partials 0.72x at M = 4 and 0.19x at 16 (tune_llm_direct_columns/): the FMA work grows
+#: with the batch. Tile N is the batch rounded up to a power of two and tile K shrinks as it
+#: grows, keeping the partial sums a thread holds. Every tile K spans all lanes of every warp
+#: (DIRECT_LANES_K): a narrower step puts warps on rows, the batch column's load takes another
+#: layout, and Triton converts the weight through shared memory behind two barriers every
+#: step; 16x1x1024 on 8 warps measured 1.44x the leader's time over 20 layers.
 DIRECT_MAX_M = 2
-DIRECT_HEAD = ((4, 1024, 2), (16, 1024, 8), (8, 256, 2), (16, 256, 4), (8, 512, 4), (2, 1024, 2),
-               (32, 256, 4), (1, 1024, 1))
+DIRECT_HEAD = ((8, 1024, 4), (4, 1024, 2), (4, 2048, 4), (2, 1024, 2), (1, 1024, 1), (8, 2048, 8))
+DIRECT_LANES_K = 8 * 32           # a warp's 32 lanes of 16-byte (8-element) loads along K
 DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
 DRAM_BYTES_PER_S = DRAM_EFFICIENCY * SM90A.peak_bytes_per_s
 L2_BYTES_PER_S = SM90A.l2_bytes_per_s
@@ -324,6 +328,8 @@ def direct_head(problem: Problem) -> list[Program]:
     for rows, bk, warps in DIRECT_HEAD:
         p = Program(problem=problem, backend="triton", tile=Tile(rows, cols, min(longest, max(64, bk // cols))),
                     warps=(warps, 1), mainloop="direct", scheduler="tile", swap_ab=True)
+        if p.tile.k < DIRECT_LANES_K * warps:
+            continue
         if p not in out and not any(rule(p.computed) for rule in SUPPORT.extra_rules):
             out.append(p)
     return out
