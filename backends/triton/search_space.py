@@ -44,16 +44,21 @@ STREAM_K_MIN_K_TILES = 4
 STREAM_K_MAX_WAVES = 4           # past a few waves the idle part of the last is a small share
 LARGE_M_STREAM_K = 2             # stream-K candidates a problem past SMALL_M gets
 #: At M <= SMALL_M the estimate sees one DRAM floor for every candidate, so the space starts
-#: with what measured best on the H200 (benchmarks/small_m.py, Llama-3-8B's q, gate and down at
-#: M = 1, 16, 128): (scheduler, tile N, tile K, stages, warps, split-K), tile M from M.
-SMALL_M_HEAD = (("stream_k", 64, 128, 6, 4, 1), ("tile", 128, 128, 4, 4, 1), ("tile", 64, 128, 4, 4, 4),
-                ("stream_k", 128, 128, 4, 4, 1), ("stream_k", 32, 128, 6, 4, 1), ("stream_k", 128, 128, 3, 8, 1))
+#: with what measured best on the H200: (scheduler, tile N, tile K, stages, warps, split-K),
+#: tile M from M. First found with benchmarks/small_m.py (Llama-3-8B's q, gate and down at
+#: M = 1, 16, 128), then ordered by the layer set's tuning at M = 4-128 (48 problems, shipped
+#: records): the fastest Triton program on 11 of the 25 problems that tried the first, on 2 of
+#: 18 for the second, on 0 of 14 for `stream_k` 128 x 128 on 4 stages.
+SMALL_M_HEAD = (("tile", 128, 128, 4, 4, 1), ("stream_k", 64, 128, 6, 4, 1), ("tile", 64, 128, 4, 4, 4),
+                ("stream_k", 32, 128, 6, 4, 1), ("stream_k", 128, 128, 3, 8, 1), ("stream_k", 128, 128, 4, 4, 1))
 #: At M <= SWAP_MAX_M, programs of the swapped problem C^T = W x^T (`swap_ab`): the weight's N
 #: fills the tile's M side and the batch is a tile N of 16-64. Measured best with benchmarks/
 #: small_m.py (1.14x torch.matmul at 16x4096x4096, where no other idea passed 1.06x; no gain at
-#: M = 128): (scheduler, tile M, tile K, stages), 4 warps, tile N from M.
+#: M = 128): (scheduler, tile M, tile K, stages), 4 warps, tile N from M. In the same tuning the
+#: first was the fastest Triton program on 12 of 25 problems, the second on 3 of 10, the
+#: stream-K ones on none of 13 each; the swapped head leads the small-M head at M <= 64.
 SWAP_MAX_M = 64
-SWAP_HEAD = (("tile", 64, 128, 6), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6), ("tile", 128, 128, 4),
+SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6),
              ("stream_k", 128, 128, 4))
 #: At M <= DIRECT_MAX_M (decode), `mainloop direct` under swap_ab: FMA over row-contiguous K
 #: steps, which read the weight nearly at a plain read's rate (benchmarks/gemv_patterns.py).
@@ -352,7 +357,7 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
         ranked = [p for p in ranked if p.scheduler != "stream_k"]
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
-        head = direct_head(problem) + _interleave(small_m_head(problem), swapped_head(problem)) + head
+        head = direct_head(problem) + _interleave(swapped_head(problem), small_m_head(problem)) + head
     else:
         head = head[:4] + streamed + head[4:]
     out, seen = [], set()
