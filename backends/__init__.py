@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from gemmgen.backends.base import Artifact, BackendError, BackendModule, Launcher, Source, Support
 from gemmgen.backends.registry import NAMES, get, names
-from gemmgen.backends.support import diagnose, validate
+from gemmgen.backends.support import diagnose, fact_rows, validate
 from gemmgen.backends.swap import load, lower
 
 __all__ = ["NAMES", "Artifact", "BackendError", "BackendModule", "Launcher", "Source", "Support",
-           "diagnose", "get", "load", "lower", "names", "validate"]
+           "diagnose", "fact_rows", "get", "load", "lower", "names", "validate"]

@@ -46,6 +46,9 @@ class Support:
     out_dtypes: frozenset[str] = frozenset({"f16"})
     in_dtypes: frozenset[str] = frozenset({"f16"})
     extra_rules: tuple[Callable[[Program], list[tuple[str, str]]], ...] = ()
+    # `gemmgen inspect` rows, by name, that this backend realises otherwise than the
+    # language's model says (e.g. stages it ignores)
+    fact_rows: Optional[Callable[[Program], list[tuple[str, str]]]] = None
 
 
 @dataclass(frozen=True)

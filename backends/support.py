@@ -1,5 +1,6 @@
 """Does the chosen backend support every feature the program uses? And the composed
-`validate` / `diagnose`: the language's checks, then the backend's.
+`validate` / `diagnose` (the language's checks, then the backend's) and `fact_rows` (the
+language's derived facts, with the rows the backend realises otherwise).
 
 Each backend package declares a `SUPPORT` (backends/base.py `Support`); it is read
 lazily through the registry, so validation needs neither triton nor CUTLASS. Validation
@@ -12,6 +13,7 @@ from typing import Iterator, Optional
 
 from gemmgen.backends import registry
 from gemmgen.dsl.diagnostics import Diagnostic
+from gemmgen.dsl.facts import facts
 from gemmgen.dsl.hardware import SM90A, Hardware
 from gemmgen.dsl.ir import Program
 from gemmgen.dsl.parser import STATEMENTS
@@ -131,3 +133,15 @@ def validate(program: Program, hw: Hardware = SM90A, filename: Optional[str] = N
     """The program itself if the language and its backend accept it; else `ProgramError`
     for its first problem, located."""
     return language_validate(program, hw, filename, backend_rules=check_support)
+
+
+def fact_rows(program: Program) -> list[tuple[str, str]]:
+    """`gemmgen inspect`'s derived facts: the language's model (`dsl.facts`), each row the
+    program's backend realises otherwise replaced by the backend's own."""
+    rows = facts(program).rows()
+    try:
+        support = backend_support(program.backend)
+    except BackendUnavailable:
+        return rows
+    own = dict(support.fact_rows(program)) if support is not None and support.fact_rows else {}
+    return [(name, own.get(name, value)) for name, value in rows]

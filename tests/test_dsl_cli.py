@@ -117,6 +117,16 @@ def test_inspect_binds_a_shape(capsys):
     assert "gemm 4096x4096x4096 " in out and "CTAs                          1024" in out
 
 
+def test_inspect_shows_what_the_backend_realises_otherwise(capsys):
+    # Triton's direct kernel ignores `stages` and keeps partial sums, not mma accumulators.
+    code, out, _ = run(capsys, "inspect", str(examples()["triton_direct_decode"]))
+    assert code == 0
+    assert "pipeline stages               none: the K loop has no dot" in out
+    assert "accumulators per math thread  64 fp32 partial sums" in out      # 8 x 1 x 1024 over 128 threads
+    code, out, _ = run(capsys, "inspect", str(examples()["cuda_direct_decode"]))
+    assert "pipeline stages               4" in out                            # raw CUDA's register ring
+
+
 def test_inspect_of_an_invalid_program_lists_problems(capsys, files):
     code, out, _ = run(capsys, "inspect", str(files["stages"]))
     assert code == 1

@@ -17,7 +17,7 @@ INDEXES = "the Triton kernels compute element offsets (row x stride + column) in
 # mainloop direct (lowering.py): FMA on CUDA cores over row-contiguous K steps, no tensor cores
 DIRECT_TILE = {"m": (1, 64), "n": (1, 16), "k": (64, 2048)}
 DIRECT_WARPS = (1, 2, 4, 8)
-DIRECT_MAX_PARTIALS = 64     # fp32 partial sums per thread (tile M x N x K over the threads)
+DIRECT_MAX_PARTIALS = 64     # fp32 partial sums a thread keeps (direct_partials)
 
 __all__ = ["INDEXES", "INT32_LIMIT", "SUPPORT", "index_counts", "tma_misaligned"]
 
@@ -59,6 +59,21 @@ def _tile_rules(p: Program) -> list[tuple[str, str]]:
     return out
 
 
+def direct_partials(p: Program) -> int:
+    """fp32 partial sums a thread of a direct kernel keeps (tile M x N x K over the threads)."""
+    return p.tile.m * p.tile.n * p.tile.k // (32 * p.num_warps)
+
+
+def _fact_rows(program: Program) -> list[tuple[str, str]]:
+    """What `mainloop direct` does otherwise than the language's model of a mainloop."""
+    if program.mainloop != "direct":
+        return []
+    p = program.computed
+    return [("pipeline stages", "none: the K loop has no dot, so Triton pipelines nothing"),
+            ("accumulators per math thread", f"{direct_partials(p)} fp32 partial sums"),
+            ("registers per CTA (model)", "not modelled for mainloop direct")]
+
+
 def _direct_rules(p: Program) -> list[tuple[str, str]]:
     """mainloop direct: each step loads tile K contiguous elements of every row of A and of
     every column of B, so both must be K-contiguous; one CTA a tile, no split."""
@@ -74,9 +89,9 @@ def _direct_rules(p: Program) -> list[tuple[str, str]]:
     if p.num_warps not in DIRECT_WARPS or p.warps[1] != 1:
         out.append(("warps", f"mainloop direct: warps {p.warps[0]}x{p.warps[1]}; write warps Wx1 with W one of "
                              f"{', '.join(map(str, DIRECT_WARPS))} (at most tile M)"))
-    elif t.m * t.n * t.k // (32 * p.num_warps) > DIRECT_MAX_PARTIALS:
+    elif direct_partials(p) > DIRECT_MAX_PARTIALS:
         out.append(("tile", f"mainloop direct keeps {t.m}x{t.n}x{t.k} fp32 partial sums, "
-                            f"{t.m * t.n * t.k // (32 * p.num_warps)} a thread over {p.num_warps} warps "
+                            f"{direct_partials(p)} a thread over {p.num_warps} warps "
                             f"(most {DIRECT_MAX_PARTIALS}): use a smaller tile K or more warps"))
     if p.scheduler != "tile" or p.split_k > 1:
         out.append(("scheduler", "mainloop direct runs one CTA a tile over the whole K: write `scheduler tile` "
@@ -162,4 +177,5 @@ SUPPORT = Support(
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
     in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_tile_rules, _problem_rules, _tma_rules),
+    fact_rows=_fact_rows,
 )

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from gemmgen import backends
-from gemmgen.backends import diagnose
+from gemmgen.backends import diagnose, fact_rows
 from gemmgen.compile import parse_shape
 from gemmgen.dsl.diagnostics import ProgramError
-from gemmgen.dsl.facts import facts
 from gemmgen.dsl.parser import parse, parse_with_comments
 from gemmgen.dsl.printer import to_text, to_text_with_comments
 from gemmgen.errors import GemmgenError
@@ -169,12 +168,12 @@ def run_inspect(args: argparse.Namespace) -> int:
                                     " (shape-generic: --shape MxNxK binds it and adds the grid facts)"))
         print()
     try:
-        derived = facts(program)
+        rows = fact_rows(program)
     except (ZeroDivisionError, TypeError, ValueError):
         print("derived facts: unavailable until the problems above are fixed")
         return 1
     print("derived facts:")
-    print(_table(derived.rows()))
+    print(_table(rows))
     if args.lower:
         print()
         print(_lower(program, args.lower))
