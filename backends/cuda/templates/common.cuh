@@ -57,13 +57,18 @@ struct EpilogueArgs {
   float alpha, beta;
 };
 
+// The activations, written once: the epilogue's `activation=` and a gated epilogue's `gate=`.
+__device__ __forceinline__ float relu_f32(float x) { return x > 0.f ? x : 0.f; }
+__device__ __forceinline__ float gelu_f32(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float silu_f32(float x) { return x / (1.f + __expf(-x)); }
+
 __device__ __forceinline__ float activate(float x) {
 #if ACT_RELU
-  return x > 0.f ? x : 0.f;
+  return relu_f32(x);
 #elif ACT_GELU
-  return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+  return gelu_f32(x);
 #elif ACT_SILU
-  return x / (1.f + __expf(-x));
+  return silu_f32(x);
 #else
   return x;
 #endif
@@ -72,11 +77,11 @@ __device__ __forceinline__ float activate(float x) {
 // A gated epilogue's gate (`gate=relu|gelu|silu`), applied to the gate half's fp32 accumulator.
 __device__ __forceinline__ float gate_activate(float x) {
 #if GATE_RELU
-  return x > 0.f ? x : 0.f;
+  return relu_f32(x);
 #elif GATE_GELU
-  return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+  return gelu_f32(x);
 #elif GATE_SILU
-  return x / (1.f + __expf(-x));
+  return silu_f32(x);
 #else
   return x;
 #endif
