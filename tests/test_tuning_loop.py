@@ -1,4 +1,5 @@
 """The tuning loop end to end on CPU, with a fake builder and runner injected; the proposers."""
+import re
 from dataclasses import dataclass, field, replace
 from dataclasses import replace as dc_replace
 
@@ -54,6 +55,21 @@ def test_loop_records_every_trial_with_its_outcome(tmp_path, chunk):
         assert all(t.proposer == "list" and t.check_seed is not None for t in ok)
         winner = db.winner(problem, TEST_GPU.name)
         assert "tile 128x256x64" in winner.program
+
+
+def test_the_report_says_where_the_time_went(tmp_path):
+    import time
+
+    class SlowBaselines(FakeRunner):
+        def baselines(self, problem):
+            time.sleep(0.1)
+            return super().baselines(problem)
+
+    report, _ = _run(Database(tmp_path / "t.sqlite"), runner=SlowBaselines())
+    assert set(report.phase_s) == {"proposals", "waiting for builds", "baselines", "trials", "confirmations"}
+    assert 0.3 <= report.phase_s["baselines"] <= report.wall_s
+    assert sum(report.phase_s.values()) <= report.wall_s + 0.05
+    assert re.search(r" s \(.*baselines 0\.[3-9]", report.summary())     # parts under 0.05 s are left out
 
 
 def test_resume_skips_what_was_measured(tmp_path):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections import Counter
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
@@ -107,14 +108,26 @@ class TuneReport:
     wall_s: float = 0.0
     failures: list = field(default_factory=list)     # (problem key, why) of runs that recorded nothing
     unit: str = "trials"                             # what `recorded` counts
+    phase_s: Counter = field(default_factory=Counter)   # seconds by part of the run (`timed`)
+
+    @contextmanager
+    def timed(self, phase: str):
+        """Adds the block's wall time to `phase_s[phase]`."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phase_s[phase] += time.monotonic() - start
 
     def summary(self) -> str:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(self.statuses.items())) or "none"
         stop = " (stopped: time budget)" if self.stopped_by_time else ""
+        phases = ", ".join(f"{name} {s:.1f}" for name, s in self.phase_s.items() if s >= 0.05)
         failed = "".join(f"\n  {key}: {why}" for key, why in self.failures[:3])
         more = f"\n  ... and {len(self.failures) - 3} more" if len(self.failures) > 3 else ""
         return (f"{self.shapes_done}/{self.shapes} shapes, {self.recorded} {self.unit} recorded "
-                f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s{stop}{failed}{more}")
+                f"({statuses}), {self.skipped} already measured, {self.wall_s:.1f} s"
+                f"{f' ({phases})' if phases else ''}{stop}{failed}{more}")
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,8 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     def prefetch(c: int) -> Optional[tuple[list[_Plan], Optional[Future]]]:
         if c >= len(chunks):
             return None
-        plans = [plan_shape(p, proposer, budget, db, device, seed) for p in chunks[c]]
+        with report.timed("proposals"):
+            plans = [plan_shape(p, proposer, budget, db, device, seed) for p in chunks[c]]
         programs = [program for plan in plans for program in plan.valid]
         return plans, pool.submit(builder.build_many, programs) if programs else None
 
@@ -203,14 +217,19 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
         for program, message in plan.invalid:
             record(Trial(program=program_text(program), backend=program.backend, status="invalid",
                          build_msg=message, **common))
-        baselines = dict(runner.baselines(problem)) if built else {}
+        with report.timed("baselines"):
+            baselines = dict(runner.baselines(problem)) if built else {}
         for outcome in built:
             if out_of_time():
                 return False
             if outcome.retry:         # possibly transient: a later run builds it again
                 report.failures.append((problem.key, f"build failed, retried in a later run: {outcome.error}"))
                 continue
-            record(_confirmed(_trial(outcome, runner, baselines, common), outcome, runner, baselines))
+            with report.timed("trials"):
+                trial = _trial(outcome, runner, baselines, common)
+            with report.timed("confirmations"):
+                trial = _confirmed(trial, outcome, runner, baselines)
+            record(trial)
         report.shapes_done += 1
         if on_shape is not None:
             on_shape(problem)
@@ -224,7 +243,8 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
                 report.stopped_by_time = True
                 break
             upcoming = prefetch(c + 1)
-            outcomes = iter(future.result() if future is not None else [])
+            with report.timed("waiting for builds"):
+                outcomes = iter(future.result() if future is not None else [])
             for plan in plans:
                 built = [next(outcomes) for _ in plan.valid]
                 if out_of_time() or not run_shape(plan, built):
