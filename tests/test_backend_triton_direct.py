@@ -58,9 +58,14 @@ def test_the_space_offers_direct_first_at_a_batch_of_one_or_two_only():
     assert not search_space.direct_head(Problem(1, 4096, 4096, a_major="row", b_major="row"))
 
 
+def _ptx(program: Program) -> str:
+    """The PTX Triton writes for `program` on sm_90a (built through the disk cache)."""
+    art = tb.build(backends.lower(program))
+    return "\n".join(p.read_text() for p in Path(art.path).glob("*.ptx"))
+
+
 def test_direct_lowers_to_fma_and_16_byte_streaming_loads_for_sm_90a():
-    art = tb.build(backends.lower(direct(1, 4096, 4096, (16, 1, 1024), 8)))
-    ptx = "\n".join(p.read_text() for p in Path(art.path).glob("*.ptx"))
+    ptx = _ptx(direct(1, 4096, 4096, (16, 1, 1024), 8))
     assert ".target sm_90a" in ptx and "mma" not in ptx and "cp.async" not in ptx
     assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx    # the weight: 16 B a lane, streamed
     assert "fma.rn.f32" in ptx
@@ -79,8 +84,7 @@ def _loop_bodies(ptx: str) -> list[str]:
 
 
 def _k_loop(program: Program) -> str:
-    art = tb.build(backends.lower(program))
-    (body,) = _loop_bodies("\n".join(p.read_text() for p in Path(art.path).glob("*.ptx")))
+    (body,) = _loop_bodies(_ptx(program))
     return body
 
 
