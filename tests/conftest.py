@@ -61,3 +61,13 @@ def runner():
 
     with Runner(timeout_s=120) as r:
         yield r
+
+
+@pytest.fixture(autouse=True)
+def _no_on_demand_workers_left():
+    """On-demand tuning keeps its workers for the process's next request; a test's runner (often a
+    fake) must not serve the next test."""
+    yield
+    from gemmgen.tune.on_demand import release_workers
+
+    release_workers()

@@ -45,6 +45,17 @@ def returns() -> Callable[[], None]:
     return lambda: None
 
 
+_JOBS_HERE = 0
+
+
+def counts_jobs() -> Callable[[], tuple]:
+    """A plain job whose value is (this process's pid, jobs of this kind it has run)."""
+    global _JOBS_HERE
+    _JOBS_HERE += 1
+    seen = _JOBS_HERE
+    return lambda: (os.getpid(), seen)
+
+
 def returns_value(half):
     """Returns {'answer': 2 * half}; with half=None, something that cannot be pickled."""
     if half is None:

@@ -278,6 +278,41 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     clear_cache()
 
 
+def test_on_demand_requests_share_the_workers_until_they_idle(tmp_path, monkeypatch):
+    """Starting the measurement workers takes seconds: the process's next request reuses them, and
+    they end once idle for WORKERS_IDLE_S (or when released)."""
+    import time
+
+    import gemmgen.compile as compile_module
+    from gemmgen.tune import on_demand
+    from tuning_fakes import FakeBuilder, FakeRunner
+
+    made, closed = [], []
+
+    class Runner(FakeRunner):
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: made.append(Runner()) or made[-1])
+    monkeypatch.setattr(on_demand, "PoolBuilder", FakeBuilder)
+    monkeypatch.setattr(compile_module, "gpu_present", lambda: True)
+    monkeypatch.setattr(compile_module, "this_device", lambda: TEST_GPU)
+    monkeypatch.setattr(on_demand, "WORKERS_IDLE_S", 0.3)
+    clear_cache()
+    path = tmp_path / "user.sqlite"
+    for shape in ((1000, 1000, 1000), (1000, 2000, 1000)):
+        assert gemmgen.compile(shape, device=GPU, db=path, tune=30).provenance.how == "exact"
+    assert len(made) == 1 and not closed and len(made[0].measured) > 1     # both tuned, one start
+    deadline = time.monotonic() + 5
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert closed == made                                                   # idle: ended
+    gemmgen.compile((1000, 3000, 1000), device=GPU, db=path, tune=30)
+    on_demand.release_workers()
+    assert len(made) == 2 and closed == made
+    clear_cache()
+
+
 def test_a_short_tuning_budget_proposes_only_backends_that_build_in_seconds():
     from gemmgen.tune.on_demand import FAST_BACKENDS, SLOW_BUILD_S, backends_for
 

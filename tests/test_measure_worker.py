@@ -85,6 +85,29 @@ def test_plain_job_returns_its_value():
         assert r.ok and r.value is None and "cannot be sent back" in r.message
 
 
+def test_a_fresh_job_takes_the_standby_that_has_run_nothing():
+    with Runner(gpu=False, timeout_s=30, standby=True) as runner:
+        runner.start_soon()
+        runner.ready(standby=True)
+        first = [runner.run(Job("count", planted.counts_jobs)).value for _ in range(2)]
+        fresh = runner.run(Job("count", planted.counts_jobs), fresh=True).value
+        after = runner.run(Job("count", planted.counts_jobs)).value
+        again = runner.run(Job("count", planted.counts_jobs), fresh=True).value
+        pids = {first[0][0], fresh[0], again[0]}
+    assert [n for _, n in first] == [1, 2] and first[0][0] == first[1][0]
+    assert fresh[1] == 1 and after == (fresh[0], 2)           # the standby became the worker
+    assert again[1] == 1 and len(pids) == 3                   # and a new standby was started
+    assert not any(_alive(pid) for pid in pids)               # close ends them all
+    assert runner.restarts == 0
+
+
+def test_a_runner_without_a_standby_starts_a_worker_for_a_fresh_job():
+    with Runner(gpu=False, timeout_s=30) as runner:
+        before = runner.run(Job("count", planted.counts_jobs)).value
+        fresh = runner.run(Job("count", planted.counts_jobs), fresh=True).value
+    assert fresh[1] == 1 and fresh[0] != before[0]
+
+
 class _Timing:
     def __init__(self, ms):
         self.ms = ms

@@ -434,6 +434,9 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, c
         def __exit__(self, *exc):
             return False
 
+        def close(self):
+            pass
+
     def fake_tune(problems, *, proposer, **kwargs):
         seen["backends"] = proposer.backends
         seen["problems"] = [p.key for p in problems]

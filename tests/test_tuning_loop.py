@@ -72,6 +72,23 @@ def test_the_report_says_where_the_time_went(tmp_path):
     assert re.search(r" s \(.*baselines 0\.[3-9]", report.summary())     # parts under 0.05 s are left out
 
 
+def test_a_runner_that_starts_workers_is_waited_for_before_the_baselines(tmp_path):
+    import time
+
+    class Starting(FakeRunner):
+        waits = 0
+
+        def ready(self):
+            assert self.baseline_calls == self.waits          # before each shape's baselines
+            self.waits += 1
+            time.sleep(0.1 if self.waits == 1 else 0)        # the first start takes time
+
+    report, runner = _run(Database(tmp_path / "t.sqlite"), runner=Starting())
+    assert runner.waits == runner.baseline_calls == 3
+    assert 0.1 <= report.phase_s["starting workers"] < report.wall_s
+    assert "starting workers 0.1" in report.summary()
+
+
 def test_resume_skips_what_was_measured(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     with pytest.raises(KeyboardInterrupt):

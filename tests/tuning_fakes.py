@@ -89,6 +89,9 @@ class FakeRunner:
     measured: list[Program] = field(default_factory=list)
     baseline_calls: int = 0
 
+    def close(self):
+        pass
+
     def baselines(self, problem):
         self.baseline_calls += 1
         return {"torch": BaselineTime(1.0, 0.01, server_ms=1.1), "cublaslt_auto": BaselineTime(0.98, 0.01)}

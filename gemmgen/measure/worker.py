@@ -9,7 +9,13 @@ is killed or retires, a fresh one is spawned for the next job, and the run goes 
 
 Workers use the spawn start method, so CUDA is initialised in the worker only, never
 inherited. Each worker leads a session (process group) of its own, and a worker that is
-killed takes its whole group with it: a process a kernel started cannot outlive its trial. A job with `problem=None` is a plain job: the loaded callable is called once
+killed takes its whole group with it: a process a kernel started cannot outlive its trial.
+
+Starting a worker (a Python interpreter, torch, a CUDA context) takes seconds, so a runner can
+start its worker ahead (`start_soon`) while the caller proposes and builds, and with
+`standby=True` keeps one more started and idle: a job that must run in a newly started worker
+(`run(..., fresh=True)`, a would-be winner's confirmation) takes the standby, which has run
+nothing, instead of waiting for a start. A job with `problem=None` is a plain job: the loaded callable is called once
 with no arguments and what it returns comes back as `TrialResult.value` (the runner's
 own tests use these with `Runner(gpu=False)`; a search script may measure a whole
 group of kernels inside one such job).
@@ -159,6 +165,14 @@ def _serve(conn, gpu: bool) -> None:
 
         torch.cuda.init()
         torch.ones(1, device="cuda").sum().item()
+        # the harness a job needs, imported and its timer started while the worker is only starting
+        import gemmgen.measure.checking  # noqa: F401
+        from gemmgen.measure.timing import warm_up
+
+        try:
+            warm_up()
+        except Exception:  # noqa: BLE001 - a timer that cannot start fails each job, which says why
+            pass
     conn.send("ready")
     while True:
         try:
@@ -201,21 +215,61 @@ def _kill_group(pid: Optional[int]) -> None:
         pass                # no such group (the worker died before setsid): nothing else to end
 
 
+class _Started:
+    """A worker process started, whose 'ready' has not been read yet."""
+
+    def __init__(self, ctx, gpu: bool):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, gpu), name="gemmgen-worker")
+        self.proc.start()
+        child.close()   # only the worker holds it now: its death reads as EOF here
+
+        self.said_ready = False
+
+    def ready(self, timeout_s: float):
+        """(process, connection) once the worker said it is ready."""
+        if self.said_ready:
+            return self.proc, self.conn
+        if not self.conn.poll(timeout_s):
+            self.stop()
+            raise MeasureError(f"the measurement worker did not start within {timeout_s:.0f} s")
+        try:
+            self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise MeasureError(f"the measurement worker died at start ({_describe_exit(self.proc.exitcode)})") from None
+        self.said_ready = True
+        return self.proc, self.conn
+
+    def stop(self) -> None:
+        _kill_group(self.proc.pid)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+        self.conn.close()
+
+
 class Runner:
     """Runs jobs in a worker process; a hang, crash or poisoned context costs one trial.
 
         with Runner(timeout_s=60) as runner:
             result = runner.run(Job("k0", load_backend, ("triton", artifact, text), problem))
+
+    `standby`: keep a second worker started for `run(..., fresh=True)` (module docstring).
     """
 
-    def __init__(self, *, timeout_s: float = 120.0, gpu: bool = True, startup_timeout_s: float = 180.0):
+    def __init__(self, *, timeout_s: float = 120.0, gpu: bool = True, startup_timeout_s: float = 180.0,
+                 standby: bool = False):
         self.timeout_s = timeout_s
         self.gpu = gpu
         self.startup_timeout_s = startup_timeout_s
+        self.standby = standby
         self.restarts = 0
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
         self._conn = None
+        self._starting: Optional[_Started] = None     # the next active worker, started ahead
+        self._spare: Optional[_Started] = None        # the standby, for a fresh job
 
     def __enter__(self) -> "Runner":
         return self
@@ -223,21 +277,26 @@ class Runner:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _start(self) -> None:
-        parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_serve, args=(child, self.gpu), name="gemmgen-worker")
-        proc.start()
-        child.close()   # only the worker holds it now: its death reads as EOF here
-        if not parent.poll(self.startup_timeout_s):
-            proc.kill()
-            proc.join(5)
-            raise MeasureError(f"the measurement worker did not start within {self.startup_timeout_s:.0f} s")
-        try:
-            parent.recv()
-        except EOFError:
-            proc.join(5)
-            raise MeasureError(f"the measurement worker died at start ({_describe_exit(proc.exitcode)})") from None
-        self._proc, self._conn = proc, parent
+    def start_soon(self) -> None:
+        """Start the worker (and the standby) now, without waiting for them."""
+        if self._proc is None and self._starting is None:
+            self._starting = _Started(self._ctx, self.gpu)
+        if self.standby and self._spare is None:
+            self._spare = _Started(self._ctx, self.gpu)
+
+    def ready(self, standby: bool = False) -> None:
+        """Wait until a worker is ready for the next job (starting one if none is); `standby`:
+        and until the standby is, so that nothing is starting while jobs are timed."""
+        if self._proc is not None and not self._proc.is_alive():
+            self._retire(kill=True)
+        if self._proc is None:
+            started, self._starting = self._starting or _Started(self._ctx, self.gpu), None
+            self._proc, self._conn = started.ready(self.startup_timeout_s)
+        if standby and self._spare is not None:
+            try:
+                self._spare.ready(self.startup_timeout_s)
+            except MeasureError:
+                self._spare = None         # a fresh job starts its own worker instead
 
     def _retire(self, kill: bool, replaced: bool = True) -> Optional[int]:
         proc, conn = self._proc, self._conn
@@ -255,19 +314,24 @@ class Runner:
         return proc.exitcode
 
     def run(self, job: Job, *, fresh: bool = False) -> TrialResult:
-        """Run `job`; `fresh`: in a newly started worker (its own process and CUDA context),
-        as a candidate's confirmation is."""
-        if fresh:
-            self.close()
+        """Run `job`; `fresh`: in a newly started worker (its own process and CUDA context, that
+        has run no job before), as a candidate's confirmation is."""
         try:
             payload = pickle.dumps(job)
         except Exception as exc:  # noqa: BLE001
             raise MeasureError(f"job {job.name!r} cannot be sent to a worker: {exc}; "
                                "its load function must be a module-level function") from None
-        if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self._retire(kill=True)
-            self._start()
+        if fresh:
+            self._stop_active()
+            self._starting, self._spare = self._spare, None
+        self.ready()
+        try:
+            return self._send(job, payload)
+        finally:
+            if fresh:
+                self.start_soon()         # the next standby starts once this job is done
+
+    def _send(self, job: Job, payload: bytes) -> TrialResult:
         start = _clock.perf_counter()
         self._conn.send_bytes(payload)
         limit = job.timeout_s or self.timeout_s
@@ -285,7 +349,8 @@ class Runner:
             self._retire(kill=False)
         return result
 
-    def close(self) -> None:
+    def _stop_active(self) -> None:
+        """Ask the active worker to end (it finishes nothing: no job is in flight), then reap it."""
         if self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(None)
@@ -294,6 +359,13 @@ class Runner:
             self._proc.join(5)
         if self._proc is not None:
             self._retire(kill=True, replaced=False)
+
+    def close(self) -> None:
+        self._stop_active()
+        for started in (self._starting, self._spare):
+            if started is not None:
+                started.stop()
+        self._starting = self._spare = None
 
 
 __all__ = ["Job", "Runner", "STATUSES", "TrialResult", "load_backend", "load_named"]

@@ -93,6 +93,7 @@ class Runner(Protocol):
 
     # Optional: `confirm(program, artifact) -> Measurement`, the candidate measured again in a
     # fresh worker beside torch.matmul; a runner without it is asked to `measure` again.
+    # Optional: `ready()`, waiting for what the runner starts (timed as "starting workers").
 
     def library(self, problem: Problem) -> Mapping[str, Any]: ...
 
@@ -217,6 +218,9 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
         for program, message in plan.invalid:
             record(Trial(program=program_text(program), backend=program.backend, status="invalid",
                          build_msg=message, **common))
+        if built and hasattr(runner, "ready"):
+            with report.timed("starting workers"):
+                runner.ready()
         with report.timed("baselines"):
             baselines = dict(runner.baselines(problem)) if built else {}
         for outcome in built:

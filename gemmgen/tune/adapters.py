@@ -14,6 +14,7 @@ from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.measure import Runner, TimingOptions, time_many
 from gemmgen.measure.env import gpu_record, package_versions
+from gemmgen.measure.timing import warm_up
 from gemmgen.measure.worker import Job, load_backend
 from gemmgen.tune import BuildOutcome, Measurement
 from gemmgen.tuning_db import BaselineTime, Device
@@ -69,6 +70,8 @@ class WorkerRunner:
     checked then timed in `gemmgen.measure.worker.Runner`'s isolated process.
 
     mode 'offline' times back to back; 'both' adds server-mode times (a second worker job).
+    The worker and a standby for confirmations start when the runner is made (`Runner.start_soon`),
+    while the loop proposes and builds.
     """
 
     def __init__(self, *, mode: str = "offline", timeout_s: float = 60.0,
@@ -86,7 +89,9 @@ class WorkerRunner:
         self.timing = timing or TimingOptions()
         self.timeout_s = timeout_s
         self.device = this_device()
-        self._runner = Runner(timeout_s=timeout_s)
+        self._runner = Runner(timeout_s=timeout_s, standby=True)
+        self._runner.start_soon()
+        self._timer_warm = False
 
     def __enter__(self) -> "WorkerRunner":
         return self
@@ -96,6 +101,15 @@ class WorkerRunner:
 
     def close(self) -> None:
         self._runner.close()
+
+    def ready(self) -> None:
+        """Start this process's timer (its one-time set-up, while the workers start), then wait
+        until the worker and the standby have started, so that no start overlaps the baselines'
+        timing. The loop times this as a part of its own."""
+        if not self._timer_warm:
+            warm_up()
+            self._timer_warm = True
+        self._runner.ready(standby=True)
 
     def baselines(self, problem: Problem) -> Mapping[str, BaselineTime]:
         # Deferred: torch (optional, heavy to import).

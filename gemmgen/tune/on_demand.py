@@ -3,11 +3,19 @@ right away, by the same loop as `gemmgen tune` (propose, build in parallel, chec
 the isolated worker, record). `gemmgen.compile(..., tune=SECONDS)` and the torch.compile
 backend's `tune_missing` call it; a problem tuned once is not tuned again, since its trials
 are then in the database.
+
+A time budget counts from the call, the workers' start included. Starting the measurement
+worker and its standby takes seconds, so they stay up for the next request of the process and
+end after WORKERS_IDLE_S idle seconds (or at exit, or `release_workers()`).
 """
 from __future__ import annotations
 
+import atexit
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import get_proposer
@@ -35,6 +43,53 @@ def backends_for(time_budget_s: Optional[float], backends: Optional[Iterable[str
     return ()
 
 
+#: Seconds the on-demand workers wait, idle, for the next request before they end.
+WORKERS_IDLE_S = 60.0
+
+
+class _Workers:
+    """The process's on-demand WorkerRunner: made at the first request, kept while requests come."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runner: Optional[WorkerRunner] = None
+        self._timer: Optional[threading.Timer] = None
+        self._hooked = False
+
+    @contextmanager
+    def use(self) -> Iterator[WorkerRunner]:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._runner is None:
+                self._runner = WorkerRunner(mode="offline")
+                if not self._hooked:
+                    atexit.register(self.release)      # before multiprocessing joins its children
+                    self._hooked = True
+            try:
+                yield self._runner
+            finally:
+                self._timer = threading.Timer(WORKERS_IDLE_S, self.release)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def release(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            runner, self._runner, self._timer = self._runner, None, None
+        if runner is not None:
+            runner.close()
+
+
+_WORKERS = _Workers()
+
+
+def release_workers() -> None:
+    """End the on-demand measurement workers now (they hold a CUDA context each)."""
+    _WORKERS.release()
+
+
 def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database] = None, budget: int = 8,
              time_budget_s: Optional[float] = None, backends: Optional[Iterable[str]] = None,
              progress: bool = False) -> dict[str, TuneReport]:
@@ -43,18 +98,20 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
 
     `backends` limits the proposals; by default every backend, or under a short time budget
     the ones that build in seconds (`backends_for`). The nearest tuned problems' winners are
-    measured first."""
+    measured first. `time_budget_s` counts from this call."""
+    start = time.monotonic()
     problems = list(dict.fromkeys(problems))
     library, programs = split_library(backends_for(time_budget_s, backends))
     proposer = (get_proposer("heuristic", **({"backends": programs} if programs else {}))
                 if programs or not library else None)
     database = db if isinstance(db, Database) else Database(Path(db) if db is not None else default_db_path())
     try:
-        with WorkerRunner(mode="offline") as runner:
+        with _WORKERS.use() as runner:
             if proposer is not None:
                 proposer = with_neighbours(proposer, database, runner.device.name)
+            left = None if time_budget_s is None else max(0.0, time_budget_s - (time.monotonic() - start))
             return tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(),
-                                 runner=runner, db=database, budget=budget, time_budget_s=time_budget_s,
+                                 runner=runner, db=database, budget=budget, time_budget_s=left,
                                  progress=progress)
     finally:
         if database is not db:
