@@ -454,6 +454,31 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, c
     assert set(seen["backends"]) >= {"triton", "cutlass", "cuda"}
 
 
+def test_the_gain_a_kernel_must_save_follows_cuda_graphs(monkeypatch):
+    """Unset, min_gain_us is the host dispatch's 5 us, or 0 where the graph replays as a CUDA graph
+    (mode="reduce-overhead" or inductor's triton.cudagraphs); a value the user set is kept."""
+    from gemmgen.torch_compile import backend as torch_backend_module
+    from gemmgen.torch_compile.backend import compile_with_pass, pass_options
+    from gemmgen.torch_compile.decide import GRAPH_MIN_GAIN_US, HOST_MIN_GAIN_US
+
+    seen = []
+
+    def fake_compile_fx(gm, example_inputs, config_patches):
+        seen.append(config_patches[torch_backend_module.PASS_SLOT].options)
+        return gm
+
+    monkeypatch.setattr("torch._inductor.compile_fx.compile_fx", fake_compile_fx)
+    for kwargs, options, expected in (({}, {}, HOST_MIN_GAIN_US), ({"mode": "reduce-overhead"}, {}, GRAPH_MIN_GAIN_US),
+                                      ({"inductor": {"triton.cudagraphs": True}}, {}, GRAPH_MIN_GAIN_US),
+                                      ({"mode": "reduce-overhead"}, {"min_gain_us": 2}, 2.0)):
+        compile_with_pass(None, [], pass_options(**options), **kwargs)
+        assert seen[-1].gain_threshold_us == expected
+    assert (HOST_MIN_GAIN_US, GRAPH_MIN_GAIN_US) == (5.0, 0.0)
+    for bad in (-1, True, "5", float("nan")):
+        with pytest.raises(torch_backend_module.TorchBackendError, match="min_gain_us"):
+            pass_options(min_gain_us=bad)
+
+
 def test_tune_seconds_is_a_positive_number():
     from gemmgen.torch_compile.backend import TorchBackendError, pass_options
 

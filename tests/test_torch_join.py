@@ -138,12 +138,14 @@ def test_the_gated_reference_is_the_runtimes_formula():
 # -- the CUDA decision, on CPU: fake CUDA graphs and made-up database records --------------------------
 
 
-@pytest.mark.parametrize("apart_ms, joined_ms, expected", [
-    (0.100, (0.200, 0.220), {"joined": 1}),                 # 300 us apart, 200 joined
-    (0.100, (0.297, 0.298), {"gain_below_overhead": 1}),    # 3 us saved: under min_gain_us
-    (0.100, None, {"unmeasured": 1}),                       # never measured: left, and noted for tuning
+@pytest.mark.parametrize("apart_ms, joined_ms, graphs, expected", [
+    (0.100, (0.200, 0.220), False, {"joined": 1}),                 # 300 us apart, 200 joined
+    (0.100, (0.297, 0.298), False, {"gain_below_overhead": 1}),    # 3 us saved: under the host's 5 us
+    (0.100, (0.297, 0.298), True, {"joined": 1}),                  # under CUDA graphs: taken
+    (0.100, None, False, {"unmeasured": 1}),                       # never measured: noted for tuning
 ])
-def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, apart_ms, joined_ms, expected):
+def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, apart_ms, joined_ms, graphs,
+                                                                expected):
     from gemmgen.dsl.ir import Problem
 
     db = tmp_path / "tuning.sqlite"
@@ -152,7 +154,7 @@ def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, 
     if joined_ms:
         record_winner(db, Problem(M, 3 * N, K, "row", "col"), *joined_ms)
     gm = traced(qkv_of, "cuda")
-    GemmgenPass(PassOptions(db=str(db), join_siblings=True))(gm.graph)
+    GemmgenPass(PassOptions(db=str(db), join_siblings=True, graphs=graphs))(gm.graph)
     stats = torch_backend.stats()
     assert stats["joins"] == expected
     assert bool(nodes(gm.graph, torch.ops.gemmgen.gemm.default)) == ("joined" in expected)

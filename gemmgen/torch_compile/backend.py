@@ -15,7 +15,9 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
     tune_budget   trials per shape when tuning (default 8)
     tune_seconds  time to spend tuning per compiled graph (default: no limit but tune_budget)
     min_gain_us   take a tuned kernel only if it saves at least this much device time per call
-                  (default 5: the op's extra host cost; see docs/torch_compile.md)
+                  (default 5, the op's extra host cost, or 0 where the graph replays as a CUDA
+                  graph: mode="reduce-overhead" or inductor's triton.cudagraphs; see
+                  docs/torch_compile.md)
     join_siblings join matmuls of one activation by several weights into one GEMM where the
                   database's times say it saves min_gain_us: gate and up into one gated GEMM
                   (silu(x Wg^T) * (x Wu^T)), q, k and v into one wider GEMM. The weights are
@@ -34,6 +36,7 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gemmgen.errors import GemmgenError
@@ -59,7 +62,7 @@ class TorchBackendError(GemmgenError):
 
 
 def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
-                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0,
+                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float | None = None,
                  db=None, join_siblings: bool = False, tune_seconds: float | None = None) -> PassOptions:
     """Validated PassOptions from user values."""
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
@@ -77,18 +80,20 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
     if tune_seconds is not None and (isinstance(tune_seconds, bool) or not isinstance(tune_seconds, (int, float))
                                      or not 0 < tune_seconds < float("inf")):
         raise TorchBackendError(f"tune_seconds must be a positive number of seconds, got {tune_seconds!r}")
-    if not isinstance(min_gain_us, (int, float)) or min_gain_us < 0:
+    if min_gain_us is not None and (isinstance(min_gain_us, bool) or not isinstance(min_gain_us, (int, float))
+                                    or not 0 <= min_gain_us < float("inf")):
         raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
     if not isinstance(join_siblings, bool):
         raise TorchBackendError(f"join_siblings must be True or False, got {join_siblings!r}")
     return PassOptions(ops=ops, devices=devices, tune_missing=bool(tune_missing), tune_budget=tune_budget,
-                       db=None if db is None else str(db), baseline=baseline, min_gain_us=float(min_gain_us),
+                       db=None if db is None else str(db), baseline=baseline,
+                       min_gain_us=None if min_gain_us is None else float(min_gain_us),
                        join_siblings=join_siblings,
                        tune_seconds=None if tune_seconds is None else float(tune_seconds))
 
 
 def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
-                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float = 5.0, db=None,
+                 tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float | None = None, db=None,
                  join_siblings: bool = False, inductor: Mapping[str, Any] | None = None,
                  tune_seconds: float | None = None):
     """A torch.compile backend with these options: torch.compile(m, backend=make_backend(...))."""
@@ -130,6 +135,8 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: str | N
     if mode and mode != "default":
         patches.update(torch._inductor.list_mode_options(mode))
     patches.update(inductor or {})
+    # what a tuned kernel must save depends on whether the graph replays as a CUDA graph
+    options = replace(options, graphs=bool(patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs)))
     # The pre slot of the post-grad passes: inductor's own post-grad patterns run after it, and
     # on some versions they split a GPU addmm into mm + add before a post pass could see it.
     existing = patches.get(PASS_SLOT, getattr(inductor_config, PASS_SLOT))

@@ -27,6 +27,14 @@ from collections.abc import Callable
 from gemmgen.torch_compile import counts
 from gemmgen.torch_compile.patterns import Candidate, Gated, Siblings
 
+#: Least device time a tuned kernel must save per call to be taken, where the user set no
+#: `min_gain_us`. A call dispatched from the host costs the op's few microseconds more than
+#: inductor's own cuBLAS call; a CUDA graph replays with no host work per kernel, so there every
+#: measured win is taken (winners are confirmed beyond their noise when tuned). Llama-3-8B-shaped
+#: decode at one token under CUDA graphs: 1.097x inductor default with 5 us, 1.145x with 0.
+HOST_MIN_GAIN_US = 5.0
+GRAPH_MIN_GAIN_US = 0.0
+
 #: Inductor's fused silu(gate) * up kernel, estimated (not measured): a memory-bound pass at
 #: this share of the H200's 4.8 TB/s, and no shorter than a small kernel's device time.
 POINTWISE_BYTES_PER_S = 3.3e12

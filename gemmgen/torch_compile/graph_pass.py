@@ -61,8 +61,9 @@ from gemmgen.tuning_db import default_db_path
 class PassOptions:
     """What the pass takes. `baseline="stock"` leaves a CUDA matmul without a tuned kernel to
     inductor (the same cuBLAS, with inductor's fusions); "op" routes it through gemmgen anyway.
-    A tuned kernel is taken when it saves at least `min_gain_us` per call: the op's dispatch
-    costs a few microseconds of host time more than inductor's direct cuBLAS call."""
+    A tuned kernel is taken when it saves at least `gain_threshold_us` per call: `min_gain_us`
+    if given, else decide.HOST_MIN_GAIN_US, or decide.GRAPH_MIN_GAIN_US where the compiled graph
+    replays as a CUDA graph (`graphs`, set from inductor's config when compiling)."""
 
     ops: tuple = OP_KINDS
     devices: tuple = ("cuda",)
@@ -71,8 +72,15 @@ class PassOptions:
     tune_seconds: float | None = None
     db: str | None = None
     baseline: str = "stock"
-    min_gain_us: float = 5.0
+    min_gain_us: float | None = None
     join_siblings: bool = False
+    graphs: bool = False
+
+    @property
+    def gain_threshold_us(self) -> float:
+        if self.min_gain_us is not None:
+            return self.min_gain_us
+        return decide.GRAPH_MIN_GAIN_US if self.graphs else decide.HOST_MIN_GAIN_US
 
 
 class GemmgenPass(CustomGraphPass):
@@ -191,7 +199,7 @@ class GemmgenPass(CustomGraphPass):
         kernels = self._kernels(keys, lambda kern: decide.time_ms(kern) is None)
         chosen = [g for g in groups if device_of(g) is None]
         for group in cuda:
-            outcome = decide_one(group, kernels, self.options.min_gain_us)
+            outcome = decide_one(group, kernels, self.options.gain_threshold_us)
             if outcome == taken:
                 chosen.append(group)
                 continue
@@ -218,7 +226,7 @@ class GemmgenPass(CustomGraphPass):
         kernels = self._kernels(keys, lambda kern: kern.backend == "torch"
                                 and kern.provenance.baseline_ms_here is None)
         for cand in cuda:
-            decide.choose_single(cand, kernels, opts.min_gain_us, opts.baseline, skipped)
+            decide.choose_single(cand, kernels, opts.gain_threshold_us, opts.baseline, skipped)
 
 
 def _database_state(db) -> tuple:
