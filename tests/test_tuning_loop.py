@@ -89,6 +89,24 @@ def test_a_runner_that_starts_workers_is_waited_for_before_the_baselines(tmp_pat
     assert "starting workers 0.1" in report.summary()
 
 
+def test_the_workers_start_is_not_spent_from_the_time_budget(tmp_path):
+    """A process starts its workers once and keeps them: a budget shorter than that start still
+    measures trials."""
+    import time
+
+    class SlowStart(FakeRunner):
+        started = False
+
+        def ready(self):
+            if not self.started:
+                time.sleep(0.5)
+                self.started = True
+
+    report, runner = _run(Database(tmp_path / "t.sqlite"), runner=SlowStart(), time_budget_s=0.3)
+    assert report.phase_s["starting workers"] >= 0.5 and runner.measured
+    assert report.shapes_done == 3 and not report.stopped_by_time
+
+
 def test_resume_skips_what_was_measured(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     with pytest.raises(KeyboardInterrupt):

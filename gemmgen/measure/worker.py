@@ -322,7 +322,7 @@ class Runner:
             raise MeasureError(f"job {job.name!r} cannot be sent to a worker: {exc}; "
                                "its load function must be a module-level function") from None
         if fresh:
-            self._stop_active()
+            self._retire(kill=True, replaced=False)     # idle: nothing to finish, and a CUDA exit takes seconds
             self._starting, self._spare = self._spare, None
         self.ready()
         try:
@@ -349,19 +349,8 @@ class Runner:
             self._retire(kill=False)
         return result
 
-    def _stop_active(self) -> None:
-        """Ask the active worker to end (it finishes nothing: no job is in flight), then reap it."""
-        if self._proc is not None and self._proc.is_alive():
-            try:
-                self._conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-            self._proc.join(5)
-        if self._proc is not None:
-            self._retire(kill=True, replaced=False)
-
     def close(self) -> None:
-        self._stop_active()
+        self._retire(kill=True, replaced=False)
         for started in (self._starting, self._spare):
             if started is not None:
                 started.stop()

@@ -180,6 +180,8 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     Candidates build `build_chunk` shapes at a time (one pool start serves them all), the
     next chunk building while this one is measured. `time_budget_s` stops new trials.
     `on_shape(problem)` runs once a shape's trials are all recorded (a report written as it goes).
+    The wait for the runner's workers to start ("starting workers") is not counted against
+    `time_budget_s`: a process pays it once, and kept workers serve its later runs.
     """
     # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
@@ -187,7 +189,11 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     problems = list(dict.fromkeys(problems))
     report = TuneReport(shapes=len(problems))
     start = time.monotonic()
-    out_of_time = lambda: time_budget_s is not None and time.monotonic() - start > time_budget_s  # noqa: E731
+
+    def out_of_time() -> bool:
+        spent = time.monotonic() - start - report.phase_s["starting workers"]
+        return time_budget_s is not None and spent > time_budget_s
+
     device = runner.device
     chunks = [problems[i:i + build_chunk] for i in range(0, len(problems), max(1, build_chunk))]
     bar = tqdm(total=len(problems) * budget, unit="trial", disable=not progress, dynamic_ncols=True)
