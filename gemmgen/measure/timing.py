@@ -477,16 +477,6 @@ def _summarise(entry: _Entry, mode: str, options: TimingOptions, clocks: Optiona
     )
 
 
-def warm_up() -> None:
-    """Pay the timer's one-time start-up on a tiny product: a process's first `time_many` took
-    5.8 s on the H200 (the profiler's and cuBLAS's set-up), the next ones 0.2 s."""
-    # Deferred: the baselines import torch.
-    from gemmgen.measure.baselines import make
-
-    problem = Problem(64, 64, 64)
-    time_many([("warm-up", make("torch", problem).fn, problem)])
-
-
 def time_many(kernels: Sequence[tuple[str, Callable, Problem]], mode: str = "offline", *,
               options: Optional[TimingOptions] = None, device: Any = "cuda") -> dict[str, Any]:
     """Time several kernels in one profiler session; name -> Timing, or the MeasureError

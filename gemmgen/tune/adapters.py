@@ -14,7 +14,6 @@ from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.measure import Runner, TimingOptions, time_many
 from gemmgen.measure.env import gpu_record, package_versions
-from gemmgen.measure.timing import warm_up
 from gemmgen.measure.worker import Job, load_backend
 from gemmgen.tune import BuildOutcome, Measurement
 from gemmgen.tuning_db import BaselineTime, Device
@@ -107,7 +106,10 @@ class WorkerRunner:
         until the worker and the standby have started, so that no start overlaps the baselines'
         timing. The loop times this as a part of its own."""
         if not self._timer_warm:
-            warm_up()
+            # Deferred: torch (optional, heavy to import).
+            from gemmgen.measure.baselines import warm_up_timer
+
+            warm_up_timer()
             self._timer_warm = True
         self._runner.ready(standby=True)
 
