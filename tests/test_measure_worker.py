@@ -108,6 +108,29 @@ def test_a_runner_without_a_standby_starts_a_worker_for_a_fresh_job():
     assert fresh[1] == 1 and fresh[0] != before[0]
 
 
+def test_a_worker_started_ahead_serves_a_first_fresh_job_and_none_is_left(monkeypatch):
+    from gemmgen.measure import worker
+
+    started = []
+
+    class Counted(worker._Started):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self)
+
+    monkeypatch.setattr(worker, "_Started", Counted)
+    with Runner(gpu=False, timeout_s=30, standby=True) as runner:
+        runner.start_soon()
+        fresh = runner.run(Job("count", planted.counts_jobs), fresh=True).value
+        again = runner.run(Job("count", planted.counts_jobs), fresh=True).value
+    assert fresh[1] == again[1] == 1 and fresh[0] != again[0]
+    assert len(started) == 3          # the two started ahead served both; one standby after them
+    assert not _alive(fresh[0]) and not _alive(again[0])
+    import multiprocessing
+
+    assert not [p for p in multiprocessing.active_children() if p.name == "gemmgen-worker"]   # no spare left
+
+
 class _Timing:
     def __init__(self, ms):
         self.ms = ms

@@ -165,12 +165,13 @@ def _serve(conn, gpu: bool) -> None:
 
         torch.cuda.init()
         torch.ones(1, device="cuda").sum().item()
-        # the harness a job needs, imported and its timer started while the worker is only starting
+        # The harness a job needs, imported and its timer started while the worker starts.
+        # Deferred: torch (optional, heavy to import).
         import gemmgen.measure.checking  # noqa: F401
-        from gemmgen.measure.timing import warm_up
+        from gemmgen.measure.baselines import warm_up_timer
 
         try:
-            warm_up()
+            warm_up_timer()
         except Exception:  # noqa: BLE001 - a timer that cannot start fails each job, which says why
             pass
     conn.send("ready")
@@ -223,7 +224,6 @@ class _Started:
         self.proc = ctx.Process(target=_serve, args=(child, gpu), name="gemmgen-worker")
         self.proc.start()
         child.close()   # only the worker holds it now: its death reads as EOF here
-
         self.said_ready = False
 
     def ready(self, timeout_s: float):
@@ -323,7 +323,8 @@ class Runner:
                                "its load function must be a module-level function") from None
         if fresh:
             self._retire(kill=True, replaced=False)     # idle: nothing to finish, and a CUDA exit takes seconds
-            self._starting, self._spare = self._spare, None
+            if self._starting is None:                  # one started ahead has run nothing either
+                self._starting, self._spare = self._spare, None
         self.ready()
         try:
             return self._send(job, payload)
