@@ -4,9 +4,10 @@ the isolated worker, record). `gemmgen.compile(..., tune=SECONDS)` and the torch
 backend's `tune_missing` call it; a problem tuned once is not tuned again, since its trials
 are then in the database.
 
-A time budget counts from the call, the workers' start included. Starting the measurement
-worker and its standby takes seconds, so they stay up for the next request of the process and
-end after WORKERS_IDLE_S idle seconds (or at exit, or `release_workers()`).
+A time budget counts from the call, except the wait for the measurement workers to start
+(`gemmgen.tune.tune`). That start takes seconds, so the worker and its standby stay up for the
+process's next request and end after WORKERS_IDLE_S idle seconds (or at exit, or
+`release_workers()`).
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
 
     `backends` limits the proposals; by default every backend, or under a short time budget
     the ones that build in seconds (`backends_for`). The nearest tuned problems' winners are
-    measured first. `time_budget_s` counts from this call."""
+    measured first. `time_budget_s` counts from this call, less the wait for the workers' start."""
     start = time.monotonic()
     problems = list(dict.fromkeys(problems))
     library, programs = split_library(backends_for(time_budget_s, backends))
