@@ -1,4 +1,5 @@
 """The isolated runner survives kernels that hang, abort, segfault or raise (CPU jobs, short limits)."""
+import multiprocessing
 import pickle
 
 import pytest
@@ -126,8 +127,6 @@ def test_a_worker_started_ahead_serves_a_first_fresh_job_and_none_is_left(monkey
     assert fresh[1] == again[1] == 1 and fresh[0] != again[0]
     assert len(started) == 3          # the two started ahead served both; one standby after them
     assert not _alive(fresh[0]) and not _alive(again[0])
-    import multiprocessing
-
     assert not [p for p in multiprocessing.active_children() if p.name == "gemmgen-worker"]   # no spare left
 
 
