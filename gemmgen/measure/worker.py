@@ -216,6 +216,18 @@ def _kill_group(pid: Optional[int]) -> None:
         pass                # no such group (the worker died before setsid): nothing else to end
 
 
+def _end(proc, conn, kill: bool) -> Optional[int]:
+    """Reap a worker (its whole group killed first if `kill`) and close its pipe; its exit code."""
+    if kill:
+        _kill_group(proc.pid)
+        if proc.is_alive():
+            proc.kill()
+    proc.join(10)
+    if conn is not None:
+        conn.close()
+    return proc.exitcode
+
+
 class _Started:
     """A worker process started, whose 'ready' has not been read yet."""
 
@@ -242,11 +254,7 @@ class _Started:
         return self.proc, self.conn
 
     def stop(self) -> None:
-        _kill_group(self.proc.pid)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(10)
-        self.conn.close()
+        _end(self.proc, self.conn, kill=True)
 
 
 class Runner:
@@ -303,15 +311,8 @@ class Runner:
         self._proc = self._conn = None
         if proc is None:
             return None
-        if kill:
-            _kill_group(proc.pid)
-            if proc.is_alive():
-                proc.kill()
-        proc.join(10)
-        if conn is not None:
-            conn.close()
         self.restarts += int(replaced)
-        return proc.exitcode
+        return _end(proc, conn, kill)
 
     def run(self, job: Job, *, fresh: bool = False) -> TrialResult:
         """Run `job`; `fresh`: in a newly started worker (its own process and CUDA context, that
