@@ -107,6 +107,20 @@ def test_the_workers_start_is_not_spent_from_the_time_budget(tmp_path):
     assert report.shapes_done == 3 and not report.stopped_by_time
 
 
+def test_later_waits_for_workers_are_spent_from_the_time_budget(tmp_path):
+    """Only the process's first start is free: a standby started again after each confirmation
+    is waited for inside the budget, so the run stops once those waits use it up."""
+    import time
+
+    class RestartingStandby(FakeRunner):
+        def ready(self):
+            time.sleep(0.2)
+
+    report, _ = _run(Database(tmp_path / "t.sqlite"), runner=RestartingStandby(), time_budget_s=0.3)
+    assert report.stopped_by_time and report.shapes_done < 3
+    assert report.phase_s["starting workers"] >= 0.4
+
+
 def test_resume_skips_what_was_measured(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     with pytest.raises(KeyboardInterrupt):
