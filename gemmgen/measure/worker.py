@@ -174,7 +174,10 @@ def _serve(conn, gpu: bool) -> None:
             warm_up_timer()
         except Exception:  # noqa: BLE001 - a timer that cannot start fails each job, which says why
             pass
-    conn.send("ready")
+    try:
+        conn.send("ready")
+    except (BrokenPipeError, EOFError, OSError):
+        return              # the parent ended this worker while it started (a standby not needed)
     while True:
         try:
             job = conn.recv()
