@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = "trials.jsonl.gz"      # the run's record, in the export format (gzip: results stay small)
+EXPORT_EVERY_S = 30.0           # an export reads the whole working database (0.7 s at 10,000 trials)
 
 
 def _shown(path: Path) -> str:
@@ -62,6 +63,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     args = ap.parse_args(argv)
 
     from gemmgen.compile import clear_cache, compile, prebuild
+    from gemmgen.errors import GemmgenError
     from gemmgen.measure.numerics import bucket_names, bucket_of
     from gemmgen.policy.proposers import get_proposer
     from gemmgen.tune import tune
@@ -81,21 +83,34 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
-    problems = tune_problems(args.shapes, args.shard, args.epilogue)
+    try:
+        problems = tune_problems(args.shapes, args.shard, args.epilogue)
+    except GemmgenError as exc:
+        ap.error(str(exc))
     if args.max_m is not None:
         problems = [p for p in problems if p.m <= args.max_m]
     proposer = get_proposer(args.proposer, backends=backends)
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,
                          baselines=tuple(b for b in args.baselines.split(",") if b))
+    keys = {p.key for p in problems}
+    last_export = [time.monotonic()]
+
+    def export_as_it_goes(_problem) -> None:
+        """Export the run's trials every EXPORT_EVERY_S, so that a run killed from outside (a
+        machine's time limit) still leaves what it measured."""
+        if time.monotonic() - last_export[0] >= EXPORT_EVERY_S:
+            export(db, out / TRIALS, problems=keys)
+            last_export[0] = time.monotonic()
+
     try:
         device = runner.device
         report = tune(problems, proposer=proposer, builder=builder or PoolBuilder(jobs=args.jobs), runner=runner,
-                      db=db, budget=args.budget, time_budget_s=args.time_budget)
+                      db=db, budget=args.budget, time_budget_s=args.time_budget, on_shape=export_as_it_goes)
     finally:
         getattr(runner, "close", lambda: None)()
     # this run's problems only: the working database also holds every shipped record
-    written = export(db, out / TRIALS, problems={p.key for p in problems})
+    written = export(db, out / TRIALS, problems=keys)
     if args.ship:
         shipped = export(db, args.ship)
     clear_cache()

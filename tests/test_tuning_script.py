@@ -51,3 +51,34 @@ def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
     assert sorted(r["problem"].split("x")[0] for r in summary["rows"]) == ["128", "16"]
     assert {t.problem.m for t in read_jsonl(out / script.TRIALS)} == {16, 128}
     clear_cache()
+
+
+def test_tune_h200_leaves_what_it_measured_when_killed(tmp_path, monkeypatch):
+    """A run stopped from outside (here a Ctrl-C in the second shape) has already exported the
+    trials of the shapes it finished."""
+    import pytest
+
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n1024,1024,1024\n2048,4096,512\n")
+    out = tmp_path / "out"
+    args = ["--shapes", str(shapes), "--out", str(out), "--ship", "", "--db", str(tmp_path / "w.sqlite"),
+            "--budget", "2", "--backends", "triton", "--time-budget", "600"]
+    script = load_script("tune_h200")
+    monkeypatch.setattr(script, "EXPORT_EVERY_S", 0.0)
+    runner = FakeRunner(stop_after=4)     # shape 1: 2 trials and a second measurement of each
+    with pytest.raises(KeyboardInterrupt):
+        script.main(args, make_runner=lambda **kw: runner, builder=FakeBuilder())
+    assert {t.problem.m for t in read_jsonl(out / script.TRIALS)} == {1024}
+    clear_cache()
+
+
+def test_tune_h200_says_what_is_wrong_with_a_shapes_file(tmp_path, capsys):
+    import pytest
+
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n")
+    script = load_script("tune_h200")
+    with pytest.raises(SystemExit):
+        script.main(["--shapes", str(shapes), "--out", str(tmp_path / "out"), "--ship", "",
+                     "--db", str(tmp_path / "w.sqlite")], make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
+    assert "no shapes found" in capsys.readouterr().err
