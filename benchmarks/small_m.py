@@ -9,10 +9,9 @@ every program of five ideas, four written in the DSL for the Triton backend and 
   stream_k  one wave of CTAs shares out tiles x k-tiles evenly; partial tiles are added in K
             order inside the same launch (`scheduler stream_k`)
   persistent one CTA per SM walking the tiles, operands by TMA (`scheduler persistent`)
-  swap      the transposed problem C^T = W x^T (N x M x K), so that the weight's N fills the
-            MMA's M side and the batch is a narrow N (16-128) of wgmma; stream-K and one CTA
-            a tile. Timed writing C^T row-major (M x N of output is small beside N x K of
-            weight); its speedup is over torch.matmul's time of the original problem.
+  swap      `swap_ab` programs, C^T = W x^T (N x M x K), so that the weight's N fills the
+            MMA's M side and the batch is a narrow N (16-128) of wgmma: one CTA a tile with K
+            split 1-8 ways, and stream-K.
   direct    raw CUDA's direct family under swap_ab: the weight streams from global memory
             straight into mma.sync registers, K split over a few CTAs an SM, partials added in
             the same launch (every program of `backends/cuda/search_space.direct_programs`), timed on
@@ -45,10 +44,10 @@ WIDTHS = ((4096, 4096), (14336, 4096), (4096, 14336))
 IDEAS = ("tile", "split_k", "stream_k", "persistent", "swap", "direct")
 
 
-def idea_of(program, swapped: bool) -> str:
+def idea_of(program) -> str:
     if program.mainloop == "direct":
         return "direct"
-    if swapped:
+    if program.swap_ab:
         return "swap"
     if program.split_k > 1:
         return "split_k"
@@ -56,20 +55,22 @@ def idea_of(program, swapped: bool) -> str:
 
 
 def swapped_candidates(problem) -> list:
-    """Programs for the transposed problem (M' = the weight's N, N' = the batch)."""
+    """`swap_ab` programs (C^T = W x^T: M' = the weight's N, N' = the batch): one CTA a tile with
+    K split 1-8 ways (partials added as they arrive, then the finishing kernel), and stream-K."""
     from gemmgen.backends import diagnose
     from gemmgen.backends.triton.search_space import warp_layout
     from gemmgen.dsl.ir import Program, Tile
 
-    bn = min(128, max(16, 1 << max(0, (problem.n - 1).bit_length())))
+    bn = min(128, max(16, 1 << max(0, (problem.m - 1).bit_length())))
     out = []
     for bm in (64, 128):
         for bk in (64, 128):
-            for stages in (3, 4, 6):
-                for scheduler in ("stream_k", "tile"):
+            for stages in (4, 6):
+                for scheduler, split in (("stream_k", 1), ("tile", 1), ("tile", 2), ("tile", 4), ("tile", 8)):
                     out.append(Program(problem=problem, backend="triton", tile=Tile(bm, bn, bk),
                                        warps=warp_layout(bm, 4), mainloop="multistage", stages=stages,
-                                       scheduler=scheduler, raster="n", swizzle=8))
+                                       scheduler=scheduler, raster="n", swizzle=8, split_k=split,
+                                       split_k_reduce="unordered" if split > 1 else "workspace", swap_ab=True))
     return [p for p in dict.fromkeys(out) if not diagnose(p)]
 
 
@@ -109,11 +110,11 @@ def candidates(problem) -> list:
 
 def table(rows: list[dict]) -> str:
     by_shape: dict = {}
-    torch_ms = {(r["m"], r["n"], r["k"]): r["torch_ms"] for r in rows if r["idea"] != "swap" and r["torch_ms"]}
+    torch_ms = {(r["m"], r["n"], r["k"]): r["torch_ms"] for r in rows if r["torch_ms"]}
     for r in rows:
         key = (r["m"], r["n"], r["k"])
         if r["status"] == "ok" and key in torch_ms:
-            r["speedup_vs_torch"] = torch_ms[key] / r["device_ms"]   # the original problem's torch.matmul
+            r["speedup_vs_torch"] = torch_ms[key] / r["device_ms"]
             by_shape.setdefault(key, []).append(r)
     head = f"{'shape':>16} {'torch floor':>11} " + " ".join(f"{i + ' x / floor':>20}" for i in IDEAS)
     lines = [head]
@@ -135,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=16)
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M values")
+    ap.add_argument("--widths", default=",".join(f"{n}x{k}" for n, k in WIDTHS),
+                    help="comma-separated NxK of the weights (default: Llama-3-8B's q/o, gate, down)")
     ap.add_argument("--ideas", default=",".join(IDEAS), help=f"comma-separated, of {', '.join(IDEAS)}")
     ap.add_argument("--seed", type=int, default=20261201)
     args = ap.parse_args(argv)
@@ -149,28 +152,23 @@ def main(argv=None) -> int:
     unknown = ideas - set(IDEAS)
     if unknown:
         ap.error(f"unknown idea(s) {', '.join(sorted(unknown))}: choose from {', '.join(IDEAS)}")
-    shapes, plans = [], []
+    plans = []
+    widths = [tuple(map(int, w.split("x"))) for w in args.widths.split(",")]
     for m in map(int, args.ms.split(",")):
-        for n, k in WIDTHS:
-            original, transposed = Shape(m, n, k, "nt"), Shape(n, m, k, "nt")
-            mine = [p for p in candidates(original.problem()) if idea_of(p, False) in ideas]
-            mine += direct_programs(original.problem()) if "direct" in ideas else []
+        for n, k in widths:
+            shape = Shape(m, n, k, "nt")
+            mine = [p for p in candidates(shape.problem()) if idea_of(p) in ideas]
+            mine += swapped_candidates(shape.problem()) if "swap" in ideas else []
+            mine += direct_programs(shape.problem()) if "direct" in ideas else []
             if mine:
-                shapes.append((original, False))
-                plans.append((original, original.problem(), mine))
-            if "swap" in ideas:
-                shapes.append((transposed, True))
-                plans.append((transposed, transposed.problem(), swapped_candidates(transposed.problem())))
+                plans.append((shape, shape.problem(), mine))
     builds = triton_search.build_all(plans, args.jobs)
     rows: list[dict] = []
     with Runner(timeout_s=240) as runner:
         for i, shape, trial, srows in triton_search.measured_shapes(runner, plans, builds, out, args.seed, start,
                                                                    args.time_budget):
-            swapped = shapes[i][1]
             for r, p in zip(srows, plans[i][2]):
-                r["idea"] = idea_of(p, swapped)
-                if swapped:   # reported as the original problem
-                    r["m"], r["n"] = r["n"], r["m"]
+                r["idea"] = idea_of(p)
             rows.extend(srows)
             ok = [r for r in srows if r["status"] == "ok"]
             print(f"[{i + 1}/{len(plans)}] {shape.key} {trial.status} {len(ok)}/{len(srows)} passed", flush=True)

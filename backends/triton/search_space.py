@@ -56,7 +56,9 @@ SMALL_M_HEAD = (("tile", 128, 128, 4, 4, 1), ("stream_k", 64, 128, 6, 4, 1), ("t
 #: small_m.py (1.14x torch.matmul at 16x4096x4096, where no other idea passed 1.06x; no gain at
 #: M = 128): (scheduler, tile M, tile K, stages), 4 warps, tile N from M. In the same tuning the
 #: first was the fastest Triton program on 12 of 25 problems, the second on 3 of 10, the
-#: stream-K ones on none of 13 each; the swapped head leads the small-M head at M <= 64.
+#: stream-K ones on none of 13 each; the swapped head leads the small-M head at M <= 64. K
+#: split 2-8 ways over the swapped tiles was best only at K = 14336, by at most 1%: not offered
+#: (results/small_m_swap/).
 SWAP_MAX_M = 64
 SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6),
              ("stream_k", 128, 128, 4))
