@@ -8,7 +8,8 @@ leading configurations the rasterisation (raster n swizzle=8 is triton's GROUP_M
 also swizzle 16, raster m, and no banding).
 
 At a batch of 1-2 (`x @ W.T`), `mainloop direct` programs (FMA over row-contiguous K steps,
-under swap_ab) come first, in the order a sweep of them measured best.
+under swap_ab), in the order a sweep of them measured best, alternate with the swapped
+tensor-core programs, which lead on the wider weights at a batch of 2.
 
 Pruned: tiles much wider than the matrix (a 256-row tile for M=64), shared
 memory over the limit, accumulators over 128 registers per thread, TMA on
@@ -75,6 +76,13 @@ SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 
 #: layout, and Triton converts the weight through shared memory behind two barriers every
 #: step; 16x1x1024 on 8 warps measured 1.44x the leader's time over 20 layers.
 DIRECT_MAX_M = 2
+#: At M <= DIRECT_MAX_M the direct and swapped heads alternate, direct first at M = 1 or on a
+#: weight of fewer rows than this. The swapped 64 x 16 x 128 program reads the weight in about
+#: the same time at a batch of 1-16. An estimate across runs from the shipped records (its time
+#: at M = 4 against torch.matmul's at M = 2 or 1, beside the best direct program there): at M = 2
+#: it was ahead on all 14 weights of 6144 rows or more (1.00-1.11x against 0.88-1.04x), behind
+#: or level on the 6 narrower ones; at M = 1 ahead on 10 of 24 weights, by 1-7%.
+SWAP_LEADS_MIN_N = 6144
 DIRECT_HEAD = ((8, 1024, 4), (4, 1024, 2), (4, 2048, 4), (2, 1024, 2), (1, 1024, 1), (8, 2048, 8))
 DIRECT_LANES_K = 8 * 32           # a warp's 32 lanes of 16-byte (8-element) loads along K
 DRAM_EFFICIENCY = 0.75          # a streaming kernel's rate, not the datasheet's: 3.6 TB/s of 4.8
@@ -359,7 +367,12 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
         ranked = [p for p in ranked if p.scheduler != "stream_k"]
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
-        head = direct_head(problem) + _interleave(swapped_head(problem), small_m_head(problem)) + head
+        direct, swapped = direct_head(problem), swapped_head(problem)
+        if direct:
+            first, second = (swapped, direct) if problem.m > 1 and problem.n >= SWAP_LEADS_MIN_N else (direct, swapped)
+            head = _interleave(first, second) + small_m_head(problem) + head
+        else:
+            head = _interleave(swapped, small_m_head(problem)) + head
     else:
         head = head[:4] + streamed + head[4:]
     out, seen = [], set()
