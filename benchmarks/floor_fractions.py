@@ -6,7 +6,10 @@ baselines timed in its run (torch.matmul, cuBLAS, cuBLASLt heuristic and autotun
 program's. For each problem this takes torch.matmul's time, the fastest library call's and the
 fastest checked program's, and reports per M the median fraction of the floor each reached
 (the floor: the problem's fewest bytes at the datasheet's 4.8 TB/s, or its flops at peak) and
-the geomean speedup of the best program over torch.matmul and over the fastest library call.
+the geomean speedup of the best program over torch.matmul and over the fastest library call;
+then how many problems a program won by the database's rule (confirmed in a fresh worker), and
+the geomean speedup over torch.matmul of what serves them (the winner's confirmed speedup, or
+1.0 where torch.matmul serves): a tuning figure, not a `gemmgen bench` run.
 
     python3 benchmarks/floor_fractions.py benchmarks/results/tune_llm_direct/trials.jsonl.gz \\
         benchmarks/results/tune_llm_small_m/trials.jsonl.gz --out benchmarks/results/tune_llm_direct/floor.txt
@@ -56,18 +59,50 @@ def per_problem(trials: list[dict], mainloop: str | None) -> dict[str, dict]:
     return best
 
 
-def table(best: dict[str, dict]) -> str:
-    by_m: dict[int, list[dict]] = defaultdict(list)
-    for row in best.values():
-        by_m[row["m"]].append(row)
+def served_speedups(paths: list[str]) -> dict[str, float]:
+    """problem key -> torch.matmul's time over the winner's, as its confirmation measured them,
+    for every problem where a program won by the database's own rule (the files merged into a
+    temporary database; what `gemmgen.compile` serves from them)."""
+    import tempfile
+
+    from gemmgen.tuning_db import Database
+    from gemmgen.tuning_db.exchange import merge
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Database(Path(tmp) / "winners.sqlite")
+        for path in paths:
+            merge(db, path, verified=True)
+        out = {}
+        for device in {tuned.device_name for tuned in db.tuned_summary()}:
+            for won in db.winners(device):
+                torch = won.baselines.get("torch")
+                if torch is not None and won.device_ms:
+                    out[won.problem.key] = torch.device_ms / won.device_ms
+        db.close()
+    return out
+
+
+def _geomean(values) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def table(best: dict[str, dict], served: dict[str, float]) -> str:
+    """Per M: medians of fraction of the floor; geomeans of the best program's speedup (losers
+    included) and of what serves (a winner's speedup, 1.0 where torch.matmul serves)."""
+    by_m: dict[int, list[tuple[str, dict]]] = defaultdict(list)
+    for key, row in best.items():
+        by_m[row["m"]].append((key, row))
     lines = [f"{'M':>5} {'problems':>8} {'torch/floor':>11} {'library/floor':>13} {'program/floor':>13} "
-             f"{'program x torch':>15} {'program x library':>17}"]
-    for m, rows in sorted(by_m.items()):
+             f"{'program x torch':>15} {'program x library':>17} {'won':>5} {'served x torch':>14}"]
+    for m, keyed in sorted(by_m.items()):
+        rows = [row for _, row in keyed]
         frac = {k: statistics.median(r["floor_ms"] / r[k] for r in rows) for k in ("torch_ms", "library_ms", "program_ms")}
-        vs_torch = math.exp(statistics.fmean(math.log(r["torch_ms"] / r["program_ms"]) for r in rows))
-        vs_lib = math.exp(statistics.fmean(math.log(r["library_ms"] / r["program_ms"]) for r in rows))
+        vs_torch = _geomean(r["torch_ms"] / r["program_ms"] for r in rows)
+        vs_lib = _geomean(r["library_ms"] / r["program_ms"] for r in rows)
+        won = [served[key] for key, _ in keyed if key in served]
+        vs_served = _geomean(won + [1.0] * (len(keyed) - len(won)))
         lines.append(f"{m:>5} {len(rows):>8} {frac['torch_ms']:>11.3f} {frac['library_ms']:>13.3f} "
-                     f"{frac['program_ms']:>13.3f} {vs_torch:>15.3f} {vs_lib:>17.3f}")
+                     f"{frac['program_ms']:>13.3f} {vs_torch:>15.3f} {vs_lib:>17.3f} {len(won):>5} {vs_served:>14.3f}")
     return "\n".join(lines)
 
 
@@ -84,7 +119,7 @@ def main(argv=None) -> int:
     if not best:
         print("no checked trial with baselines in these files", file=sys.stderr)
         return 1
-    text = table(best) + "\n"
+    text = table(best, served_speedups(args.trials)) + "\n"
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)
