@@ -191,7 +191,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     report = TuneReport(shapes=len(problems))
     start = time.monotonic()
 
-    first_start_s = []      # the process's first wait for its workers: the only one not budgeted
+    first_start_s: list[float] = []     # the first wait for the workers: the one not budgeted
 
     def out_of_time() -> bool:
         spent = time.monotonic() - start - sum(first_start_s)
@@ -228,11 +228,10 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
             record(Trial(program=program_text(program), backend=program.backend, status="invalid",
                          build_msg=message, **common))
         if built and hasattr(runner, "ready"):
-            waited = time.monotonic()
             with report.timed("starting workers"):
                 runner.ready()
             if not first_start_s:
-                first_start_s.append(time.monotonic() - waited)
+                first_start_s.append(report.phase_s["starting workers"])
         with report.timed("baselines"):
             baselines = dict(runner.baselines(problem)) if built else {}
         for outcome in built:
