@@ -108,8 +108,8 @@ def test_the_workers_start_is_not_spent_from_the_time_budget(tmp_path):
 
 
 def test_later_waits_for_workers_are_spent_from_the_time_budget(tmp_path):
-    """Only the process's first start is free: a standby started again after each confirmation
-    is waited for inside the budget, so the run stops once those waits use it up."""
+    """Only a run's first wait for its workers is free: a standby started again after each
+    confirmation is waited for inside the budget, so the run stops once those waits use it up."""
     import time
 
     class RestartingStandby(FakeRunner):

@@ -180,9 +180,9 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     Candidates build `build_chunk` shapes at a time (one pool start serves them all), the
     next chunk building while this one is measured. `time_budget_s` stops new trials.
     `on_shape(problem)` runs once a shape's trials are all recorded (a report written as it goes).
-    The first wait for the runner's workers to start is not counted against `time_budget_s`: a
-    process pays it once, and kept workers serve its later runs. Later waits (a standby started
-    again after a confirmation took it) are counted.
+    The run's first wait for the runner's workers is not counted against `time_budget_s` (a
+    process's first run waits for their start; kept workers serve its later runs). Later waits,
+    for a standby started again after a confirmation took it, are counted.
     """
     # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
@@ -191,7 +191,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     report = TuneReport(shapes=len(problems))
     start = time.monotonic()
 
-    first_start_s: list[float] = []     # the first wait for the workers: the one not budgeted
+    first_start_s: list[float] = []     # the run's first wait for its workers: the one not budgeted
 
     def out_of_time() -> bool:
         spent = time.monotonic() - start - sum(first_start_s)

@@ -4,7 +4,7 @@ the isolated worker, record). `gemmgen.compile(..., tune=SECONDS)` and the torch
 backend's `tune_missing` call it; a problem tuned once is not tuned again, since its trials
 are then in the database.
 
-A time budget counts from the call, except the wait for the measurement workers to start
+A time budget counts from the call, except the call's first wait for the measurement workers
 (`gemmgen.tune.tune`). That start takes seconds, so the worker and its standby stay up for the
 process's next request and end after WORKERS_IDLE_S idle seconds (or at exit, or
 `release_workers()`).
@@ -99,7 +99,7 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
 
     `backends` limits the proposals; by default every backend, or under a short time budget
     the ones that build in seconds (`backends_for`). The nearest tuned problems' winners are
-    measured first. `time_budget_s` counts from this call, less the wait for the workers' start."""
+    measured first. `time_budget_s` counts from this call, less its first wait for the workers."""
     start = time.monotonic()
     problems = list(dict.fromkeys(problems))
     library, programs = split_library(backends_for(time_budget_s, backends))
