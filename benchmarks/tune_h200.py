@@ -54,6 +54,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     ap.add_argument("--shard", default=None, metavar="I/N")
     ap.add_argument("--epilogue", default=None,
                     help="epilogue for every shape, e.g. 'gate=silu halves=stacked' (N: the gate's columns)")
+    ap.add_argument("--min-m", type=int, default=None, metavar="M",
+                    help="only the shapes with M at least this (with --max-m: a band of batch sizes)")
     ap.add_argument("--max-m", type=int, default=None, metavar="M",
                     help="only the shapes with M at most this (a layer set's decode and small-batch rows)")
     ap.add_argument("--jobs", type=int, default=None)
@@ -87,8 +89,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         problems = tune_problems(args.shapes, args.shard, args.epilogue)
     except GemmgenError as exc:
         ap.error(str(exc))
-    if args.max_m is not None:
-        problems = [p for p in problems if p.m <= args.max_m]
+    problems = [p for p in problems if (args.min_m is None or p.m >= args.min_m)
+                and (args.max_m is None or p.m <= args.max_m)]
     proposer = get_proposer(args.proposer, backends=backends)
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,

@@ -38,7 +38,8 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
 
 
 def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
-    """--max-m keeps a layer set's decode and small-batch rows: nothing above it is measured."""
+    """--max-m keeps a layer set's decode and small-batch rows: nothing above it is measured;
+    --min-m cuts the band from below."""
     shapes = tmp_path / "shapes.csv"
     shapes.write_text("M,N,K\n16,1024,1024\n128,2048,512\n256,1024,1024\n")
     out = tmp_path / "out"
@@ -50,6 +51,10 @@ def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(r["problem"].split("x")[0] for r in summary["rows"]) == ["128", "16"]
     assert {t.problem.m for t in read_jsonl(out / script.TRIALS)} == {16, 128}
+    band = FakeRunner()                 # --min-m with --max-m: a band of batch sizes
+    assert script.main(args + ["--min-m", "17", "--out", str(tmp_path / "band")],
+                       make_runner=lambda **kw: band, builder=FakeBuilder()) == 0
+    assert {t.problem.m for t in read_jsonl(tmp_path / "band" / script.TRIALS)} == {128}
     clear_cache()
 
 
