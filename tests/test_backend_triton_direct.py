@@ -58,7 +58,7 @@ def test_the_space_offers_direct_at_a_batch_of_one_or_two_only():
     assert not search_space.direct_head(Problem(1, 4096, 4096, a_major="row", b_major="row"))
 
 
-def test_direct_and_swapped_programs_alternate_and_the_swapped_lead_on_wide_weights_at_two():
+def test_direct_and_swapped_programs_alternate_by_the_weights_rows():
     def kinds(m, n):
         space = search_space.space(Problem(m, n, 4096, a_major="row", b_major="col"))
         assert all(p.swap_ab for p in space[:6])
@@ -67,6 +67,7 @@ def test_direct_and_swapped_programs_alternate_and_the_swapped_lead_on_wide_weig
     direct_first = ["direct", "multistage"] * 2
     assert kinds(1, 4096) == kinds(1, 14336) == kinds(2, 4096) == direct_first
     assert kinds(2, search_space.SWAP_LEADS_MIN_N) == kinds(2, 14336) == direct_first[::-1]
+    assert kinds(1, 1024) == kinds(2, 1024) == ["direct"] * 4      # narrow weights: every direct first
 
 
 def _ptx(program: Program) -> str:

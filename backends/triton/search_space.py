@@ -9,7 +9,8 @@ also swizzle 16, raster m, and no banding).
 
 At a batch of 1-2 (`x @ W.T`), `mainloop direct` programs (FMA over row-contiguous K steps,
 under swap_ab), in the order a sweep of them measured best, alternate with the swapped
-tensor-core programs, which lead on the wider weights at a batch of 2.
+tensor-core programs on weights of 4096 rows or more; the swapped ones lead on the wider
+weights at a batch of 2.
 
 Pruned: tiles much wider than the matrix (a 256-row tile for M=64), shared
 memory over the limit, accumulators over 128 registers per thread, TMA on
@@ -76,12 +77,15 @@ SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 
 #: layout, and Triton converts the weight through shared memory behind two barriers every
 #: step; 16x1x1024 on 8 warps measured 1.44x the leader's time over 20 layers.
 DIRECT_MAX_M = 2
-#: At M <= DIRECT_MAX_M the direct and swapped heads alternate, direct first at M = 1 or on a
-#: weight of fewer rows than this. The swapped 64 x 16 x 128 program reads the weight in about
-#: the same time at a batch of 1-16. An estimate across runs from the shipped records (its time
-#: at M = 4 against torch.matmul's at M = 2 or 1, beside the best direct program there): at M = 2
-#: it was ahead on all 14 weights of 6144 rows or more (1.00-1.11x against 0.88-1.04x), behind
-#: or level on the 6 narrower ones; at M = 1 ahead on 10 of 24 weights, by 1-7%.
+#: At M <= DIRECT_MAX_M the direct and swapped heads alternate on weights of SWAP_ALTERNATES_MIN_N
+#: rows or more, the swapped one first at M = 2 from SWAP_LEADS_MIN_N rows; narrower weights get
+#: every direct program first. The swapped 64 x 16 x 128 program reads the weight in about the
+#: same time at a batch of 1-16. An estimate across runs from the shipped records (its time at
+#: M = 4 against torch.matmul's at M = 2 or 1, beside the best direct program there): at M = 2
+#: it was ahead on all 14 weights of 6144 rows or more (1.00-1.11x against 0.88-1.04x), level
+#: or behind on the 4096-row ones; at M = 1 ahead on 10 of 24 weights, by 1-7%; on 1024 rows
+#: 0.67-0.75x, behind direct at 4 of 5 problems and level at 2x1024x8192.
+SWAP_ALTERNATES_MIN_N = 4096
 SWAP_LEADS_MIN_N = 6144
 DIRECT_HEAD = ((8, 1024, 4), (4, 1024, 2), (4, 2048, 4), (2, 1024, 2), (1, 1024, 1), (8, 2048, 8))
 DIRECT_LANES_K = 8 * 32           # a warp's 32 lanes of 16-byte (8-element) loads along K
@@ -368,7 +372,9 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
         direct, swapped = direct_head(problem), swapped_head(problem)
-        if direct:
+        if direct and problem.n < SWAP_ALTERNATES_MIN_N:
+            head = direct + swapped + small_m_head(problem) + head
+        elif direct:
             first, second = (swapped, direct) if problem.m > 1 and problem.n >= SWAP_LEADS_MIN_N else (direct, swapped)
             head = _interleave(first, second) + small_m_head(problem) + head
         else:
