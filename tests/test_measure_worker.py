@@ -172,3 +172,18 @@ def test_reference_is_timed_in_the_same_session_as_the_kernel(monkeypatch):
     plain = worker._execute(Job("k", _planted_kernel, problem=Problem(256, 256, 256), check=False, mode=None,
                                 reference="torch"))
     assert plain.ok and plain.timing is None and plain.reference_timing is None and len(sessions) == 3
+
+
+def test_a_worker_whose_parent_left_while_it_started_exits_quietly():
+    """A standby ended before it said ready finds its pipe closed: it exits with status 0, no
+    BrokenPipeError traceback in the tuning log."""
+    from gemmgen.measure.worker import _serve
+
+    ctx = multiprocessing.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(theirs, False))
+    proc.start()
+    theirs.close()
+    ours.close()            # before the child, still starting its interpreter, says ready
+    proc.join(60)
+    assert proc.exitcode == 0

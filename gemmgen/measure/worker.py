@@ -176,8 +176,8 @@ def _serve(conn, gpu: bool) -> None:
             pass
     try:
         conn.send("ready")
-    except (BrokenPipeError, EOFError, OSError):
-        return              # the parent ended this worker while it started (a standby not needed)
+    except OSError:         # BrokenPipeError: the parent ended this worker while it started
+        return
     while True:
         try:
             job = conn.recv()
