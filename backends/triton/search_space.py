@@ -373,7 +373,7 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
     if problem.m <= SMALL_M:
         direct, swapped = direct_head(problem), swapped_head(problem)
         if direct and problem.n < SWAP_ALTERNATES_MIN_N:
-            head = direct + swapped + small_m_head(problem) + head
+            head = direct + _interleave(swapped, small_m_head(problem)) + head
         elif direct:
             first, second = (swapped, direct) if problem.m > 1 and problem.n >= SWAP_LEADS_MIN_N else (direct, swapped)
             head = _interleave(first, second) + small_m_head(problem) + head
