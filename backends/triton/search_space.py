@@ -371,14 +371,12 @@ def space(problem: Problem, size: int = SPACE_SIZE) -> list[Program]:
         ranked = [p for p in ranked if p.scheduler != "stream_k"]
     head = _diverse(ranked[: 6 * size], size)
     if problem.m <= SMALL_M:
-        direct, swapped = direct_head(problem), swapped_head(problem)
-        if direct and problem.n < SWAP_ALTERNATES_MIN_N:
-            head = direct + _interleave(swapped, small_m_head(problem)) + head
-        elif direct:
-            first, second = (swapped, direct) if problem.m > 1 and problem.n >= SWAP_LEADS_MIN_N else (direct, swapped)
-            head = _interleave(first, second) + small_m_head(problem) + head
+        direct, swapped, small = direct_head(problem), swapped_head(problem), small_m_head(problem)
+        if direct and problem.n >= SWAP_ALTERNATES_MIN_N:
+            swapped_first = problem.m > 1 and problem.n >= SWAP_LEADS_MIN_N
+            head = (_interleave(swapped, direct) if swapped_first else _interleave(direct, swapped)) + small + head
         else:
-            head = _interleave(swapped, small_m_head(problem)) + head
+            head = direct + _interleave(swapped, small) + head
     else:
         head = head[:4] + streamed + head[4:]
     out, seen = [], set()
