@@ -74,6 +74,13 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.tuning_db import Database, default_db_path
     from gemmgen.tuning_db.exchange import export, merge
 
+    # the shapes first: a bad file is refused before any database is made or merged
+    try:
+        problems = tune_problems(args.shapes, args.shard, args.epilogue)
+    except GemmgenError as exc:
+        ap.error(str(exc))
+    problems = [p for p in problems if (args.min_m is None or p.m >= args.min_m)
+                and (args.max_m is None or p.m <= args.max_m)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     db_path = Path(args.db) if args.db else default_db_path().with_name("tune_h200.sqlite")
@@ -85,25 +92,20 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
-    try:
-        problems = tune_problems(args.shapes, args.shard, args.epilogue)
-    except GemmgenError as exc:
-        ap.error(str(exc))
-    problems = [p for p in problems if (args.min_m is None or p.m >= args.min_m)
-                and (args.max_m is None or p.m <= args.max_m)]
     proposer = get_proposer(args.proposer, backends=backends)
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,
                          baselines=tuple(b for b in args.baselines.split(",") if b))
     keys = {p.key for p in problems}
-    last_export = [time.monotonic()]
+    last_export = time.monotonic()
 
     def export_as_it_goes(_problem) -> None:
         """Export the run's trials every EXPORT_EVERY_S, so that a run killed from outside (a
         machine's time limit) still leaves what it measured."""
-        if time.monotonic() - last_export[0] >= EXPORT_EVERY_S:
+        nonlocal last_export
+        if time.monotonic() - last_export >= EXPORT_EVERY_S:
             export(db, out / TRIALS, problems=keys)
-            last_export[0] = time.monotonic()
+            last_export = time.monotonic()
 
     try:
         device = runner.device

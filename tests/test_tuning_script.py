@@ -87,3 +87,4 @@ def test_tune_h200_says_what_is_wrong_with_a_shapes_file(tmp_path, capsys):
         script.main(["--shapes", str(shapes), "--out", str(tmp_path / "out"), "--ship", "",
                      "--db", str(tmp_path / "w.sqlite")], make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
     assert "no shapes found" in capsys.readouterr().err
+    assert not (tmp_path / "w.sqlite").exists()       # refused before a database was made

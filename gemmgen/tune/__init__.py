@@ -191,10 +191,10 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     report = TuneReport(shapes=len(problems))
     start = time.monotonic()
 
-    first_start_s: list[float] = []     # the run's first wait for its workers: the one not budgeted
+    free_wait_s: Optional[float] = None     # the run's first wait for its workers: not budgeted
 
     def out_of_time() -> bool:
-        spent = time.monotonic() - start - sum(first_start_s)
+        spent = time.monotonic() - start - (free_wait_s or 0.0)
         return time_budget_s is not None and spent > time_budget_s
 
     device = runner.device
@@ -218,6 +218,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
 
     def run_shape(plan: _Plan, built: list[BuildOutcome]) -> bool:
         """Record one shape's trials; False if the time budget ran out first."""
+        nonlocal free_wait_s
         problem = plan.problem
         bar.set_postfix_str(f"{problem.m}x{problem.n}x{problem.k}", refresh=False)
         report.skipped += plan.skipped
@@ -230,8 +231,8 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
         if built and hasattr(runner, "ready"):
             with report.timed("starting workers"):
                 runner.ready()
-            if not first_start_s:
-                first_start_s.append(report.phase_s["starting workers"])
+            if free_wait_s is None:
+                free_wait_s = report.phase_s["starting workers"]
         with report.timed("baselines"):
             baselines = dict(runner.baselines(problem)) if built else {}
         for outcome in built:
