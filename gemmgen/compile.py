@@ -49,7 +49,7 @@ from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dispatch import DispatchKernel, Row, table
 from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.dsl.checks import gate_findings
-from gemmgen.errors import GemmgenError, NoGPUError
+from gemmgen.errors import GemmgenError, NoGPUError, finite_number
 from gemmgen.kernel import Kernel, Provenance, build_ahead
 from gemmgen.tune.adapters import this_device
 from gemmgen.tune.on_demand import summary as tuning_summary
@@ -206,7 +206,7 @@ def _compile_dynamic(problem, *, a_major, b_major, epilogue, device, db, determi
 
 def _compile_tuned(problem, seconds, *, db, **kwargs) -> Kernel:
     """compile(), after tuning the problem for `seconds` where nothing was measured for it."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+    if not (finite_number(seconds) and seconds > 0):
         raise CompileError(f"tune={seconds!r}: give the seconds to spend tuning, a positive number")
     kernel = compile(problem, db=db, **kwargs)
     index = _index(_db_token(db), db, kernel.provenance.gpu)

@@ -1,8 +1,16 @@
 """Errors a user meets. The command line prints these as one line, never a traceback."""
 
+import math
+
 from gemmgen.dsl.diagnostics import GemmgenError
 
-__all__ = ["GemmgenError", "NoGPUError"]
+__all__ = ["GemmgenError", "NoGPUError", "finite_number"]
+
+
+def finite_number(value) -> bool:
+    """An int or float (not a bool), neither infinite nor NaN: what a user's seconds or
+    microseconds must be before its range is checked."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and -math.inf < value < math.inf
 
 
 class NoGPUError(GemmgenError):

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from gemmgen.errors import GemmgenError
+from gemmgen.errors import GemmgenError, finite_number
 from gemmgen.torch_compile import graph_pass as torch_pass
 from gemmgen.torch_compile import ops as torch_ops
 from gemmgen.torch_compile.counts import missing_keys, reset_stats, stats
@@ -77,11 +77,9 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
         raise TorchBackendError(f"baseline={baseline!r} not understood; choose 'stock' or 'op'")
     if not isinstance(tune_budget, int) or tune_budget < 1:
         raise TorchBackendError(f"tune_budget must be a positive integer, got {tune_budget!r}")
-    if tune_seconds is not None and (isinstance(tune_seconds, bool) or not isinstance(tune_seconds, (int, float))
-                                     or not 0 < tune_seconds < float("inf")):
+    if tune_seconds is not None and not (finite_number(tune_seconds) and tune_seconds > 0):
         raise TorchBackendError(f"tune_seconds must be a positive number of seconds, got {tune_seconds!r}")
-    if min_gain_us is not None and (isinstance(min_gain_us, bool) or not isinstance(min_gain_us, (int, float))
-                                    or not 0 <= min_gain_us < float("inf")):
+    if min_gain_us is not None and not (finite_number(min_gain_us) and min_gain_us >= 0):
         raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
     if not isinstance(join_siblings, bool):
         raise TorchBackendError(f"join_siblings must be True or False, got {join_siblings!r}")
