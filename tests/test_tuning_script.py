@@ -88,3 +88,39 @@ def test_tune_h200_says_what_is_wrong_with_a_shapes_file(tmp_path, capsys):
                      "--db", str(tmp_path / "w.sqlite")], make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
     assert "no shapes found" in capsys.readouterr().err
     assert not (tmp_path / "w.sqlite").exists()       # refused before a database was made
+
+
+def test_tune_h200_searches_cublaslt_and_ships_the_choices(tmp_path, capsys):
+    """--backends cublaslt alone: the library search runs per shape, its choices are exported
+    with the run and shipped, count as won where they serve, and a rerun searches nothing."""
+    from dataclasses import dataclass, field
+    from test_tuning_library import _found
+
+    @dataclass
+    class Library(FakeRunner):
+        searched: list = field(default_factory=list)
+
+        def library(self, problem):
+            self.searched.append(problem.m)
+            return _found(device_ms=0.8 if problem.m == 256 else 1.0)   # serves at M = 256 only
+
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n256,1024,1024\n512,2048,512\n")
+    out, ship = tmp_path / "out", tmp_path / "h200.jsonl"
+    args = ["--shapes", str(shapes), "--out", str(out), "--ship", str(ship), "--db", str(tmp_path / "w.sqlite"),
+            "--backends", "cublaslt", "--time-budget", "600"]
+    script = load_script("tune_h200")
+    runner = Library()
+    assert script.main(args, make_runner=lambda **kw: runner, builder=FakeBuilder()) == 0
+    assert runner.searched == [256, 512] and runner.measured == []
+    assert capsys.readouterr().out.splitlines()[-1].split()[:3] == ["all", "2", "1"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["proposer"] is None and summary["report"].startswith("cublaslt: ")
+    assert [r["how"] for r in summary["rows"]] == ["library", "baseline"]
+    assert summary["rows"][0]["speedup_over_best_baseline"] == 1.0 / 0.8
+    assert len(list(read_jsonl(out / script.TRIALS))) == 2 and len(list(read_jsonl(ship))) == 2
+    again = Library()
+    assert script.main(args + ["--db", str(tmp_path / "w2.sqlite")],
+                       make_runner=lambda **kw: again, builder=FakeBuilder()) == 0
+    assert again.searched == []                  # resumed from its own export
+    clear_cache()

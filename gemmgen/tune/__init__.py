@@ -336,14 +336,15 @@ def _confirmed(trial: Trial, built: BuildOutcome, runner: Runner, baselines: dic
 
 
 def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
-                 time_budget_s: Optional[float] = None, progress: bool = True) -> TuneReport:
+                 time_budget_s: Optional[float] = None, progress: bool = True,
+                 on_shape: Optional[Callable[[Problem], None]] = None) -> TuneReport:
     """Record cuBLASLt's fastest algorithm for every problem not yet searched on this GPU by the
     current method (`searched`; an older method's choice is searched again).
 
     `runner.library(problem)` selects, checks and times it beside torch.matmul
     (gemmgen.measure.library); a search that fails is reported, not recorded. A gated problem
     has no library algorithm (no library fuses the gate): its baselines run the plain product
-    and the gate as torch ops, so it is skipped."""
+    and the gate as torch ops, so it is skipped. `on_shape(problem)` runs after each search."""
     # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
 
@@ -368,6 +369,8 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
                 report.recorded += 1
             report.statuses[status] += 1
             report.shapes_done += 1
+            if on_shape is not None:
+                on_shape(problem)
     finally:
         report.wall_s = time.monotonic() - start
     return report
@@ -408,9 +411,11 @@ def split_library(backends: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
 
 def tune_backends(problems: Iterable[Problem], *, library: bool, proposer, builder: Builder,
                   runner: Runner, db: Database, budget: int, time_budget_s: Optional[float] = None,
-                  seed: int = 0, progress: bool = True, announce=lambda line: None) -> dict[str, TuneReport]:
+                  seed: int = 0, progress: bool = True, announce=lambda line: None,
+                  on_shape: Optional[Callable[[Problem], None]] = None) -> dict[str, TuneReport]:
     """The library search (if `library`), then the program loop (if a `proposer` is given)
-    with what is left of one time budget. Returns the reports by part: 'cublaslt', 'programs'."""
+    with what is left of one time budget. Returns the reports by part: 'cublaslt', 'programs'.
+    `on_shape(problem)` runs after each problem of either part."""
     # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import LIBRARY
 
@@ -419,7 +424,7 @@ def tune_backends(problems: Iterable[Problem], *, library: bool, proposer, build
     if library:
         announce(f"searching cuBLASLt's algorithms for {len(problems)} shapes")
         reports[LIBRARY] = tune_library(problems, runner=runner, db=db, time_budget_s=time_budget_s,
-                                        progress=progress)
+                                        progress=progress, on_shape=on_shape)
         announce(f"{LIBRARY}: {reports[LIBRARY].summary()}")
     left = None if time_budget_s is None else time_budget_s - (time.monotonic() - start)
     if proposer is not None and (left is None or left > 0):
@@ -427,6 +432,7 @@ def tune_backends(problems: Iterable[Problem], *, library: bool, proposer, build
         announce(f"tuning {len(problems)} shapes: proposer {proposer.name} v{proposer.version}, "
                  f"budget {budget}, backends {names}")
         reports["programs"] = tune(problems, proposer=proposer, builder=builder, runner=runner, db=db,
-                                   budget=budget, time_budget_s=left, seed=seed, progress=progress)
+                                   budget=budget, time_budget_s=left, seed=seed, progress=progress,
+                                   on_shape=on_shape)
         announce(reports["programs"].summary())
     return reports
