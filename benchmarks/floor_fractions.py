@@ -7,9 +7,10 @@ program's. For each problem this takes torch.matmul's time, the fastest library 
 fastest checked program's, and reports per M the median fraction of the floor each reached
 (the floor: the problem's fewest bytes at the datasheet's 4.8 TB/s, or its flops at peak) and
 the geomean speedup of the best program over torch.matmul and over the fastest library call;
-then how many problems a program won by the database's rule (confirmed in a fresh worker), and
-the geomean speedup over torch.matmul of what serves them (the winner's confirmed speedup, or
-1.0 where torch.matmul serves): a tuning figure, not a `gemmgen bench` run.
+then how many problems a program or a cuBLASLt choice won by the database's rules (a program
+confirmed in a fresh worker), and the geomean speedup over torch.matmul of what serves them
+(the larger of the two, as `gemmgen.compile` serves it, or 1.0 where torch.matmul serves): a
+tuning figure, not a `gemmgen bench` run.
 
     python3 benchmarks/floor_fractions.py benchmarks/results/tune_llm_direct/trials.jsonl.gz \\
         benchmarks/results/tune_llm_small_m/trials.jsonl.gz --out benchmarks/results/tune_llm_direct/floor.txt
@@ -60,8 +61,9 @@ def per_problem(trials: list[dict], mainloop: str | None) -> dict[str, dict]:
 
 
 def served_speedups(paths: list[str]) -> dict[str, float]:
-    """problem key -> torch.matmul's time over the winner's, as its confirmation measured them,
-    for every problem where a program won by the database's own rule (the files merged into a
+    """problem key -> torch.matmul's time over the served kernel's, for every problem where a
+    program (as its confirmation measured it) or a cuBLASLt choice (beside torch.matmul in its
+    search) won by the database's own rules; the larger where both did (the files merged into a
     temporary database; what `gemmgen.compile` serves from them)."""
     import tempfile
 
@@ -78,6 +80,9 @@ def served_speedups(paths: list[str]) -> dict[str, float]:
                 torch = won.baselines.get("torch")
                 if torch is not None and won.device_ms:
                     out[won.problem.key] = torch.device_ms / won.device_ms
+            for choice in db.library_winners(device):
+                key = choice.problem.key
+                out[key] = max(out.get(key, 0.0), choice.torch_ms / choice.device_ms)
         db.close()
     return out
 
