@@ -263,11 +263,11 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     monkeypatch.setattr(compile_module, "this_device", lambda: TEST_GPU)
     clear_cache()
     path = tmp_path / "user.sqlite"
-    shape = (1000, 1000, 1000)
+    shape = (16, 1000, 1000)      # a batch of 16: programs lead there (library_first)
     assert gemmgen.compile(shape, device=GPU, db=path).provenance.how == "baseline"
     kernel = gemmgen.compile(shape, device=GPU, db=path, tune=30)
     assert len(runs) == 1 and kernel.provenance.how == "exact" and kernel.provenance.layer == "user"
-    assert "tuned 1000x1000x1000" in capsys.readouterr().err
+    assert "tuned 16x1000x1000" in capsys.readouterr().err
     trials = list(Database(path).trials())
     assert trials and {t.backend for t in trials} == {"triton"}       # 30 s: no minute-long nvcc builds
     clear_cache()
@@ -300,14 +300,14 @@ def test_on_demand_requests_share_the_workers_until_they_idle(tmp_path, monkeypa
     monkeypatch.setattr(on_demand, "WORKERS_IDLE_S", 0.3)
     clear_cache()
     path = tmp_path / "user.sqlite"
-    for shape in ((1000, 1000, 1000), (1000, 2000, 1000)):
+    for shape in ((16, 1000, 1000), (16, 2000, 1000)):
         assert gemmgen.compile(shape, device=GPU, db=path, tune=30).provenance.how == "exact"
     assert len(made) == 1 and not closed and len(made[0].measured) > 1     # both tuned, one start
     deadline = time.monotonic() + 5
     while not closed and time.monotonic() < deadline:
         time.sleep(0.05)
     assert closed == made                                                   # idle: ended
-    gemmgen.compile((1000, 3000, 1000), device=GPU, db=path, tune=30)
+    gemmgen.compile((16, 3000, 1000), device=GPU, db=path, tune=30)
     on_demand.release_workers()
     assert len(made) == 2 and closed == made
     clear_cache()
@@ -316,9 +316,57 @@ def test_on_demand_requests_share_the_workers_until_they_idle(tmp_path, monkeypa
 def test_a_short_tuning_budget_proposes_only_backends_that_build_in_seconds():
     from gemmgen.tune.on_demand import FAST_BACKENDS, SLOW_BUILD_S, backends_for
 
-    assert backends_for(10) == FAST_BACKENDS == ("triton",)
-    assert backends_for(SLOW_BUILD_S) == () and backends_for(None) == ()       # every backend
-    assert backends_for(10, ["cutlass"]) == ("cutlass",)                      # asked for: kept
+    small_batch = Problem(16, 4096, 4096)
+    assert backends_for(small_batch, 10) == FAST_BACKENDS == ("triton",)
+    assert backends_for(small_batch, SLOW_BUILD_S) == backends_for(small_batch, None) == ("triton", "cutlass", "cuda")
+    assert backends_for(small_batch, 10, ["cutlass"]) == ("cutlass",)          # asked for: kept
+
+
+def test_tuning_goes_first_where_the_records_say_it_wins():
+    """cuBLASLt's search where the shipped records saw it win (M >= 32, 1 GFLOP or more), programs
+    elsewhere; a long budget adds every backend's programs after the search."""
+    from gemmgen.tune.on_demand import backends_for, library_first
+
+    assert library_first(Problem(32, 4096, 4096)) and library_first(Problem(4096, 4096, 4096))
+    assert not library_first(Problem(16, 14336, 4096))                        # a small batch: programs
+    assert not library_first(Problem(256, 512, 512))                          # under 1 GFLOP: programs
+    gated = Problem(2048, 14336, 4096, epilogue=parse_epilogue("gate=silu halves=stacked"))
+    assert not library_first(gated)                                           # no library fuses the gate
+    assert backends_for(Problem(64, 4096, 4096), 10) == ("cublaslt",)
+    assert backends_for(Problem(64, 4096, 4096), None) == ("cublaslt", "triton", "cutlass", "cuda")
+    assert backends_for(Problem(64, 4096, 4096), 10, ["triton"]) == ("triton",)
+
+
+def test_on_demand_searches_the_library_where_it_leads_and_programs_elsewhere(tmp_path, monkeypatch):
+    """One request with a small-batch and a large problem: cuBLASLt's search runs for the large
+    one only, programs are measured for the small one only, and each is served what won."""
+    import gemmgen.compile as compile_module
+    from gemmgen.tune import on_demand
+    from test_tuning_library import _found
+    from tuning_fakes import FakeBuilder, FakeRunner
+
+    searched = []
+
+    class Runner(FakeRunner):
+        def library(self, problem):
+            searched.append(problem)
+            return _found(device_ms=0.8, torch_ms=1.0)
+
+    runner = Runner()
+    monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: runner)
+    monkeypatch.setattr(on_demand, "PoolBuilder", FakeBuilder)
+    monkeypatch.setattr(compile_module, "gpu_present", lambda: True)
+    monkeypatch.setattr(compile_module, "this_device", lambda: TEST_GPU)
+    clear_cache()
+    path = tmp_path / "user.sqlite"
+    small, large = Problem(16, 1000, 1000), Problem(512, 4096, 4096)
+    reports = on_demand.tune_now([small, large], db=path, time_budget_s=30)
+    on_demand.release_workers()
+    assert set(reports) == {"cublaslt", "programs"} and searched == [large]
+    assert {t.problem.key for t in Database(path).trials()} == {small.key}
+    assert gemmgen.compile(large, device=GPU, db=path).provenance.how == "library"
+    assert gemmgen.compile(small, device=GPU, db=path).provenance.how == "exact"
+    clear_cache()
 
 
 def test_tune_on_demand_needs_a_gpu(tmp_path, monkeypatch):

@@ -437,6 +437,10 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, c
         def close(self):
             pass
 
+        def library(self, problem):
+            seen["library"] = problem.key
+            return {"error": "no GPU here"}
+
     def fake_tune(problems, *, proposer, **kwargs):
         seen["backends"] = proposer.backends
         seen["problems"] = [p.key for p in problems]
@@ -450,8 +454,8 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, c
     assert "gemmgen: 1 GEMMs found, 1 tuned, 0 won," in capsys.readouterr().err     # one line per compile
     assert seen == {"backends": ("triton",), "problems": ["2048x5632x2048:rcr:f16:f32:silu+f16"],
                     "proposed": {"triton"}}
-    torch_backend.tune_keys([key], tmp_path / "t.sqlite")
-    assert set(seen["backends"]) >= {"triton", "cutlass", "cuda"}
+    torch_backend.tune_keys([key], tmp_path / "t.sqlite")     # no limits: the library's search, then every backend
+    assert set(seen["backends"]) >= {"triton", "cutlass", "cuda"} and seen["library"] == seen["problems"][0]
 
 
 def test_the_gain_a_kernel_must_save_follows_cuda_graphs(monkeypatch):

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Union
 
+from gemmgen.backends import registry
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import get_proposer
 from gemmgen.tune import TuneReport, split_library, tune_backends
@@ -33,15 +34,33 @@ from gemmgen.tuning_db import Database, default_db_path
 FAST_BACKENDS = ("triton",)
 SLOW_BUILD_S = 120.0
 
+#: Where cuBLASLt's own algorithms, not programs, win: batches of LIBRARY_MIN_M rows or more
+#: over LIBRARY_MIN_GFLOP. Of the shipped H200 records' problems tried both ways, there a
+#: program won 7 of 706 and a cuBLASLt choice 250; at M >= 32 under 1 GFLOP programs won 168
+#: of 305 and choices 39. At M <= 16 programs won 65 of the 175 tried.
+LIBRARY_MIN_M = 32
+LIBRARY_MIN_GFLOP = 1.0
 
-def backends_for(time_budget_s: Optional[float], backends: Optional[Iterable[str]] = None) -> tuple[str, ...]:
-    """The backends asked for; else, under a budget shorter than SLOW_BUILD_S, the fast ones;
-    else () (every backend)."""
+
+def library_first(problem: Problem) -> bool:
+    """Whether the records say cuBLASLt's algorithms, not programs, win problems like this one
+    (never for a gated product: no library algorithm fuses the gate)."""
+    return problem.m >= LIBRARY_MIN_M and problem.gflop >= LIBRARY_MIN_GFLOP and not problem.epilogue.gate
+
+
+def backends_for(problem: Problem, time_budget_s: Optional[float],
+                 backends: Optional[Iterable[str]] = None) -> tuple[str, ...]:
+    """The backends asked for; else what won problems like this one: under a budget shorter than
+    SLOW_BUILD_S, cuBLASLt's search where `library_first`, the fast backends' programs
+    elsewhere; with more time, that search where it leads and every backend's programs."""
+    # Deferred: torch (optional, heavy to import).
+    from gemmgen.measure.library import LIBRARY
+
     if backends:
         return tuple(backends)
     if time_budget_s is not None and time_budget_s < SLOW_BUILD_S:
-        return FAST_BACKENDS
-    return ()
+        return (LIBRARY,) if library_first(problem) else FAST_BACKENDS
+    return ((LIBRARY,) if library_first(problem) else ()) + registry.NAMES
 
 
 #: Seconds the on-demand workers wait, idle, for the next request before they end.
@@ -95,25 +114,39 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
              time_budget_s: Optional[float] = None, backends: Optional[Iterable[str]] = None,
              progress: bool = False) -> dict[str, TuneReport]:
     """Tune `problems` on this GPU into `db` (a path or an open `Database`; default the user's
-    database); returns the reports of the parts run ('programs', 'library').
+    database); returns the reports of the parts run ('cublaslt', 'programs').
 
-    `backends` limits the proposals; by default every backend, or under a short time budget
-    the ones that build in seconds (`backends_for`). The nearest tuned problems' winners are
-    measured first. `time_budget_s` counts from this call, less its first wait for the workers."""
+    `backends` limits the search; by default each problem gets what won problems like it
+    (`backends_for`): cuBLASLt's search first, for the problems where it leads, then programs
+    for the others, the nearest tuned problems' winners measured first. `time_budget_s` counts
+    from this call, less its first wait for the workers; it stops new searches and trials, not
+    one under way (a cuBLASLt search takes 4-8 s at a 7-8 B-parameter model's layer on the H200,
+    20-60 s at a 70 B one's)."""
     start = time.monotonic()
     problems = list(dict.fromkeys(problems))
-    library, programs = split_library(backends_for(time_budget_s, backends))
-    proposer = (get_proposer("heuristic", **({"backends": programs} if programs else {}))
-                if programs or not library else None)
+    plans = {p: split_library(backends_for(p, time_budget_s, backends)) for p in problems}
+    searched = [p for p, (library, _) in plans.items() if library]
+    programmed = [p for p, (_, programs) in plans.items() if programs]
+    program_backends = tuple(dict.fromkeys(b for _, programs in plans.values() for b in programs))
     database = db if isinstance(db, Database) else Database(Path(db) if db is not None else default_db_path())
+
+    def left() -> Optional[float]:
+        return None if time_budget_s is None else max(0.0, time_budget_s - (time.monotonic() - start))
+
     try:
         with _WORKERS.use() as runner:
-            if proposer is not None:
-                proposer = with_neighbours(proposer, database, runner.device.name)
-            left = None if time_budget_s is None else max(0.0, time_budget_s - (time.monotonic() - start))
-            return tune_backends(problems, library=library, proposer=proposer, builder=PoolBuilder(),
-                                 runner=runner, db=database, budget=budget, time_budget_s=left,
-                                 progress=progress)
+            reports = {}
+            if searched:
+                reports |= tune_backends(searched, library=True, proposer=None, builder=PoolBuilder(),
+                                         runner=runner, db=database, budget=budget, time_budget_s=left(),
+                                         progress=progress)
+            if programmed and (time_budget_s is None or left() > 0):
+                proposer = with_neighbours(get_proposer("heuristic", backends=program_backends), database,
+                                           runner.device.name)
+                reports |= tune_backends(programmed, library=False, proposer=proposer, builder=PoolBuilder(),
+                                         runner=runner, db=database, budget=budget, time_budget_s=left(),
+                                         progress=progress)
+            return reports
     finally:
         if database is not db:
             database.close()
