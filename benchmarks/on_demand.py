@@ -1,10 +1,11 @@
-"""On-demand tuning on layers no tuning saw, against the whole Triton space at the same problems.
+"""On-demand tuning on layers no tuning saw, against cuBLASLt's search and the Triton space.
 
 For each problem (`x @ W.T` layers of the layer set's held-out families, at the given Ms), in a
 fresh database laid over the shipped records:
   1. `gemmgen.compile(shape, b_major="col", tune=SECONDS)`: what a user gets (wall time kept);
-  2. the exhaustive run: every program of the Triton search space (`--space` of them) measured
-     into the same database (`gemmgen.tune.on_demand.tune_now`);
+  2. the exhaustive run: cuBLASLt's search (skipped where step 1 ran it) and every program of
+     the Triton search space (`--space` of them), measured into the same database
+     (`gemmgen.tune.on_demand.tune_now`);
   3. the kernel served before step 2, the one served after it (the best measured) and
      torch.matmul, timed side by side in one session (gemmgen.measure.time_many: offline,
      CUPTI device time, L2 flushed).
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
         tuned_line = next((line for line in said.getvalue().splitlines() if line.startswith("gemmgen: tuned")), "")
         print(tuned_line, file=sys.stderr)
         t0 = time.monotonic()
-        tune_now([on_demand.problem], db=db, budget=args.space, backends=("triton",))
+        tune_now([on_demand.problem], db=db, budget=args.space, backends=("cublaslt", "triton"))
         exhaustive_s = time.monotonic() - t0
         clear_cache()
         best = gemmgen.compile(shape, b_major="col", db=db)
