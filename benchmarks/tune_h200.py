@@ -51,7 +51,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     ap.add_argument("--budget", type=int, default=6, help="trials per shape")
     ap.add_argument("--proposer", default="heuristic")
     ap.add_argument("--backends", default="triton,cutlass,cuda",
-                    help="program backends, and `cublaslt` for the library's own algorithms (searched first)")
+                    help="program backends, and `cublaslt` for the library's own algorithms (searched first); "
+                         "`auto`: that search where it wins on the records, and every backend (gemmgen tune's default)")
     ap.add_argument("--baselines", default="torch,cublas_nn,cublas_tn,lt_heuristic,lt_autotune")
     ap.add_argument("--mode", choices=("offline", "both"), default="offline")
     ap.add_argument("--shard", default=None, metavar="I/N")
@@ -71,7 +72,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.errors import GemmgenError
     from gemmgen.measure.numerics import bucket_names, bucket_of
     from gemmgen.policy.proposers import get_proposer
-    from gemmgen.tune import split_library, tune_backends
+    from gemmgen.tune import parse_backends, tune_backends
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.cli.tune import tune_problems
     from gemmgen.tuning_db import Database, default_db_path
@@ -95,7 +96,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
-    library, program_backends = split_library(backends)
+    library, program_backends = parse_backends(args.backends)
     proposer = get_proposer(args.proposer, backends=program_backends) if program_backends else None
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,

@@ -325,7 +325,8 @@ def test_a_short_tuning_budget_proposes_only_backends_that_build_in_seconds():
 def test_tuning_goes_first_where_the_records_say_it_wins():
     """cuBLASLt's search where the shipped records saw it win (M >= 32, 1 GFLOP or more), programs
     elsewhere; a long budget adds every backend's programs after the search."""
-    from gemmgen.tune.on_demand import backends_for, library_first
+    from gemmgen.tune import library_first
+    from gemmgen.tune.on_demand import backends_for
 
     assert library_first(Problem(32, 4096, 4096)) and library_first(Problem(4096, 4096, 4096))
     assert not library_first(Problem(16, 14336, 4096))                        # a small batch: programs

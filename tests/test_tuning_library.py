@@ -423,3 +423,28 @@ def test_direct_cublaslt_call_passes_the_operands_in_cublasLt_order():
     assert lt._alpha[0] == 0.5 and lt._beta[0] == 0.0
     with pytest.raises(GemmgenError, match="planned on cuda:0; the operands are on"):
         lt.call(T(1, index=1), T(2, index=1), T(3, index=1))
+
+
+def test_auto_backends_search_the_library_only_where_the_records_say_it_wins(db):
+    """`--backends auto` (gemmgen tune's default): cuBLASLt's search for the problems
+    `library_first` picks (M >= 32 over 1 GFLOP), every backend's programs for all."""
+    from gemmgen.backends import registry
+    from gemmgen.cli import build_parser
+    from gemmgen.tune import AUTO_BACKENDS, library_first, parse_backends, tune_backends
+    from tuning_fakes import FakeBuilder, FakeRunner, ListProposer
+
+    assert build_parser().parse_args(["tune", "--shapes", "s.csv"]).backends == AUTO_BACKENDS
+    assert parse_backends("auto") == (library_first, registry.NAMES)
+    assert parse_backends("triton, cublaslt") == (True, ("triton",))
+    asked = []
+
+    class Both(FakeRunner):
+        def library(self, problem):
+            asked.append(problem.m)
+            return _found()
+
+    decode, batch = Problem(1, 4096, 4096, b_major="col"), Problem(64, 4096, 4096, b_major="col")
+    reports = tune_backends([decode, batch], library=library_first, proposer=ListProposer([((128, 128, 64), 4)]),
+                            builder=FakeBuilder(), runner=Both(), db=db, budget=1, progress=False)
+    assert asked == [64] and reports["cublaslt"].shapes == 1
+    assert {t.problem.m for t in db.trials()} == {1, 64}

@@ -10,7 +10,7 @@ from gemmgen.compile import gpu_present as has_gpu
 from gemmgen.errors import NoGPUError
 from gemmgen.measure.shapes import PARTS, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
-from gemmgen.tune import split_library, tune_backends
+from gemmgen.tune import AUTO_BACKENDS, parse_backends, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
 from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
 from gemmgen.tune.neighbours import NEIGHBOURS, with_neighbours
@@ -33,9 +33,10 @@ def register(subparsers) -> None:
     tune.add_argument("--neighbours", type=int, default=NEIGHBOURS, metavar="N",
                       help=f"first measure the winners of the N nearest tuned problems, re-bound to each shape "
                            f"(default {NEIGHBOURS}; 0: none); gemmgen.compile serves only what was measured at a shape")
-    tune.add_argument("--backends", default=",".join(backend_registry.NAMES),
-                      help="comma-separated backends; 'cublaslt' adds a search of cuBLASLt's own "
-                           "algorithms per shape (docs/tuning.md)")
+    tune.add_argument("--backends", default=AUTO_BACKENDS,
+                      help=f"comma-separated backends ({', '.join(backend_registry.NAMES)}); 'cublaslt' adds a "
+                           "search of cuBLASLt's own algorithms per shape (docs/tuning.md). Default 'auto': that "
+                           "search where it wins on the records (M >= 32 over 1 GFLOP), then every backend")
     tune.add_argument("--db", metavar="PATH", help="database (default: GEMMGEN_DB or "
                                                    "~/.cache/gemmgen/tuning.sqlite)")
     tune.add_argument("--time-budget", type=float, default=None, metavar="S",
@@ -94,7 +95,7 @@ def _tune(args) -> int:
     rank = Rank.from_env() if args.distributed else None
     if rank is not None:
         pin_gpu(rank)                                # before anything initialises CUDA
-    library, backends = split_library([b.strip() for b in args.backends.split(",") if b.strip()])
+    library, backends = parse_backends(args.backends)
     problems = tune_problems(args.shapes, args.shard, args.epilogue, args.part)
     proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
                 if backends or args.programs or args.proposer == "programs" else None)   # else the library only

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import GemmgenError
@@ -216,7 +216,8 @@ def _take_in(db: Database, exports: Sequence[Path]) -> int:
 
 
 def tune_one_with(*, proposer, builder, runner, budget: int, time_budget_s: Optional[float], seed: int = 0,
-                  library: bool = False) -> Callable[[Problem, Database], dict[str, TuneReport]]:
+                  library: Union[bool, Callable[[Problem], bool]] = False
+                  ) -> Callable[[Problem, Database], dict[str, TuneReport]]:
     """A `tune_one` for `run_rank`: the tune loop on one problem, within what is left of the time budget."""
     start = time.monotonic()
 

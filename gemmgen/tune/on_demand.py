@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Optional, Union
 from gemmgen.backends import registry
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import get_proposer
-from gemmgen.tune import TuneReport, split_library, tune_backends
+from gemmgen.tune import TuneReport, library_first, split_library, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
 from gemmgen.tune.neighbours import with_neighbours
 from gemmgen.tuning_db import Database, default_db_path
@@ -33,19 +33,6 @@ from gemmgen.tuning_db import Database, default_db_path
 #: recorded no trial).
 FAST_BACKENDS = ("triton",)
 SLOW_BUILD_S = 120.0
-
-#: Where cuBLASLt's own algorithms, not programs, win: batches of LIBRARY_MIN_M rows or more
-#: over LIBRARY_MIN_GFLOP. Of the shipped H200 records' problems tried both ways, there a
-#: program won 7 of 706 and a cuBLASLt choice 250; at M >= 32 under 1 GFLOP programs won 168
-#: of 305 and choices 39. At M <= 16 programs won 65 of the 175 tried.
-LIBRARY_MIN_M = 32
-LIBRARY_MIN_GFLOP = 1.0
-
-
-def library_first(problem: Problem) -> bool:
-    """Whether the records say cuBLASLt's algorithms, not programs, win problems like this one
-    (never for a gated product: no library algorithm fuses the gate)."""
-    return problem.m >= LIBRARY_MIN_M and problem.gflop >= LIBRARY_MIN_GFLOP and not problem.epilogue.gate
 
 
 def backends_for(problem: Problem, time_budget_s: Optional[float],
