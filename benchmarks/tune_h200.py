@@ -78,9 +78,10 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.tuning_db import Database, default_db_path
     from gemmgen.tuning_db.exchange import export, merge
 
-    # the shapes first: a bad file is refused before any database is made or merged
+    # the shapes and backends first: bad ones are refused before any database is made or merged
     try:
         problems = tune_problems(args.shapes, args.shard, args.epilogue)
+        library, program_backends = parse_backends(args.backends)
     except GemmgenError as exc:
         ap.error(str(exc))
     problems = [p for p in problems if (args.min_m is None or p.m >= args.min_m)
@@ -96,7 +97,6 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
-    library, program_backends = parse_backends(args.backends)
     proposer = get_proposer(args.proposer, backends=program_backends) if program_backends else None
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,

@@ -8,7 +8,7 @@ import pytest
 import gemmgen
 from gemmgen.compile import clear_cache
 from gemmgen.dsl.ir import Problem
-from gemmgen.errors import NoGPUError
+from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.kernel import library_source
 from gemmgen.measure.comparison import REPLICATE_NOISE
 from gemmgen.measure.library import SEARCH, knob_changes
@@ -436,6 +436,9 @@ def test_auto_backends_search_the_library_only_where_the_records_say_it_wins(db)
     assert build_parser().parse_args(["tune", "--shapes", "s.csv"]).backends == AUTO_BACKENDS
     assert parse_backends("auto") == (library_first, registry.NAMES)
     assert parse_backends("triton, cublaslt") == (True, ("triton",))
+    for bad in ("auto,triton", "tritn", ","):
+        with pytest.raises(GemmgenError, match="--backends .* not understood"):
+            parse_backends(bad)
     asked = []
 
     class Both(FakeRunner):

@@ -88,6 +88,11 @@ def test_tune_h200_says_what_is_wrong_with_a_shapes_file(tmp_path, capsys):
                      "--db", str(tmp_path / "w.sqlite")], make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
     assert "no shapes found" in capsys.readouterr().err
     assert not (tmp_path / "w.sqlite").exists()       # refused before a database was made
+    shapes.write_text("M,N,K\n64,64,64\n")
+    with pytest.raises(SystemExit):
+        script.main(["--shapes", str(shapes), "--backends", "tritn", "--out", str(tmp_path / "out"), "--ship", "",
+                     "--db", str(tmp_path / "w.sqlite")], make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
+    assert "'tritn'" in capsys.readouterr().err and not (tmp_path / "w.sqlite").exists()
 
 
 def test_tune_h200_searches_cublaslt_and_ships_the_choices(tmp_path, capsys):

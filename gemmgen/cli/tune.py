@@ -10,7 +10,7 @@ from gemmgen.compile import gpu_present as has_gpu
 from gemmgen.errors import NoGPUError
 from gemmgen.measure.shapes import PARTS, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
-from gemmgen.tune import AUTO_BACKENDS, parse_backends, tune_backends
+from gemmgen.tune import AUTO_BACKENDS, LIBRARY_MIN_GFLOP, LIBRARY_MIN_M, parse_backends, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
 from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
 from gemmgen.tune.neighbours import NEIGHBOURS, with_neighbours
@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     tune.add_argument("--backends", default=AUTO_BACKENDS,
                       help=f"comma-separated backends ({', '.join(backend_registry.NAMES)}); 'cublaslt' adds a "
                            "search of cuBLASLt's own algorithms per shape (docs/tuning.md). Default 'auto': that "
-                           "search where it wins on the records (M >= 32 over 1 GFLOP), then every backend")
+                           f"search where it wins on the records (M >= {LIBRARY_MIN_M} over {LIBRARY_MIN_GFLOP:g} "
+                           "GFLOP), then every backend")
     tune.add_argument("--db", metavar="PATH", help="database (default: GEMMGEN_DB or "
                                                    "~/.cache/gemmgen/tuning.sqlite)")
     tune.add_argument("--time-budget", type=float, default=None, metavar="S",

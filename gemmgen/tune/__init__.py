@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, Union
 
 from gemmgen.backends import registry, validate
+from gemmgen.backends.base import BackendError
 from gemmgen.dsl import to_text
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Problem, Program
@@ -430,9 +431,16 @@ AUTO_BACKENDS = "auto"
 def parse_backends(text: str) -> tuple[Union[bool, Callable[[Problem], bool]], tuple[str, ...]]:
     """A --backends value -> (`library` as `tune_backends` takes it, the program backends):
     AUTO_BACKENDS, or a comma list of backends and `cublaslt`."""
+    # Deferred: torch (optional, heavy to import).
+    from gemmgen.measure.library import LIBRARY
+
     names = [b.strip() for b in text.split(",") if b.strip()]
     if names == [AUTO_BACKENDS]:
         return library_first, registry.NAMES
+    unknown = [n for n in names if n not in (*registry.NAMES, LIBRARY)]
+    if unknown or not names:
+        raise BackendError(f"--backends {text!r}: {', '.join(unknown) or 'nothing'} not understood; give "
+                           f"{AUTO_BACKENDS!r} alone, or a comma list of {', '.join((*registry.NAMES, LIBRARY))}")
     return split_library(names)
 
 
