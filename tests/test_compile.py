@@ -336,6 +336,9 @@ def test_tuning_goes_first_where_the_records_say_it_wins():
     assert backends_for(Problem(64, 4096, 4096), 10) == ("cublaslt",)
     assert backends_for(Problem(64, 4096, 4096), None) == ("cublaslt", "triton", "cutlass", "cuda")
     assert backends_for(Problem(64, 4096, 4096), 10, ["triton"]) == ("triton",)
+    lm_head = Problem(64, 128256, 8192, b_major="col")                    # a 2.1 GB weight: a search of ~60 s
+    assert library_first(lm_head) and backends_for(lm_head, 10) == ("triton",)
+    assert backends_for(lm_head, 90) == ("cublaslt",) and backends_for(lm_head, None)[0] == "cublaslt"
 
 
 def test_on_demand_searches_the_library_where_it_leads_and_programs_elsewhere(tmp_path, monkeypatch):

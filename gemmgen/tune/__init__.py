@@ -424,6 +424,18 @@ def library_first(problem: Problem) -> bool:
     return problem.m >= LIBRARY_MIN_M and problem.gflop >= LIBRARY_MIN_GFLOP and not problem.epilogue.gate
 
 
+#: What one cuBLASLt search took on the H200 (benchmarks/results/tune_llm_library/log.txt, its
+#: progress bar): about 5 s, and about 25 s more per GB of operands (4-8 s at 10-300 MB, 12-29 s
+#: at a 1.1 GB LM head, 41-60 s at Llama-3-70B's 2.1 GB one).
+LIBRARY_SEARCH_BASE_S = 5.0
+LIBRARY_SEARCH_S_PER_GB = 25.0
+
+
+def library_search_s(problem: Problem) -> float:
+    """The seconds cuBLASLt's search is expected to take for `problem` (an estimate from the H200)."""
+    return LIBRARY_SEARCH_BASE_S + LIBRARY_SEARCH_S_PER_GB * problem.bytes / 1e9
+
+
 #: `--backends auto`: cuBLASLt's search where `library_first`, then every backend's programs.
 AUTO_BACKENDS = "auto"
 

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Optional, Union
 from gemmgen.backends import registry
 from gemmgen.dsl.ir import Problem
 from gemmgen.policy.proposers import get_proposer
-from gemmgen.tune import TuneReport, library_first, split_library, tune_backends
+from gemmgen.tune import TuneReport, library_first, library_search_s, split_library, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
 from gemmgen.tune.neighbours import with_neighbours
 from gemmgen.tuning_db import Database, default_db_path
@@ -38,15 +38,17 @@ SLOW_BUILD_S = 120.0
 def backends_for(problem: Problem, time_budget_s: Optional[float],
                  backends: Optional[Iterable[str]] = None) -> tuple[str, ...]:
     """The backends asked for; else what won problems like this one: under a budget shorter than
-    SLOW_BUILD_S, cuBLASLt's search where `library_first`, the fast backends' programs
-    elsewhere; with more time, that search where it leads and every backend's programs."""
+    SLOW_BUILD_S, cuBLASLt's search where `library_first` and the search is expected to fit the
+    budget (`library_search_s`), the fast backends' programs elsewhere; with more time, that
+    search where it leads and every backend's programs."""
     # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import LIBRARY
 
     if backends:
         return tuple(backends)
     if time_budget_s is not None and time_budget_s < SLOW_BUILD_S:
-        return (LIBRARY,) if library_first(problem) else FAST_BACKENDS
+        fits = library_search_s(problem) <= time_budget_s
+        return (LIBRARY,) if library_first(problem) and fits else FAST_BACKENDS
     return ((LIBRARY,) if library_first(problem) else ()) + registry.NAMES
 
 
@@ -107,8 +109,8 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
     (`backends_for`): cuBLASLt's search first, for the problems where it leads, then programs
     for the others, the nearest tuned problems' winners measured first. `time_budget_s` counts
     from this call, less its first wait for the workers; it stops new searches and trials, not
-    one under way (a cuBLASLt search takes 4-8 s at a 7-8 B-parameter model's layer on the H200,
-    20-60 s at a 70 B one's)."""
+    one under way (`gemmgen.tune.library_search_s`: about 5 s, and 25 s per GB of operands on the
+    H200)."""
     start = time.monotonic()
     problems = list(dict.fromkeys(problems))
     plans = {p: split_library(backends_for(p, time_budget_s, backends)) for p in problems}
