@@ -78,3 +78,38 @@ def test_db_and_compile_commands_show_library_choices(tmp_path, capsys):
     assert main(["compile", "8192x16384x512", "--db", str(path), "--device", "Test GPU", "--no-run"]) == 0
     out = capsys.readouterr().out
     assert "backend: cublaslt" in out and "provenance:" in out and "source (cublaslt):" in out
+
+
+def test_tune_command_searches_the_library_by_default_but_not_for_your_programs(tmp_path, monkeypatch):
+    """`--backends auto` (the default) passes `library_first` to the loop; with `--programs` the
+    loop measures those programs and searches no library unless `cublaslt` is named."""
+    from gemmgen.cli import tune as tune_cli
+    from gemmgen.tune import library_first
+    from tuning_fakes import TEST_GPU, FakeBuilder
+
+    class Runner:
+        device = TEST_GPU
+
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    seen = []
+    monkeypatch.setattr(tune_cli, "has_gpu", lambda: True)
+    monkeypatch.setattr(tune_cli, "WorkerRunner", Runner)
+    monkeypatch.setattr(tune_cli, "PoolBuilder", lambda **kw: FakeBuilder())
+    monkeypatch.setattr(tune_cli, "tune_backends", lambda problems, **kw: seen.append(kw["library"]) or {})
+    shapes = tmp_path / "s.csv"
+    shapes.write_text("M,N,K\n64,4096,4096\n")
+    program = tmp_path / "p.gemm"
+    program.write_text(program_text(triton_program(Problem(64, 4096, 4096), (64, 64, 64), 4)) + "\n")
+    base = ["tune", "--shapes", str(shapes), "--db", str(tmp_path / "t.sqlite"), "--no-progress"]
+    assert main(base) == 0
+    assert main(base + ["--programs", str(program)]) == 0
+    assert main(base + ["--programs", str(program), "--backends", "triton,cublaslt"]) == 0
+    assert seen == [library_first, False, True]

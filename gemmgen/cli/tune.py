@@ -37,7 +37,7 @@ def register(subparsers) -> None:
                       help=f"comma-separated backends ({', '.join(backend_registry.NAMES)}); 'cublaslt' adds a "
                            "search of cuBLASLt's own algorithms per shape (docs/tuning.md). Default 'auto': that "
                            f"search where it wins on the records (M >= {LIBRARY_MIN_M} over {LIBRARY_MIN_GFLOP:g} "
-                           "GFLOP), then every backend")
+                           "GFLOP), then every backend (with --programs: those programs only)")
     tune.add_argument("--db", metavar="PATH", help="database (default: GEMMGEN_DB or "
                                                    "~/.cache/gemmgen/tuning.sqlite)")
     tune.add_argument("--time-budget", type=float, default=None, metavar="S",
@@ -97,6 +97,8 @@ def _tune(args) -> int:
     if rank is not None:
         pin_gpu(rank)                                # before anything initialises CUDA
     library, backends = parse_backends(args.backends)
+    if (args.programs or args.proposer == "programs") and args.backends == AUTO_BACKENDS:
+        library = False                              # your programs, measured: no library search unasked
     problems = tune_problems(args.shapes, args.shard, args.epilogue, args.part)
     proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
                 if backends or args.programs or args.proposer == "programs" else None)   # else the library only
