@@ -15,12 +15,6 @@ class StubWorkerRunner(FakeRunner):
     def __init__(self, *args, **kwargs):
         super().__init__()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
 
 class StubPoolBuilder(FakeBuilder):
     def __init__(self, *args, **kwargs):

@@ -249,15 +249,8 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     from gemmgen.tune import on_demand
     from tuning_fakes import FakeBuilder, FakeRunner
 
-    class Runner(FakeRunner):
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     runs = []
-    monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: runs.append(kw) or Runner())
+    monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: runs.append(kw) or FakeRunner())
     monkeypatch.setattr(on_demand, "PoolBuilder", FakeBuilder)
     monkeypatch.setattr(compile_module, "gpu_present", lambda: True)
     monkeypatch.setattr(compile_module, "this_device", lambda: TEST_GPU)

@@ -422,21 +422,9 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, c
 
     seen = {}
 
-    class NoGPU:                               # the worker runner's context-manager face only
-        from tuning_fakes import TEST_GPU as device
+    from tuning_fakes import FakeRunner
 
-        def __init__(self, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def close(self):
-            pass
-
+    class NoGPU(FakeRunner):                   # measures nothing here: the loop is fake_tune
         def library(self, problem):
             seen["library"] = problem.key
             return {"error": "no GPU here"}
@@ -447,7 +435,7 @@ def test_tune_keys_proposes_only_the_backends_asked_for(tmp_path, monkeypatch, c
         seen["proposed"] = {prog.backend for p in problems for prog in proposer.propose(p, 6)}
         return gemmgen.tune.TuneReport(shapes=len(problems))
 
-    monkeypatch.setattr(on_demand, "WorkerRunner", NoGPU)
+    monkeypatch.setattr(on_demand, "WorkerRunner", lambda **kw: NoGPU())
     monkeypatch.setattr(gemmgen.tune, "tune", fake_tune)
     key = torch_ops.kernel_key(2048, 5632, 2048, "row", "col", False, False, "silu", 1.0, 0.0, 0)
     torch_backend.tune_keys([key, key], tmp_path / "t.sqlite", budget=6, time_budget_s=40, backends=("triton",))

@@ -85,23 +85,11 @@ def test_tune_command_searches_the_library_by_default_but_not_for_your_programs(
     loop measures those programs and searches no library unless `cublaslt` is named."""
     from gemmgen.cli import tune as tune_cli
     from gemmgen.tune import library_first
-    from tuning_fakes import TEST_GPU, FakeBuilder
-
-    class Runner:
-        device = TEST_GPU
-
-        def __init__(self, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
+    from tuning_fakes import FakeBuilder, FakeRunner
 
     seen = []
     monkeypatch.setattr(tune_cli, "has_gpu", lambda: True)
-    monkeypatch.setattr(tune_cli, "WorkerRunner", Runner)
+    monkeypatch.setattr(tune_cli, "WorkerRunner", lambda **kw: FakeRunner())
     monkeypatch.setattr(tune_cli, "PoolBuilder", lambda **kw: FakeBuilder())
     monkeypatch.setattr(tune_cli, "tune_backends", lambda problems, **kw: seen.append(kw["library"]) or {})
     shapes = tmp_path / "s.csv"

@@ -92,6 +92,12 @@ class FakeRunner:
     def close(self):
         pass
 
+    def __enter__(self):                 # the WorkerRunner's context-manager face
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
     def baselines(self, problem):
         self.baseline_calls += 1
         return {"torch": BaselineTime(1.0, 0.01, server_ms=1.1), "cublaslt_auto": BaselineTime(0.98, 0.01)}
