@@ -65,6 +65,11 @@ class Provenance:
     backend: str = ""                      # the program's backend (exact)
 
     @property
+    def measured_here(self) -> bool:
+        """Whether what serves was measured at this very problem (a winner or a library choice)."""
+        return self.how in ("exact", "library")
+
+    @property
     def baseline_ms_here(self) -> Optional[float]:
         """The best baseline's device time measured at this very problem (None: never measured)."""
         return self.best_baseline_ms

@@ -163,7 +163,8 @@ def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, 
 
 
 def fake_gated_kernel(device_ms):
-    provenance = types.SimpleNamespace(device_ms=device_ms, best_baseline_ms=1.0, baseline_ms_here=None, how="exact")
+    provenance = types.SimpleNamespace(device_ms=device_ms, best_baseline_ms=1.0, baseline_ms_here=None, how="exact",
+                                       measured_here=True)
     return types.SimpleNamespace(backend="triton", provenance=provenance)
 
 

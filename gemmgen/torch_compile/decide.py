@@ -46,7 +46,7 @@ def time_ms(kernel) -> float | None:
     if kernel is None:
         return None
     p = kernel.provenance
-    times = [t for t in (p.baseline_ms_here, p.device_ms if p.how in ("exact", "library") else None) if t]
+    times = [t for t in (p.baseline_ms_here, p.device_ms if p.measured_here else None) if t]
     return min(times) if times else None
 
 
