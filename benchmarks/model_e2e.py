@@ -275,6 +275,12 @@ def prepare_variant(case: ModelCase, variant: Variant, args, ref) -> tuple[dict,
         with torch.no_grad(), inductor_config.patch(freezing=frozen):    # read as the first call traces
             if variant.compiler == "eager" and variant.graphs:
                 call, reset = graphed(call, reset)
+            elif variant.graphs:
+                # CUDA graph trees warm up on the first call and record on the second: a variant
+                # that breaks there breaks here, and the output checked is a replay's
+                for _ in range(2):
+                    call()
+                    reset()
             out = call().float().clone()
             sync()
     except Exception as exc:  # noqa: BLE001 - a variant that breaks is its row, not the run's

@@ -166,6 +166,42 @@ def test_split_k_workspaces_stay_out_of_the_cuda_graph_pool(fresh, tmp_path, bac
     assert kernel.backend == backend and kernel.ir.split_k > 1
 
 
+def test_library_choices_stay_out_of_the_cuda_graph_pool(fresh, tmp_path):
+    """A cuBLASLt choice plans (over operands of the problem's size) and makes its workspace on
+    its first call, the graph's warm-up under CUDA graphs: inductor refused such a graph
+    ("tensor(s) in the cudagraph pool not tracked as outputs") in a decode step at batch 32."""
+    from dataclasses import replace
+
+    from gemmgen.compile import clear_cache
+    from gemmgen.measure.library import search_cublaslt
+    from gemmgen.torch_compile.ops import _SERVED, clear_kernels, problem_of
+    from gemmgen.tune import library_choice
+    from gemmgen.tune.adapters import this_device
+    from gemmgen.tuning_db import Database
+
+    clear_cache(), clear_kernels()
+    w = torch.randn(1288, 2056, device="cuda", dtype=torch.float16)     # no shipped record has it
+    def model(x):
+        return x @ w.T
+
+    db = str(tmp_path / "user.sqlite")
+    torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(
+        torch.randn(24, 2056, device="cuda", dtype=torch.float16))
+    [key] = torch_backend.missing_keys()
+    problem = problem_of(key)
+    choice = library_choice(search_cublaslt(problem), problem, this_device())
+    with Database(db) as database:      # a made-up win: this test checks the plumbing, not speed
+        database.record_library(replace(choice, device_ms=choice.torch_ms / 2, created=""))
+    clear_cache(), clear_kernels(), torch._dynamo.reset(), torch_backend.reset_stats()
+    compiled = torch.compile(model, backend="gemmgen", dynamic=False,
+                             options={"db": db, "inductor": {"triton.cudagraphs": True}})
+    for step in range(4):                         # warm-up, recording, replays
+        x = torch.randn(24, 2056, device="cuda", dtype=torch.float16)
+        assert rel_err(compiled(x), model(x)) < 1e-2, step
+    [kernel] = _SERVED.values()
+    assert kernel.provenance.how == "library" and kernel.backend == "cublaslt"
+
+
 def test_fused_decoder_under_cuda_graphs_replays_right_on_new_inputs(fresh, tmp_path):
     """join_siblings with mode="reduce-overhead": q/k/v joined, gate/up one gated GEMM, the
     residual adds in the epilogues, all over weights joined at compile time (freezing). The

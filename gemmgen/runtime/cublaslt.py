@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from gemmgen.backends.workspace import keep_for_current_stream, outside_graph_pool
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import GemmgenError
 from gemmgen.runtime.epilogue import apply_in_place
@@ -122,7 +123,12 @@ def library_launcher(problem: Problem, algorithm_hex: str, version: str) -> Call
     here = cublaslt_version()
     if version and here and here != version:
         raise GemmgenError(f"the cuBLASLt algorithm was recorded with cuBLASLt {version}; this is {here}")
-    return DirectLt(problem, algorithm_hex).call
+    # The first call may be a CUDA graph's warm-up: planning's operands and the workspace kept
+    # from call to call must not land in the graph's pool.
+    device = torch.cuda.current_device()
+    lt = outside_graph_pool(lambda: DirectLt(problem, algorithm_hex), device)
+    keep_for_current_stream(lt.workspace, device)
+    return lt.call
 
 
 class DirectLt:
@@ -144,12 +150,12 @@ class DirectLt:
         chosen = mm.algorithm_object_to_buffer[self._plan.algorithms[0]]
         self._algo = chosen["algo"]                       # the struct cuBLASLt reads; kept alive here
         size = int(chosen["workspace_size"].reshape(-1)[0])  # a one-record array
-        self._workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
+        self.workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
         self._matmul = cublasLt.matmul
         self._alpha, self._beta = mm.alpha, mm.beta       # host scalars (numpy), read at each call
         self._static = (mm.handle, mm.mm_desc, mm.alpha.ctypes.data, mm.a_layout_ptr, mm.b_layout_ptr,
                         mm.beta.ctypes.data, mm.c_layout_ptr, mm.d_layout_ptr, self._algo.ctypes.data,
-                        self._workspace.data_ptr(), size)
+                        self.workspace.data_ptr(), size)
         self._stream = torch.cuda.current_stream
         self._device = torch.cuda.current_device()        # descriptors and workspace live there
         self._plan.drop_operands()                        # A, B and C of planning: not needed now
