@@ -126,3 +126,29 @@ def test_cuda_graphs_settings_are_accepted_with_every_fusion(fresh):
     out = compiled_logits(model, ids, join_siblings=True, mode="reduce-overhead")
     assert torch_backend.stats()["patterns"] == EXPECTED["Llama"]
     assert rel_err(out, ref) < TOLERANCE
+
+
+@pytest.mark.parametrize("family", ("Llama", "Qwen2"))
+def test_weights_inductor_joined_are_laid_out_column_major_again(fresh, family):
+    """Inductor's freezing joins sibling weights as cat(W_1^T, W_2^T, dim=1): a row-major B, which
+    cuBLAS ran slower than the unjoined products in the model's own layout. The pass lays each
+    such constant out column-major again, where the pass leaves the product to inductor too, so
+    the products it forms are `x @ W.T` problems (rcr), the layout the database is tuned in."""
+    import torch._inductor.config as inductor_config
+
+    model, ids = tiny(family), ids_of(5)
+    with torch.no_grad():
+        ref = model(ids).logits
+    with inductor_config.patch({"cpp.enable_concat_linear": True}):
+        out = compiled_logits(model, ids, join_siblings=False)
+    stats = torch_backend.stats()
+    assert stats["joins"].get("inductor_join_column_major", 0) >= LAYERS, stats     # gate/up at least
+    gate_up = f"{ids.numel()}x{2 * INTER}x{HIDDEN}:rcr:f16:f32:f16"
+    assert gate_up in stats["problems"], stats["problems"]
+    assert not [key for key in stats["problems"] if ":rr" in key], stats["problems"]
+    assert rel_err(out, ref) < TOLERANCE
+    # only on the devices the pass is given: CPU weights stay as inductor made them by default
+    torch._dynamo.reset(), torch_backend.reset_stats()
+    with inductor_config.patch({"cpp.enable_concat_linear": True}):
+        compiled_logits(model, ids, devices=("cuda",))
+    assert "inductor_join_column_major" not in torch_backend.stats()["joins"]

@@ -10,6 +10,9 @@ decompositions and before inductor's own post-grad patterns. Its three roles liv
 - rewriting (rewrite.py): the gemmgen ops, and weights joined at compile time as constants of
   the graph.
 
+Weights inductor's freezing joined itself (row-major, `cat([W_1^T, W_2^T], dim=1)`) are laid
+out column-major again first, the layout of the model's own weights, which cuBLAS ran faster.
+
 With `join_siblings`, gate/up pairs become one gated GEMM and other siblings one wider GEMM
 where the weights are constants of the graph (inductor's freezing, on while the model is first
 traced, under torch.no_grad(): dynamo reads it then, before any backend runs), each where it
@@ -106,6 +109,9 @@ class GemmgenPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         opts = self.options
         replaced, found, skipped, problems = Counter(), Counter(), Counter(), Counter()
+        for node, index in patterns.row_major_joins(graph, opts.devices):
+            rewrite.relay_column_major(graph, node, index)
+            counts.note_outcome("joins", "inductor_join_column_major")
         candidates = []
         for node in graph.nodes:
             if node.op != "call_function":

@@ -136,6 +136,17 @@ def _joined_weight(graph: fx.Graph, weights: list, like: fx.Node) -> fx.Node:
     return _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
 
 
+def relay_column_major(graph: fx.Graph, node: fx.Node, index: int) -> None:
+    """The matmul's constant B (`node.args[index]`, K x N row-major) replaced by a column-major
+    copy, made now: the layout the model's own weights had (`patterns.row_major_joins`)."""
+    old = node.args[index]
+    value = constant_of(old)
+    with graph.inserting_before(node):
+        new = add_constant(graph, _real(lambda: value.t().contiguous().t()), node)
+    node.replace_input_with(old, new)
+    drop_unused(graph, [old])
+
+
 def rewrite_siblings(graph: fx.Graph, join: Siblings) -> fx.Node:
     """One `gemmgen::gemm` over the joined weight (and bias) before the first member, each member
     replaced by its column slice."""
