@@ -457,10 +457,16 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
             note=f"the fastest program for this shape (record #{stale.trial.id}) was measured under "
                  f"{stale.trial.toolchain}, and this machine has {here}: re-tune the shape to serve it; "
                  "serving torch.matmul (cuBLAS)"))
+    searched = problem.key in index.library_searched
     if problem.key in index.tuned:
+        lost = "neither a program nor a cuBLASLt algorithm" if searched else "no program"
         return Kernel(problem, None, Provenance(
             "baseline", gpu, best_baseline_ms=index.tuned[problem.key],
-            note=f"no program beat cuBLAS when this shape was tuned on {gpu}; serving torch.matmul (cuBLAS)"))
+            note=f"{lost} beat cuBLAS when this shape was tuned on {gpu}; serving torch.matmul (cuBLAS)"))
+    if searched:
+        return Kernel(problem, None, Provenance(
+            "baseline", gpu, note=f"no cuBLASLt algorithm beat torch.matmul when this shape was searched on {gpu}; "
+                                  "serving torch.matmul (cuBLAS)"))
     return Kernel(problem, None, Provenance("baseline", gpu, note=f"no tuned kernel for this shape on {gpu}; "
                                             "serving torch.matmul (cuBLAS)"))
 

@@ -94,6 +94,26 @@ def test_a_problem_tuned_without_winner_gets_the_baseline_not_a_neighbour(db):
     assert k.provenance.baseline_ms_here == pytest.approx(0.010)
 
 
+def test_a_library_search_that_lost_is_said_so(db):
+    """A cuBLASLt search that found nothing faster than torch.matmul is a tuning too: the
+    baseline serves, and its provenance says what was tried, not 'no tuned kernel'."""
+    from tuning_fakes import library_choice
+
+    searched, both = Problem(64, 5120, 5120, "row", "col"), Problem(300, 128, 1600)
+    db.record_library(library_choice(searched, device_ms=1.0, torch_ms=0.99))
+    db.record_library(library_choice(both, device_ms=0.02, torch_ms=0.019))
+    db.record(trial(both, device_ms=0.015, spread=0.01, baseline_ms=0.011))
+    clear_cache()
+    k = gemmgen.compile(searched, device=GPU, db=db)
+    assert k.provenance.how == "baseline" and k.backend == "torch"
+    assert k.provenance.summary == ("no cuBLASLt algorithm beat torch.matmul when this shape was searched on "
+                                    "Test GPU; serving torch.matmul (cuBLAS)")
+    k = gemmgen.compile(both, device=GPU, db=db)
+    assert k.provenance.how == "baseline"
+    assert k.provenance.summary == ("neither a program nor a cuBLASLt algorithm beat cuBLAS when this shape was "
+                                    "tuned on Test GPU; serving torch.matmul (cuBLAS)")
+
+
 def test_determinism_passes_over_arrival_order_split_k(db, monkeypatch):
     """`split_k N unordered` sums fp32 partials as they arrive: not bit-reproducible. With
     deterministic=True, or torch's deterministic mode, compile serves what is next in line."""
