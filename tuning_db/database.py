@@ -360,6 +360,11 @@ class Database:
         return [library_from_row(r) for r in rows]
 
     @_sql_errors
+    def library_searched(self, device_name: str) -> set[str]:
+        """Keys of the problems whose library search ran on this kind of GPU, served or not."""
+        return {row[0] for row in self.conn.execute(queries.SELECT_LIBRARY_SEARCHED, (device_name,))}
+
+    @_sql_errors
     def library_winners(self, device_name: str) -> list[LibraryChoice]:
         """Per problem tuned on this kind of GPU, the library choice that serves it (if any)."""
         return [library_from_row(r) for r in self.conn.execute(queries.SELECT_LIBRARY_WINNERS, (device_name,))]

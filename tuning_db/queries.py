@@ -82,6 +82,11 @@ SELECT c.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms
 SELECT_LIBRARY = _LIBRARY_COLUMNS + """
 FROM library_choices c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id"""
 
+# Problems whose library search ran on this kind of GPU, whether or not its choice serves.
+SELECT_LIBRARY_SEARCHED = """
+SELECT DISTINCT p.key FROM library_choices c JOIN problems p ON p.id = c.problem_id
+JOIN devices d ON d.id = c.device_id WHERE d.name = ?"""
+
 SELECT_LIBRARY_WINNERS = _LIBRARY_COLUMNS + """
 FROM library_winners c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id
 WHERE d.name = ? ORDER BY p.key"""

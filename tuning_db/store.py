@@ -190,8 +190,7 @@ class WinnerIndex:
             for choice in db.library_winners(device_name):
                 self.library[choice.problem.key] = (layer, choice)
         # problem keys whose cuBLASLt search ran here, whether or not its choice serves
-        self.library_searched: set[str] = {c.problem.key for _, db in layers
-                                           for c in db.library_choices(device_name=device_name)}
+        self.library_searched: set[str] = set().union(*(db.library_searched(device_name) for _, db in layers))
         self._valid: dict[tuple[str, Optional[int]], bool] = {}
         self._m_points: Optional[dict[str, set[int]]] = None   # "NxK:..." -> Ms with records, built on first need
 
