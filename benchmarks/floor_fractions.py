@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import statistics
 import sys
 from collections import defaultdict
@@ -87,13 +86,10 @@ def served_speedups(paths: list[str]) -> dict[str, float]:
     return out
 
 
-def _geomean(values) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
-
-
 def table(best: dict[str, dict], served: dict[str, float]) -> str:
     """Per M: medians of fraction of the floor; geomeans of the best program's speedup (losers
     included) and of what serves (a winner's speedup, 1.0 where torch.matmul serves)."""
+    from gemmgen.measure.numerics import geomean
     by_m: dict[int, list[tuple[str, dict]]] = defaultdict(list)
     for key, row in best.items():
         by_m[row["m"]].append((key, row))
@@ -102,10 +98,10 @@ def table(best: dict[str, dict], served: dict[str, float]) -> str:
     for m, keyed in sorted(by_m.items()):
         rows = [row for _, row in keyed]
         frac = {k: statistics.median(r["floor_ms"] / r[k] for r in rows) for k in ("torch_ms", "library_ms", "program_ms")}
-        vs_torch = _geomean(r["torch_ms"] / r["program_ms"] for r in rows)
-        vs_lib = _geomean(r["library_ms"] / r["program_ms"] for r in rows)
+        vs_torch = geomean(r["torch_ms"] / r["program_ms"] for r in rows)
+        vs_lib = geomean(r["library_ms"] / r["program_ms"] for r in rows)
         won = [served[key] for key, _ in keyed if key in served]
-        vs_served = _geomean(won + [1.0] * (len(keyed) - len(won)))
+        vs_served = geomean(won + [1.0] * (len(keyed) - len(won)))
         lines.append(f"{m:>5} {len(rows):>8} {frac['torch_ms']:>11.3f} {frac['library_ms']:>13.3f} "
                      f"{frac['program_ms']:>13.3f} {vs_torch:>15.3f} {vs_lib:>17.3f} {len(won):>5} {vs_served:>14.3f}")
     return "\n".join(lines)
