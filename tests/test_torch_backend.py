@@ -155,6 +155,32 @@ def test_a_graph_from_inductors_cache_is_counted_as_such(tmp_path, monkeypatch):
     assert counts == [(LAYERS * 7 + 1, 1, 0), (0, 0, 1)], counts
 
 
+def test_a_frozen_graph_with_joined_weights_compiles_again_with_the_cache_on(tmp_path, monkeypatch):
+    """Under freezing inductor's cache keeps constants by name, to read off the graph module at a
+    hit; the joined weights the pass adds are not on it then. The pass bypasses the cache there,
+    so a second compile (a new process, or after dynamo's reset) works and computes right."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = tiny_llama().eval()
+    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits
+    graphs = []
+    with inductor_config.patch(fx_graph_cache=True, force_disable_caches=False, freezing=True), \
+            functorch_config.patch(enable_autograd_cache=True), torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch_backend.reset_stats()
+            out = torch.compile(model, backend="gemmgen", options={**CPU, "join_siblings": True})(ids).logits
+            stats = torch_backend.stats()
+            graphs.append((stats["graphs"], stats["from_cache"], stats["joins"].get("joined", 0)))
+            assert rel_err(out, ref) < 1e-2
+    torch._dynamo.reset()
+    assert graphs == [(1, 0, LAYERS)] * 2, graphs
+
+
 def test_llama_training_forward_and_backward(fresh):
     model = tiny_llama().train()
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))

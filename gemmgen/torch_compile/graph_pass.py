@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch._inductor.config as inductor_config
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
@@ -87,13 +88,20 @@ class PassOptions:
 
 
 class GemmgenPass(CustomGraphPass):
-    """The post-grad graph pass; its uuid keys inductor's FX-graph cache (code, options, database)."""
+    """The post-grad graph pass; its uuid keys inductor's FX-graph cache (code, options, database).
+
+    Under freezing it has no uuid, so inductor compiles the graph afresh (AOTAutograd's cache
+    already skips frozen graphs): a cached graph reads its frozen constants by name off the
+    graph module it is loaded for, and the constants this pass adds (joined and relaid weights)
+    are on that module only when the pass runs, which a cache hit skips."""
 
     def __init__(self, options: PassOptions = PassOptions(), chained=None):
         self.options = options
         self.chained = chained          # a post-grad pass the user had configured; runs after ours
 
     def uuid(self):
+        if inductor_config.freezing:
+            return None
         h = hashlib.sha256()
         for path in sorted(Path(__file__).parent.glob("*.py")):
             h.update(path.read_bytes())
