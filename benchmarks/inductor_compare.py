@@ -6,7 +6,8 @@ batch), in one process on the GPU:
   - inductor: `torch.compile(mm_into, mode="max-autotune-no-cudagraphs")`, where `mm_into(a, b,
     out)` is `torch.mm(a, b, out=out)`; its compile time is the wall clock of the first call
     (autotuning included). CUDA graphs are left out: the timer gives each call fresh inputs,
-    which a graph would first copy into its own buffers;
+    which a graph would first copy into its own buffers. Where inductor does not fuse the write
+    into `out` (its mm templates and cuBLAS calls), a copy kernel follows, and it is timed too;
   - gemmgen: `gemmgen.compile(shape, b_major="col")` (what is served without tuning), or with
     `--tune S` `gemmgen.compile(..., tune=S)` into a fresh database; its compile time likewise;
   - torch.matmul.
