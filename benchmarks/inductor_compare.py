@@ -79,6 +79,7 @@ def main(argv=None) -> int:
     import torch
 
     import gemmgen
+    from gemmgen.measure.env import environment
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
                    gemmgen_compile_s=sum(r["gemmgen_compile_s"] for r in rows))
     print(json.dumps(summary, indent=1))
     (out / "inductor_compare.json").write_text(json.dumps(
-        {"command": " ".join(sys.argv), "tune_s": args.tune, "summary": summary, "rows": rows}, indent=1))
+        {"command": " ".join(sys.argv), "environment": environment(), "tune_s": args.tune, "summary": summary,
+         "rows": rows}, indent=1))
     return 0
 
 

@@ -87,6 +87,7 @@ def main(argv=None) -> int:
 
     import gemmgen
     from gemmgen.compile import clear_cache
+    from gemmgen.measure.env import environment
     from gemmgen.tune.on_demand import tune_now
 
     out = Path(args.out)
@@ -125,8 +126,9 @@ def main(argv=None) -> int:
     summary = geomeans(rows, ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive"))
     summary.update(mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
     print(json.dumps(summary, indent=1))
-    (out / "on_demand.json").write_text(json.dumps({"command": " ".join(sys.argv), "tune_s": args.tune,
-                                                    "space": args.space, "summary": summary, "rows": rows}, indent=1))
+    (out / "on_demand.json").write_text(json.dumps({"command": " ".join(sys.argv), "environment": environment(),
+                                                    "tune_s": args.tune, "space": args.space, "summary": summary,
+                                                    "rows": rows}, indent=1))
     return 0
 
 
