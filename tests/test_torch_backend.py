@@ -134,31 +134,9 @@ def test_llama_inference_rewrites_every_projection(fresh):
     assert rel_err(out, ref) < 1e-2
 
 
-def test_a_graph_from_inductors_cache_is_counted_as_such(tmp_path, monkeypatch):
-    """On an FX-graph cache hit the pass does not run: the stats say so instead of reading 0."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    model = tiny_llama().eval()
-    ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
-    counts = []
-    with inductor_config.patch(fx_graph_cache=True, force_disable_caches=False), \
-            functorch_config.patch(enable_autograd_cache=False), torch.no_grad():
-        for _ in range(2):
-            torch._dynamo.reset()
-            torch_backend.reset_stats()
-            torch.compile(model, backend="gemmgen", options=CPU)(ids)
-            stats = torch_backend.stats()
-            counts.append((sum(stats["replaced"].values()), stats["graphs"], stats["from_cache"]))
-    torch._dynamo.reset()
-    assert counts == [(LAYERS * 7 + 1, 1, 0), (0, 0, 1)], counts
-
-
-def test_a_frozen_graph_with_joined_weights_compiles_again_with_the_cache_on(tmp_path, monkeypatch):
-    """Under freezing inductor's cache keeps constants by name, to read off the graph module at a
-    hit; the joined weights the pass adds are not on it then. The pass bypasses the cache there,
-    so a second compile (a new process, or after dynamo's reset) works and computes right."""
+def compiled_twice_with_inductors_cache(tmp_path, monkeypatch, options, *, freezing=False, autograd_cache=False):
+    """The tiny Llama compiled twice (dynamo reset between, as in a new process) with inductor's
+    FX-graph cache on, in an empty folder: (eager logits, [(logits, stats()) of each compile])."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
@@ -167,18 +145,35 @@ def test_a_frozen_graph_with_joined_weights_compiles_again_with_the_cache_on(tmp
     ids = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(ids).logits
-    graphs = []
-    with inductor_config.patch(fx_graph_cache=True, force_disable_caches=False, freezing=True), \
-            functorch_config.patch(enable_autograd_cache=True), torch.no_grad():
+    runs = []
+    with inductor_config.patch(fx_graph_cache=True, force_disable_caches=False, freezing=freezing), \
+            functorch_config.patch(enable_autograd_cache=autograd_cache), torch.no_grad():
         for _ in range(2):
             torch._dynamo.reset()
             torch_backend.reset_stats()
-            out = torch.compile(model, backend="gemmgen", options={**CPU, "join_siblings": True})(ids).logits
-            stats = torch_backend.stats()
-            graphs.append((stats["graphs"], stats["from_cache"], stats["joins"].get("joined", 0)))
-            assert rel_err(out, ref) < 1e-2
+            out = torch.compile(model, backend="gemmgen", options=options)(ids).logits
+            runs.append((out, torch_backend.stats()))
     torch._dynamo.reset()
+    return ref, runs
+
+
+def test_a_graph_from_inductors_cache_is_counted_as_such(tmp_path, monkeypatch):
+    """On an FX-graph cache hit the pass does not run: the stats say so instead of reading 0."""
+    _, runs = compiled_twice_with_inductors_cache(tmp_path, monkeypatch, CPU)
+    counts = [(sum(stats["replaced"].values()), stats["graphs"], stats["from_cache"]) for _, stats in runs]
+    assert counts == [(LAYERS * 7 + 1, 1, 0), (0, 0, 1)], counts
+
+
+def test_a_frozen_graph_with_joined_weights_compiles_again_with_the_cache_on(tmp_path, monkeypatch):
+    """Under freezing inductor's cache keeps constants by name, to read off the graph module at a
+    hit; the joined weights the pass adds are not on it then. The pass bypasses the cache there,
+    so a second compile (a new process, or after dynamo's reset) works and computes right."""
+    ref, runs = compiled_twice_with_inductors_cache(tmp_path, monkeypatch, {**CPU, "join_siblings": True},
+                                                    freezing=True, autograd_cache=True)
+    graphs = [(stats["graphs"], stats["from_cache"], stats["joins"].get("joined", 0)) for _, stats in runs]
     assert graphs == [(1, 0, LAYERS)] * 2, graphs
+    for out, _ in runs:
+        assert rel_err(out, ref) < 1e-2
 
 
 def test_llama_training_forward_and_backward(fresh):
