@@ -206,9 +206,10 @@ def pretune(cases, args) -> dict:
     reports = (torch_backend.tune_keys(list(keys), args.db, args.tune_budget, args.tune_time_s, backends=backends)
                if keys else {})
     from gemmgen.torch_compile import ops as torch_ops
+    from gemmgen.tune import reports_summary
 
     return {"problems": [torch_ops.problem_key(k) for k in keys], "tune_s": round(time.perf_counter() - t0, 1),
-            "report": "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()) or "nothing to tune"}
+            "report": reports_summary(reports, empty="nothing to tune")}
 
 
 def plot(rows, path: Path) -> None:

@@ -71,7 +71,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.errors import GemmgenError
     from gemmgen.measure.numerics import bucket_names, bucket_of
     from gemmgen.policy.proposers import get_proposer
-    from gemmgen.tune import parse_backends, tune_backends
+    from gemmgen.tune import parse_backends, reports_summary, tune_backends
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.cli.tune import tune_problems
     from gemmgen.tuning_db import Database, default_db_path
@@ -149,7 +149,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "shapes_file": args.shapes,
         "shard": args.shard, "budget": args.budget, "proposer": f"{proposer.name} {proposer.version}" if proposer else None,
         "backends": backends, "resumed_trials": resumed,
-        "report": "; ".join(f"{part}: {r.summary()}" for part, r in reports.items()),
+        "report": reports_summary(reports, empty=""),
         "trials_exported": written, "shipped_trials": shipped if args.ship else None,
         "elapsed_s": round(time.monotonic() - start, 1), "by_bucket": by_bucket,
         "geomean_speedup_over_best_baseline": _geomean(r["speedup_over_best_baseline"] for r in rows),

@@ -51,8 +51,8 @@ from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.dsl.checks import gate_findings
 from gemmgen.errors import GemmgenError, NoGPUError, finite_number
 from gemmgen.kernel import Kernel, Provenance, build_ahead
+from gemmgen.tune import reports_summary
 from gemmgen.tune.adapters import this_device
-from gemmgen.tune.on_demand import summary as tuning_summary
 from gemmgen.tune.on_demand import tune_now
 from gemmgen.tuning_db import (
     DEFAULT_DEVICE_NAME,
@@ -218,7 +218,7 @@ def _compile_tuned(problem, seconds, *, db, **kwargs) -> Kernel:
     reports = tune_now([kernel.problem], db=db, time_budget_s=seconds, progress=True)
     clear_cache()
     kernel = compile(problem, db=db, **kwargs)
-    print(f"gemmgen: tuned {kernel.problem.key} in {time.monotonic() - start:.0f} s ({tuning_summary(reports)}); "
+    print(f"gemmgen: tuned {kernel.problem.key} in {time.monotonic() - start:.0f} s ({reports_summary(reports)}); "
           f"serving: {kernel.provenance.summary}", file=sys.stderr)
     return kernel
 

@@ -9,7 +9,8 @@ from collections.abc import Iterable
 
 from gemmgen.compile import clear_cache
 from gemmgen.torch_compile.ops import clear_kernels, problem_of, resolve
-from gemmgen.tune.on_demand import summary, tune_now
+from gemmgen.tune import reports_summary
+from gemmgen.tune.on_demand import tune_now
 
 
 def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: float | None = None,
@@ -23,7 +24,8 @@ def tune_keys(keys: Iterable[tuple], db=None, budget: int = 8, time_budget_s: fl
     start = time.monotonic()
     reports = tune_now(problems, db=db, budget=budget, time_budget_s=time_budget_s, backends=backends,
                        progress=True)
-    logging.getLogger("gemmgen.torch").info("gemmgen: tuned %d missing problems: %s", len(problems), summary(reports))
+    logging.getLogger("gemmgen.torch").info("gemmgen: tuned %d missing problems: %s", len(problems),
+                                            reports_summary(reports))
     clear_cache()
     clear_kernels()
     won = sum(resolve(key, db).provenance.how != "baseline" for key in keys)

@@ -410,6 +410,11 @@ def split_library(backends: Sequence[str]) -> tuple[bool, tuple[str, ...]]:
     return LIBRARY in backends, tuple(b for b in backends if b != LIBRARY)
 
 
+def reports_summary(reports: Mapping[str, TuneReport], empty: str = "nothing run") -> str:
+    """One line of `tune_backends`' reports: what each part ran and recorded (`empty` if none ran)."""
+    return "; ".join(f"{part}: {report.summary()}" for part, report in reports.items()) or empty
+
+
 #: Where cuBLASLt's own algorithms, not programs, win: batches of LIBRARY_MIN_M rows or more
 #: over LIBRARY_MIN_GFLOP. Of the shipped H200 records' problems tried both ways, there a
 #: program won 7 of 706 and a cuBLASLt choice 250; at M >= 32 under 1 GFLOP programs won 168

@@ -140,7 +140,3 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
         if database is not db:
             database.close()
 
-
-def summary(reports: dict[str, TuneReport]) -> str:
-    """One line: what each part ran and recorded."""
-    return "; ".join(f"{part}: {report.summary()}" for part, report in reports.items()) or "nothing run"
