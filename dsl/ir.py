@@ -100,6 +100,11 @@ class Epilogue:
                 items["gate"], _, items["halves"] = part[len("gate_"):].partition("_")
             else:
                 items["activation"] = part
+        unknown = [f"{name}={items[name]}" for name, known in (("activation", ACTIVATIONS), ("gate", ACTIVATIONS),
+                                                                 ("bias", ("m", "n")), ("halves", HALVES))
+                   if items.get(name) not in (None, *known)]
+        if unknown:
+            raise ValueError(f"{signature!r} names {', '.join(unknown)}, which gemmgen does not know")
         epilogue = cls(**items)
         if epilogue.signature != signature:
             raise ValueError(f"{signature!r} reads back as {epilogue.signature!r}")

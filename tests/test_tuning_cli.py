@@ -1,4 +1,5 @@
 """The `gemmgen db`, `gemmgen compile` and `gemmgen tune` commands, run in process on CPU."""
+import pytest
 from dataclasses import replace
 
 from gemmgen.cli import main
@@ -101,3 +102,37 @@ def test_tune_command_searches_the_library_by_default_but_not_for_your_programs(
     assert main(base + ["--programs", str(program)]) == 0
     assert main(base + ["--programs", str(program), "--backends", "triton,cublaslt"]) == 0
     assert seen == [library_first, False, True]
+
+
+def test_a_file_of_problem_keys_is_tuned_as_written_with_their_epilogues(tmp_path):
+    """What the model benchmark found missing travels as problem keys: each keeps its majors and
+    epilogue, repeats are read once, and a bad line or an --epilogue on top is refused, located."""
+    from gemmgen.cli.tune import tune_problems
+    from gemmgen.measure.errors import ShapesError
+
+    keys = tmp_path / "missing.keys"
+    keys.write_text("# from a model\n8x3584x3584:rcr:f16:f32:bias_n+f16\n\n"
+                    "8x3584x18944:rcr:f16:f32:residual+f16\n8x3584x3584:rcr:f16:f32:bias_n+f16\n")
+    problems = tune_problems(str(keys))
+    assert [p.key for p in problems] == ["8x3584x3584:rcr:f16:f32:bias_n+f16",
+                                         "8x3584x18944:rcr:f16:f32:residual+f16"]
+    assert problems[0].b_major == "col" and problems[0].epilogue.bias == "n"
+    assert problems[1].epilogue.residual and problems[1].k == 18944
+    assert [p.key for p in tune_problems(str(keys), "1/2")] == [problems[1].key]
+    with pytest.raises(ShapesError, match="leave out --epilogue"):
+        tune_problems(str(keys), epilogue="gelu")
+    keys.write_text("8x3584x3584:rcr:f16:f32:f16\n8x3584:rcr:f16:f32:f16\n")
+    with pytest.raises(ShapesError, match=r"missing.keys:2: .*one key a line"):
+        tune_problems(str(keys))
+    keys.write_text("8x3584x3584:rcr:f16:f32:f16\n8,3584,3584\n")
+    with pytest.raises(ShapesError, match=r"missing.keys:2"):
+        tune_problems(str(keys))
+
+
+def test_the_tune_command_reads_a_file_of_problem_keys(tmp_path, capsys):
+    """`gemmgen tune --shapes FILE.keys` refuses an unknown key before it looks for a GPU."""
+    keys = tmp_path / "bad.keys"
+    keys.write_text("8x3584x3584:rcr:f16:f32:gated+f16\n")
+    assert main(["tune", "--shapes", str(keys), "--db", str(tmp_path / "t.sqlite")]) != 0
+    err = capsys.readouterr().err
+    assert "bad.keys:1" in err and "Traceback" not in err

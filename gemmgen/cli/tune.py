@@ -7,14 +7,15 @@ from pathlib import Path
 from gemmgen.backends import registry as backend_registry
 from gemmgen.compile import as_problem, check_epilogue, clear_cache, compile, parse_epilogue, parse_shape
 from gemmgen.compile import gpu_present as has_gpu
-from gemmgen.errors import NoGPUError
+from gemmgen.errors import GemmgenError, NoGPUError
+from gemmgen.measure.errors import ShapesError
 from gemmgen.measure.shapes import PARTS, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
 from gemmgen.tune import AUTO_BACKENDS, LIBRARY_MIN_GFLOP, LIBRARY_MIN_M, parse_backends, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
 from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
 from gemmgen.tune.neighbours import NEIGHBOURS, with_neighbours
-from gemmgen.tuning_db import Database, default_db_path
+from gemmgen.tuning_db import Database, default_db_path, problem_from_key
 
 
 def register(subparsers) -> None:
@@ -24,7 +25,8 @@ def register(subparsers) -> None:
                     "parallel, check and time each in an isolated worker against baselines measured "
                     "in the same run, and record every trial. Resumable: measured pairs are skipped.")
     tune.add_argument("--shapes", required=True, metavar="FILE",
-                      help="CSV of M,N,K[,layout] (layout nn|nt|tn|tt: A then B, n = row-major)")
+                      help="CSV of M,N,K[,layout] (layout nn|nt|tn|tt: A then B, n = row-major), or a file "
+                           "of problem keys, one a line (8x3584x3584:rcr:f16:f32:bias_n+f16)")
     tune.add_argument("--proposer", default="heuristic", help="heuristic | random | policy | programs")
     tune.add_argument("--programs", metavar="PATH", default=None,
                       help="a .gemm file or a folder of them: propose those programs, re-bound to every "
@@ -84,11 +86,41 @@ def register(subparsers) -> None:
 def tune_problems(shapes_file: str, shard_spec: str | None = None, epilogue: str | None = None,
                   part: str = "tuning") -> list:
     """The distinct problems of a shapes CSV (the bench's format and parser), its tuning part by
-    default (a layer set's held-out families stay unseen), optionally one shard, each checked
-    as gemmgen.compile checks a shape."""
+    default (a layer set's held-out families stay unseen), or of a file of problem keys
+    (`key_problems`); optionally one shard, each checked as gemmgen.compile checks a shape."""
+    keyed = key_problems(shapes_file)
+    if keyed is not None:
+        if epilogue:
+            raise ShapesError(f"{shapes_file}: a file of problem keys names each problem's epilogue; "
+                              "leave out --epilogue")
+        return shard(keyed, shard_spec)
     epi = check_epilogue(parse_epilogue(epilogue)) if epilogue else None
     problems = [as_problem(s.problem()) for s in shard(read_shapes(shapes_file, part), shard_spec)]
     return [replace(p, epilogue=epi) for p in problems] if epi else problems
+
+
+def key_problems(path: str) -> list | None:
+    """The distinct problems of a file of problem keys, one a line (`Problem.key`, as `gemmgen db
+    show` and the model benchmark's `missing` counts write them: 8x3584x3584:rcr:f16:f32:bias_n+f16),
+    in file order; None for a shapes CSV (no line of it holds a ':'). Blank and # lines are skipped."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ShapesError(f"cannot read shapes file {path}: {exc.strerror}") from None
+    rows = [(i, line.strip()) for i, line in enumerate(lines, start=1)
+            if line.strip() and not line.strip().startswith("#")]
+    if not any(":" in text for _, text in rows):
+        return None
+    problems = []
+    for lineno, text in rows:
+        try:
+            problem = as_problem(problem_from_key(text))
+            check_epilogue(problem.epilogue)
+            problems.append(problem)
+        except GemmgenError as exc:
+            raise ShapesError(f"{path}:{lineno}: {exc}; a file of problem keys holds one key a line, "
+                              "e.g. 8x3584x3584:rcr:f16:f32:bias_n+f16") from None
+    return list(dict.fromkeys(problems))
 
 
 def _tune(args) -> int:
