@@ -458,15 +458,19 @@ def _lookup(problem: Problem, gpu: str, index, *, deterministic: bool = False) -
                  f"{stale.trial.toolchain}, and this machine has {here}: re-tune the shape to serve it; "
                  "serving torch.matmul (cuBLAS)"))
     searched = problem.key in index.library_searched
+    # what the baselines measured here, by a program run or beside a library search
+    baseline_ms = min((t for t in (index.tuned.get(problem.key), index.library_searched.get(problem.key)) if t),
+                      default=None)
     if problem.key in index.tuned:
         lost = "neither a program nor a cuBLASLt algorithm" if searched else "no program"
         return Kernel(problem, None, Provenance(
-            "baseline", gpu, best_baseline_ms=index.tuned[problem.key],
+            "baseline", gpu, best_baseline_ms=baseline_ms,
             note=f"{lost} beat cuBLAS when this shape was tuned on {gpu}; serving torch.matmul (cuBLAS)"))
     if searched:
         return Kernel(problem, None, Provenance(
-            "baseline", gpu, note=f"no cuBLASLt algorithm beat torch.matmul when this shape was searched on {gpu}; "
-                                  "serving torch.matmul (cuBLAS)"))
+            "baseline", gpu, best_baseline="torch" if baseline_ms else None, best_baseline_ms=baseline_ms,
+            note=f"no cuBLASLt algorithm beat torch.matmul when this shape was searched on {gpu}; "
+                 "serving torch.matmul (cuBLAS)"))
     return Kernel(problem, None, Provenance("baseline", gpu, note=f"no tuned kernel for this shape on {gpu}; "
                                             "serving torch.matmul (cuBLAS)"))
 

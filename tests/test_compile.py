@@ -108,10 +108,14 @@ def test_a_library_search_that_lost_is_said_so(db):
     assert k.provenance.how == "baseline" and k.backend == "torch"
     assert k.provenance.summary == ("no cuBLASLt algorithm beat torch.matmul when this shape was searched on "
                                     "Test GPU; serving torch.matmul (cuBLAS)")
+    # torch.matmul's time beside the search is the baseline measured here (what the torch pass
+    # weighs joins and gated products against); the least of every run's where several measured it
+    assert k.provenance.baseline_ms_here == pytest.approx(0.99)
     k = gemmgen.compile(both, device=GPU, db=db)
     assert k.provenance.how == "baseline"
     assert k.provenance.summary == ("neither a program nor a cuBLASLt algorithm beat cuBLAS when this shape was "
                                     "tuned on Test GPU; serving torch.matmul (cuBLAS)")
+    assert k.provenance.baseline_ms_here == pytest.approx(0.011)
 
 
 def test_determinism_passes_over_arrival_order_split_k(db, monkeypatch):

@@ -360,9 +360,10 @@ class Database:
         return [library_from_row(r) for r in rows]
 
     @_sql_errors
-    def library_searched(self, device_name: str) -> set[str]:
-        """Keys of the problems whose library search ran on this kind of GPU, served or not."""
-        return {row[0] for row in self.conn.execute(queries.SELECT_LIBRARY_SEARCHED, (device_name,))}
+    def library_searched(self, device_name: str) -> dict[str, Optional[float]]:
+        """The problems whose library search ran on this kind of GPU, served or not: key -> the
+        least device time (ms) torch.matmul measured beside the searches (None if none did)."""
+        return dict(self.conn.execute(queries.SELECT_LIBRARY_SEARCHED, (device_name,)).fetchall())
 
     @_sql_errors
     def library_winners(self, device_name: str) -> list[LibraryChoice]:

@@ -83,9 +83,11 @@ SELECT_LIBRARY = _LIBRARY_COLUMNS + """
 FROM library_choices c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id"""
 
 # Problems whose library search ran on this kind of GPU, whether or not its choice serves.
+# Per problem searched on a kind of GPU: torch.matmul's least time beside the searches (NULL if none).
 SELECT_LIBRARY_SEARCHED = """
-SELECT DISTINCT p.key FROM library_choices c JOIN problems p ON p.id = c.problem_id
-JOIN devices d ON d.id = c.device_id WHERE d.name = ?"""
+SELECT p.key, min(CASE WHEN c.torch_ms > 0 THEN c.torch_ms END) FROM library_choices c
+JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id WHERE d.name = ?
+GROUP BY p.key"""
 
 SELECT_LIBRARY_WINNERS = _LIBRARY_COLUMNS + """
 FROM library_winners c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id

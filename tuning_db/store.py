@@ -189,8 +189,13 @@ class WinnerIndex:
         for layer, db in reversed(layers):
             for choice in db.library_winners(device_name):
                 self.library[choice.problem.key] = (layer, choice)
-        # problem keys whose cuBLASLt search ran here, whether or not its choice serves
-        self.library_searched: set[str] = set().union(*(db.library_searched(device_name) for _, db in layers))
+        # problems whose cuBLASLt search ran here, whether or not its choice serves: key -> the
+        # least torch.matmul time measured beside a search, any layer (None: none measured)
+        self.library_searched: dict[str, Optional[float]] = {}
+        for _, db in layers:
+            for key, ms in db.library_searched(device_name).items():
+                known = [t for t in (ms, self.library_searched.get(key)) if t]
+                self.library_searched[key] = min(known) if known else None
         self._valid: dict[tuple[str, Optional[int]], bool] = {}
         self._m_points: Optional[dict[str, set[int]]] = None   # "NxK:..." -> Ms with records, built on first need
 
