@@ -124,11 +124,12 @@ def test_later_waits_for_workers_are_spent_from_the_time_budget(tmp_path):
 def test_resume_skips_what_was_measured(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     with pytest.raises(KeyboardInterrupt):
-        # Ctrl-C during the second shape: shape 1 takes 8 measurements (5 candidates, and a
-        # second one of each of its 3 would-be winners), shape 2 then 2 candidates with theirs
+        # Ctrl-C during the second shape: shape 1 takes 7 measurements (5 candidates, and a
+        # second one of the 2 would-be winners faster than any confirmed before them), shape 2
+        # then the same 5 before its crashing candidate
         _run(db, FakeRunner(stop_after=12))
     recorded = len(list(db.trials()))
-    assert recorded == 7 + 3            # shape 1 whole; shape 2: the invalid one and 2 measured
+    assert recorded == 7 + 5            # shape 1 whole; shape 2: the invalid one, 3 measured, 1 failed build
     report, runner = _run(db)
     assert report.recorded == 21 - recorded
     assert report.skipped == recorded
@@ -323,6 +324,23 @@ def test_a_winner_confirmed_in_a_fresh_worker_wins_with_its_second_time(tmp_path
     assert winner.device_ms == 0.5 and winner.noise == 0.02 and SELECTION_BASELINE in winner.baselines
     fell = next(t for t in trials.values() if "tile 128x256x64" in t.program)
     assert fell.device_ms == 0.97 and not fell.beats_baseline()        # 1.0 / 0.97 / 1.02 < 1
+
+
+def test_a_would_be_winner_slower_than_a_confirmed_one_is_not_confirmed_and_cannot_serve(tmp_path):
+    """Each confirmation waits for a fresh worker (seconds on a GPU); one that could not change
+    what serves is skipped: the first candidate holds up at 3.92x, the next two read 3.92x and
+    2.94x when selected, are recorded as selected, say why, and rank below it in the winners view."""
+    db = Database(tmp_path / "t.sqlite")
+    runner = ConfirmingRunner(again={(128, 256): (0.25, 1.0)})
+    trials = _tune_one(db, runner, [((128, 256, 64), 3), ((128, 128, 64), 4), ((64, 128, 64), 4)])
+    assert [(p.tile.m, p.tile.n) for p in runner.confirmed] == [(128, 256)]
+    winner = db.winner(PROBLEMS[0], TEST_GPU.name)
+    assert "tile 128x256x64" in winner.program and winner.speedup == pytest.approx(3.92)   # 0.98 / 0.25
+    skipped = sorted((t for t in trials.values() if "tile 128x256x64" not in t.program), key=lambda t: -t.speedup)
+    assert [round(t.speedup, 2) for t in skipped] == [3.92, 2.94]
+    for t in skipped:
+        assert t.beats_baseline() and SELECTION_BASELINE not in t.baselines
+        assert "not confirmed" in t.check_msg and "3.920x of a winner confirmed" in t.check_msg
 
 
 def test_a_candidate_failing_its_confirmation_check_is_recorded_as_failed(tmp_path):

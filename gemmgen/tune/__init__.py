@@ -14,7 +14,10 @@ noise) is measured again, in a fresh worker beside torch.matmul (`Runner.confirm
 recorded with that second measurement; it wins only if the low end of that speedup's
 interval is above 1 (`gemmgen.measure.comparison.speedup_lower_bound`). The best of many
 noisy trials is biased upward; its second measurement is not. The runner measures; the
-decision is the loop's (`_confirmed`).
+decision is the loop's (`_confirmed`). A would-be winner whose selection speedup is not above
+that of a winner already confirmed at the problem in the same run is recorded unconfirmed: the
+winners view ranks it below that winner (same toolchain, lower speedup), so it can never serve,
+and a fresh worker's start (seconds) is saved.
 
 Resumable: a (problem, program) pair already in the database for this GPU is skipped,
 and so is a problem with a library choice already recorded for this GPU.
@@ -236,6 +239,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
                 free_wait_s = report.phase_s["starting workers"]
         with report.timed("baselines"):
             baselines = dict(runner.baselines(problem)) if built else {}
+        confirmed_best = None     # speedup of this run's best confirmed winner at the problem
         for outcome in built:
             if out_of_time():
                 return False
@@ -244,8 +248,14 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
                 continue
             with report.timed("trials"):
                 trial = _trial(outcome, runner, baselines, common)
-            with report.timed("confirmations"):
-                trial = _confirmed(trial, outcome, runner, baselines)
+            if trial.beats_baseline() and confirmed_best is not None and trial.speedup <= confirmed_best:
+                trial = replace(trial, check_msg=f"not confirmed: {trial.speedup:.3f}x when selected, not above "
+                                                 f"the {confirmed_best:.3f}x of a winner confirmed in this run")
+            else:
+                with report.timed("confirmations"):
+                    trial = _confirmed(trial, outcome, runner, baselines)
+                if trial.beats_baseline():
+                    confirmed_best = max(trial.speedup, confirmed_best or 0.0)
             record(trial)
         report.shapes_done += 1
         if on_shape is not None:
