@@ -1,6 +1,7 @@
 """The `gemmgen db`, `gemmgen compile` and `gemmgen tune` commands, run in process on CPU."""
-import pytest
 from dataclasses import replace
+
+import pytest
 
 from gemmgen.cli import main
 from gemmgen.dsl.ir import Problem

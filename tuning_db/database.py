@@ -362,7 +362,8 @@ class Database:
     @_sql_errors
     def library_searched(self, device_name: str) -> dict[str, Optional[float]]:
         """The problems whose library search ran on this kind of GPU, served or not: key -> the
-        least device time (ms) torch.matmul measured beside the searches (None if none did)."""
+        least device time (ms) torch.matmul measured beside its own searches (None if none did: a
+        merged record's times are not trusted)."""
         return dict(self.conn.execute(queries.SELECT_LIBRARY_SEARCHED, (device_name,)).fetchall())
 
     @_sql_errors

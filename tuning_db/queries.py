@@ -82,10 +82,11 @@ SELECT c.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms
 SELECT_LIBRARY = _LIBRARY_COLUMNS + """
 FROM library_choices c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id"""
 
-# Problems whose library search ran on this kind of GPU, whether or not its choice serves.
-# Per problem searched on a kind of GPU: torch.matmul's least time beside the searches (NULL if none).
+# Problems whose library search ran on this kind of GPU, whether or not its choice serves, each
+# with torch.matmul's least time beside this database's own searches (NULL if none: a merged
+# record's times are not trusted).
 SELECT_LIBRARY_SEARCHED = """
-SELECT p.key, min(CASE WHEN c.torch_ms > 0 THEN c.torch_ms END) FROM library_choices c
+SELECT p.key, min(CASE WHEN c.torch_ms > 0 AND c.unverified = 0 THEN c.torch_ms END) FROM library_choices c
 JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id WHERE d.name = ?
 GROUP BY p.key"""
 

@@ -114,9 +114,7 @@ def key_problems(path: str) -> list | None:
     problems = []
     for lineno, text in rows:
         try:
-            problem = as_problem(problem_from_key(text))
-            check_epilogue(problem.epilogue)
-            problems.append(problem)
+            problems.append(as_problem(problem_from_key(text)))
         except GemmgenError as exc:
             raise ShapesError(f"{path}:{lineno}: {exc}; a file of problem keys holds one key a line, "
                               "e.g. 8x3584x3584:rcr:f16:f32:bias_n+f16") from None
