@@ -163,6 +163,11 @@ def test_a_join_is_taken_only_where_measured_times_say_it_pays(clean, tmp_path, 
 
 
 def fake_gated_kernel(device_ms):
+    if device_ms in ("lost", "never tuned"):      # served by its torch fallback
+        baseline_ms = 0.21 if device_ms == "lost" else None
+        provenance = types.SimpleNamespace(device_ms=None, best_baseline_ms=baseline_ms, baseline_ms_here=baseline_ms,
+                                           how="baseline", measured_here=False)
+        return types.SimpleNamespace(backend="torch", provenance=provenance)
     provenance = types.SimpleNamespace(device_ms=device_ms, best_baseline_ms=1.0, baseline_ms_here=None, how="exact",
                                        measured_here=True)
     return types.SimpleNamespace(backend="triton", provenance=provenance)
@@ -172,6 +177,8 @@ def fake_gated_kernel(device_ms):
     (None, {"not_served": 1}),            # gemmgen.compile refuses the gated problem
     (0.150, {"gated": 1}),                # 200 us apart + the pointwise kernel, 150 gated
     (0.201, {"gain_below_overhead": 1}),  # 200 us + ~2 us pointwise vs 201: under min_gain_us
+    ("lost", {"no_winner": 1}),           # tuned: its unfused baselines were timed, nothing beat them
+    ("never tuned", {"unmeasured": 1}),   # to tune (listed in missing)
 ])
 def test_gate_up_is_taken_only_where_the_gated_kernel_beats_two_matmuls_and_the_pointwise(
         clean, tmp_path, monkeypatch, gated_ms, expected):
@@ -199,3 +206,5 @@ def test_gate_up_is_taken_only_where_the_gated_kernel_beats_two_matmuls_and_the_
     stats = torch_backend.stats()
     assert stats["gated"] == expected
     assert bool(nodes(gm.graph, torch.ops.gemmgen.gemm_gated.default)) == ("gated" in expected)
+    # only a gated problem never tuned is listed for tuning
+    assert (f"{M}x{N}x{K}:rcr:f16:f32:gate_silu_stacked+f16" in stats["missing"]) == (gated_ms == "never tuned")

@@ -24,7 +24,7 @@ def stats() -> dict:
     - `skipped`: matmuls left to inductor, by reason;
     - `problems` / `missing`: the gemmgen problem keys rewritten / left for want of a tuned kernel;
     - `joins` and `gated`: sibling groups and gate/up pairs found, by outcome (joined or gated,
-      unmeasured, not_served, gain_below_overhead, weights_not_constant); `joins` also counts
+      unmeasured, not_served, no_winner, gain_below_overhead, weights_not_constant); `joins` also counts
       the weights inductor's freezing joined that the pass laid out column-major again
       (inductor_join_column_major);
     - `graphs`: graphs the pass ran on; `from_cache`: graphs served from inductor's compile

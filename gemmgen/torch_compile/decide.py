@@ -153,11 +153,14 @@ def gated_reference_us(pair: Gated, kernels: dict) -> float | None:
 
 
 def decide_gated(pair: Gated, kernels: dict, min_gain_us: float) -> str:
-    """gated, or why not: not_served (gemmgen.compile refuses the gated problem), unmeasured (no
-    measured gated kernel, or the matmuls it replaces were never timed), gain_below_overhead."""
+    """gated, or why not: not_served (gemmgen.compile refuses the gated problem), no_winner (it was
+    tuned and no gated kernel beat its unfused baselines), unmeasured (it was never tuned, or the
+    matmuls it replaces were never timed), gain_below_overhead."""
     kernel = kernels[pair.key()]
     if kernel is None:
         return "not_served"
+    if kernel.backend == "torch" and time_ms(kernel) is not None:
+        return "no_winner"
     reference = gated_reference_us(pair, kernels)
     if kernel.backend == "torch" or not kernel.provenance.device_ms or reference is None:
         return "unmeasured"
