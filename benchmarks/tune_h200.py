@@ -38,7 +38,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     """`make_runner(mode=, timeout_s=, baselines=)` and `builder` default to the GPU worker and
     the build pool; the tests pass fakes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=str(REPO / "benchmarks/shapes/cudal2_sample100.csv"))
+    ap.add_argument("--shapes", default=str(REPO / "benchmarks/shapes/cudal2_sample100.csv"),
+                    help="CSV of M,N,K[,layout] (its tuning part), or a file of problem keys, one a line "
+                         "(benchmarks/shapes/model_e2e_missing.keys)")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/tune_h200"))
     ap.add_argument("--db", default=None,
                     help="working database (default: tune_h200.sqlite in GEMMGEN_CACHE_DIR or ~/.cache/gemmgen; "
