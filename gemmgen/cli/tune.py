@@ -9,7 +9,7 @@ from gemmgen.compile import as_problem, check_epilogue, clear_cache, compile, pa
 from gemmgen.compile import gpu_present as has_gpu
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.measure.errors import ShapesError
-from gemmgen.measure.shapes import PARTS, read_shapes, shard
+from gemmgen.measure.shapes import PARTS, read_lines, read_shapes, shard
 from gemmgen.policy.proposers import proposer_for
 from gemmgen.tune import AUTO_BACKENDS, LIBRARY_MIN_GFLOP, LIBRARY_MIN_M, parse_backends, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
@@ -103,11 +103,7 @@ def key_problems(path: str) -> list | None:
     """The distinct problems of a file of problem keys, one a line (`Problem.key`, as `gemmgen db
     show` and the model benchmark's `missing` counts write them: 8x3584x3584:rcr:f16:f32:bias_n+f16),
     in file order; None for a shapes CSV (no line of it holds a ':'). Blank and # lines are skipped."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ShapesError(f"cannot read shapes file {path}: {exc.strerror}") from None
-    rows = [(i, line.strip()) for i, line in enumerate(lines, start=1)
+    rows = [(i, line.strip()) for i, line in enumerate(read_lines(path), start=1)
             if line.strip() and not line.strip().startswith("#")]
     if not any(":" in text for _, text in rows):
         return None

@@ -132,7 +132,8 @@ def parse_shapes(lines: list[str], source: str = "<shapes>") -> list[Shape]:
     return shapes
 
 
-def _read_lines(path: str | Path) -> list[str]:
+def read_lines(path: str | Path) -> list[str]:
+    """A shapes file's lines; one that cannot be read is a ShapesError naming it."""
     p = Path(path)
     try:
         return p.read_text().splitlines()
@@ -149,7 +150,7 @@ def read_shapes(path: str | Path, part: str = "all") -> list[Shape]:
     where two layers share a shape, such as k and v), from the `part` asked for."""
     if part not in PARTS:
         raise ShapesError(f"part {part!r}: use one of {', '.join(PARTS)}")
-    lines = _read_lines(path)
+    lines = read_lines(path)
     shapes = parse_shapes(lines, str(Path(path)))
     if part != "all":
         tuning, held = split_held_out(shapes, held_out_models(lines, str(Path(path))))
@@ -164,7 +165,7 @@ def held_out_models(path_or_lines: str | Path | Iterable[str], source: Optional[
     that family into tuning silently."""
     if isinstance(path_or_lines, (str, Path)):
         source = source or str(path_or_lines)
-        lines = _read_lines(path_or_lines)
+        lines = read_lines(path_or_lines)
     else:
         lines, source = list(path_or_lines), source or "<shapes>"
     found = [(i, match) for i, line in enumerate(lines, start=1) if (match := HELD_OUT.match(line.strip()))]
