@@ -13,7 +13,6 @@ and the set itself (each row's model and layer), and writes beside the results:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -37,16 +36,17 @@ def per_shape(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", help="a folder holding a gemmgen bench results.json")
+    ap.add_argument("results", help="a folder holding a gemmgen bench results.json (or results.json.gz)")
     ap.add_argument("--shapes", default=str(REPO / "benchmarks/shapes/llm_layers.csv"))
     ap.add_argument("--candidate", default="gemmgen")
     args = ap.parse_args(argv)
 
     from gemmgen.measure.numerics import geomean
+    from gemmgen.measure.results import load
     from gemmgen.measure.shapes import held_out_models, parse_shapes
 
     folder = Path(args.results)
-    doc = json.loads((folder / "results.json").read_text())
+    doc = load(folder)
     shapes = per_shape(doc["rows"])
     # (M, N, K) -> the families of the bench's part that have that layer (families share shapes)
     part = doc["meta"].get("part") or "all"
