@@ -1,9 +1,12 @@
 """Held-out evaluation of the policy on the H200: speedup over torch.matmul of five ways to pick a kernel.
 
-Problems: the fixed held-out 20 % of benchmarks/shapes/cudal2_1000.csv (seeded hash, never
-trained on) and the off-grid x @ W.T problems M in {1, 7, 33, 1000, 3000}, N = 11008, K = 4096
-(gemmgen.policy.training.data). With --max-problems (or a short --time-budget), a fixed subset: the
-off-grid five first, then held-out grid shapes spread over sizes, in a seeded random order.
+Problems (gemmgen.policy.training.data), never trained on: with `--problems heldout` (the
+default) the fixed held-out 20 % of benchmarks/shapes/cudal2_1000.csv (seeded hash) and the
+off-grid x @ W.T problems M in {1, 7, 33, 1000, 3000}, N = 11008, K = 4096; with `--problems
+unseen` the layer set's held-out families at their own widths (x @ W.T, every M) and 100 random
+off-grid shapes, each with B row-major and column-major. With --max-problems (or a short
+--time-budget), a fixed subset spread over sizes: the off-grid five first, then held-out grid
+shapes in a seeded random order; or held-out layers and random shapes in turn, half each.
 
 Per problem, every candidate of every method is built and measured once through the tuning loop
 (pairs the database already holds are read back, not timed again), then each method scores the
@@ -12,6 +15,8 @@ best checked time among its own candidates:
   policy_b8      the policy's 8 programs (greedy first, then samples)
   random_b8      8 valid programs of the RandomProposer
   heuristic_b8   the HeuristicProposer's top 8
+  space_all      every valid program of the backends' spaces (the exhaustive best), at the first
+                 --space-problems problems only
   db_best        the best checked program the database holds for the problem (prior tuning runs
                  and this run together); db_prior is the same before this run
 Speedup = torch.matmul time / kernel time, both from the same run (offline, cold L2); each method
@@ -46,28 +51,61 @@ from pathlib import Path
 from gemmgen.measure.numerics import geomean
 from gemmgen.tune.distributed import GATHER_TIMEOUT_S, Rank, connect, pin_gpu, share_out
 
-METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "db_prior", "db_best")
+METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "space_all", "db_prior", "db_best")
+SPACE_SLACK = 256    # trials beyond the three methods' k each, above any union of backend spaces
 
 
-def pick_problems(limit: int | None, shard_spec: str | None = None, seed: int = 0):
-    """The off-grid problems first, then grid problems spread over sizes, in a seeded random
-    order, so that a run the time budget cuts short still covers every size."""
+def pick_problems(limit: int | None, shard_spec: str | None = None, seed: int = 0, which: str = "heldout"):
+    """The problems to judge on, in the order measured (a run the time budget cuts short still
+    covers every size): `heldout`, the off-grid five first, then grid problems spread over sizes in
+    a seeded random order; `unseen`, held-out layers and random off-grid shapes taken in turn, each
+    spread over sizes and then in a seeded random order, a random shape's two majors together."""
     from gemmgen.measure.shapes import shard
+
+    if which == "unseen":
+        return _pick_unseen(limit, shard_spec, seed)
     from gemmgen.policy.training.data import OFFGRID_M, heldout_problems
 
     problems = heldout_problems()
     offgrid = [p for p in problems if p.b_major == "col" and p.m in OFFGRID_M]
     grid = sorted((p for p in problems if p not in offgrid), key=lambda p: p.flops)
     if limit is not None and limit < len(problems):
-        n_grid = max(0, limit - len(offgrid))
-        step = len(grid) / max(1, n_grid)
-        grid = [grid[int(i * step)] for i in range(n_grid)]
+        grid = spread(grid, max(0, limit - len(offgrid)))
         offgrid = offgrid[:limit]
     picked = shard(offgrid + grid, shard_spec)
     offgrid = [p for p in picked if p in offgrid]
     grid = [p for p in picked if p not in offgrid]
     random.Random(seed).shuffle(grid)
     return offgrid + grid
+
+
+def spread(items: list, count: int) -> list:
+    """`count` of `items` (sorted by size) at even steps."""
+    if count >= len(items):
+        return list(items)
+    step = len(items) / max(1, count)
+    return [items[int(i * step)] for i in range(count)]
+
+
+def _pick_unseen(limit: int | None, shard_spec: str | None, seed: int):
+    from gemmgen.measure.shapes import shard
+    from gemmgen.policy.training.data import heldout_layer_problems, unseen_problems
+
+    layers = sorted(heldout_layer_problems(), key=lambda p: p.flops)
+    layer_keys = {p.key for p in layers}
+    others = [p for p in unseen_problems() if p.key not in layer_keys]
+    pairs = sorted((others[i:i + 2] for i in range(0, len(others), 2)), key=lambda pair: pair[0].flops)
+    if limit is not None and limit < len(layers) + len(others):
+        pairs = spread(pairs, limit // 4)               # a quarter of the limit, two problems each
+        layers = spread(layers, limit - 2 * len(pairs))
+    random.Random(seed).shuffle(layers)
+    random.Random(seed).shuffle(pairs)
+    ordered, turns = [], max(len(layers), len(pairs))
+    for i in range(turns):                          # in turn, each list at its own even steps
+        ordered += layers[i * len(layers) // turns:(i + 1) * len(layers) // turns]
+        for pair in pairs[i * len(pairs) // turns:(i + 1) * len(pairs) // turns]:
+            ordered += pair
+    return shard(ordered, shard_spec)
 
 
 def best_speedups(db, problem, device_name):
@@ -94,8 +132,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--time-budget", type=float, default=300.0, metavar="S",
                         help="stop measuring new problems after S seconds (default 300)")
+    parser.add_argument("--problems", choices=("heldout", "unseen"), default="heldout",
+                        help="heldout: the grid's held-out fifth and the off-grid five; unseen: the layer set's "
+                             "held-out families and 100 random off-grid shapes in both majors")
     parser.add_argument("--max-problems", type=int, default=None,
                         help="how many held-out problems (default: as many as the budget allows, about 1 per 15 s)")
+    parser.add_argument("--space-problems", type=int, default=0, metavar="N",
+                        help="at the first N problems also measure every valid program of the spaces "
+                             "(space_all: the exhaustive best, about 50 more trials a problem)")
     parser.add_argument("--checkpoint", default=None, help="policy to evaluate (default: the shipped one)")
     parser.add_argument("--db", default=None, help="tuning database (default: GEMMGEN_DB or the user's)")
     parser.add_argument("--backends", default="triton,cutlass,cuda")
@@ -133,11 +177,13 @@ def main(argv=None) -> int:
     started = time.monotonic()
     backends = tuple(b for b in args.backends.split(",") if b)
     limit = args.max_problems if args.max_problems is not None else max(5, int(args.time_budget // 15))
-    problems = pick_problems(limit, args.shard, args.seed)
+    problems = pick_problems(limit, args.shard, args.seed, args.problems)
     policy = PolicyProposer(args.checkpoint, backends=backends)
-    meta = {"problems_planned": len(problems), "checkpoint": args.checkpoint or "shipped",
-            "policy_version": policy.version, "backends": list(backends), "k": args.k, "shard": args.shard}
-    settings = dict(policy=policy, backends=backends, k=args.k, seed=args.seed, builder=PoolBuilder(jobs=cores))
+    meta = {"problem_set": args.problems, "problems_planned": len(problems), "checkpoint": args.checkpoint or "shipped",
+            "policy_version": policy.version, "backends": list(backends), "k": args.k, "shard": args.shard,
+            "space_problems": args.space_problems}
+    settings = dict(policy=policy, backends=backends, k=args.k, seed=args.seed, builder=PoolBuilder(jobs=cores),
+                    space_keys=frozenset(p.key for p in problems[:args.space_problems]))
     db_path = Path(args.db) if args.db else default_db_path()
     # torch.matmul is the one baseline the speedups use.
     with WorkerRunner(baselines=("torch",)) as raw_runner:
@@ -159,14 +205,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def evaluate(problems, *, policy, backends, k: int, seed: int, builder, runner, db, time_budget_s, on_row) -> None:
+def evaluate(problems, *, policy, backends, k: int, seed: int, builder, runner, db, time_budget_s, on_row,
+             space_keys: frozenset = frozenset()) -> None:
     """Measure every method's candidates for `problems` in one tuning-loop call (proposing and
     building the next shapes overlap measuring this one; the budget holds the union of the three
-    methods' k programs); `on_row(row)` once each problem is measured."""
+    methods' k programs, and the spaces' every valid program at the problems of `space_keys`);
+    `on_row(row)` once each problem is measured."""
     from gemmgen.tune import tune
 
-    candidates = EvalCandidates(policy, backends, k, seed, db, runner.device.name)
-    tune(problems, proposer=candidates, builder=builder, runner=runner, db=db, budget=3 * k,
+    candidates = EvalCandidates(policy, backends, k, seed, db, runner.device.name, space_keys)
+    budget = 3 * k + (SPACE_SLACK if space_keys else 0)
+    tune(problems, proposer=candidates, builder=builder, runner=runner, db=db, budget=budget,
          time_budget_s=time_budget_s, progress=False, build_chunk=4, on_shape=lambda p: on_row(candidates.row(p)))
 
 
@@ -207,7 +256,7 @@ def eval_rank(problems, rank, store, *, db_path: Path, out: Path, meta: dict, ti
 
 
 def print_row(row, started: float) -> None:
-    scores = "  ".join(f"{m} {row[m]:.3f}" if row[m] else f"{m} -" for m in METHODS)
+    scores = "  ".join(f"{m} {row[m]:.3f}" if row.get(m) else f"{m} -" for m in METHODS)
     print(f"[{time.monotonic() - started:6.0f} s] {row['problem']}: {scores}", flush=True)
 
 
@@ -218,10 +267,11 @@ class EvalCandidates:
     name = "policy_eval"
     version = ""
 
-    def __init__(self, policy, backends, k: int, seed: int, db, device_name: str):
+    def __init__(self, policy, backends, k: int, seed: int, db, device_name: str, space_keys=frozenset()):
         from gemmgen.policy.proposers import HeuristicProposer, RandomProposer
 
         self.policy, self.k, self.seed, self.db, self.device_name = policy, k, seed, db, device_name
+        self.space_keys = space_keys
         self.random, self.heuristic = RandomProposer(backends), HeuristicProposer(backends)
         self.plans: dict[str, tuple] = {}
 
@@ -237,6 +287,8 @@ class EvalCandidates:
             "random_b8": [to_text(p) for p in self.random.propose(problem, self.k, seed=self.seed)],
             "heuristic_b8": [to_text(p) for p in self.heuristic.propose(problem, self.k)],
         }
+        if problem.key in self.space_keys:     # every valid program of the spaces: the exhaustive best
+            texts["space_all"] = [to_text(p) for p in self.heuristic.ranked(problem)]
         prior = best_speedups(self.db, problem, self.device_name)
         self.plans[problem.key] = (texts, propose_s, dict(self.policy.last_stats), prior)
         return [parse(t) for t in dict.fromkeys(t for group in texts.values() for t in group)][:budget]
@@ -279,7 +331,7 @@ def merge(paths, out: Path, **meta) -> int:
     write_report(rows, out, {
         "wall_s": max(d["summary"].get("wall_s") or 0 for d in docs),
         "problems_planned": sum(d["summary"].get("problems_planned") or 0 for d in docs),
-        **{k: first.get(k) for k in ("checkpoint", "policy_version", "backends", "k")},
+        **{k: first.get(k) for k in ("problem_set", "checkpoint", "policy_version", "backends", "k")},
         "shards": [d["summary"].get("shard") for d in docs], **meta})
     return 0
 
@@ -287,13 +339,21 @@ def merge(paths, out: Path, **meta) -> int:
 def summarize(rows):
     summary = {"problems": len(rows)}
     for m in METHODS:
-        values = [r[m] for r in rows if r[m]]
+        values = [r[m] for r in rows if r.get(m)]
         summary[m] = {"geomean_speedup_vs_torch": geomean(values), "measured": len(values)}
-    pairs = [(r["policy_b8"], r["db_best"]) for r in rows if r["policy_b8"] and r["db_best"]]
-    summary["policy_b8_over_db_best"] = geomean([a / b for a, b in pairs]) if pairs else None
-    pairs = [(r["policy_b8"], r["random_b8"]) for r in rows if r["policy_b8"] and r["random_b8"]]
-    summary["policy_b8_over_random_b8"] = geomean([a / b for a, b in pairs]) if pairs else None
+    for a, b in RATIOS:
+        summary[f"{a}_over_{b}"] = ratio(rows, a, b)
     return summary
+
+
+# Method over method, each a geomean over the problems where both have a checked program.
+RATIOS = (("policy_b8", "db_best"), ("policy_b8", "random_b8"), ("policy_b8", "heuristic_b8"),
+          ("policy_b8", "space_all"), ("heuristic_b8", "space_all"))
+
+
+def ratio(rows, a: str, b: str):
+    pairs = [(r[a], r[b]) for r in rows if r.get(a) and r.get(b)]
+    return {"geomean": geomean([x / y for x, y in pairs]), "problems": len(pairs)} if pairs else None
 
 
 def plot(rows, path):
@@ -308,7 +368,7 @@ def plot(rows, path):
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for m in METHODS[:4]:
-        ratios = sorted(r[m] / r["db_best"] for r in rows if r[m] and r["db_best"])
+        ratios = sorted(r[m] / r["db_best"] for r in rows if r.get(m) and r["db_best"])
         if ratios:
             left.plot([(i + 0.5) / len(ratios) for i in range(len(ratios))], ratios, label=m)
     left.axhline(0.95, color="grey", linewidth=0.8, linestyle="--")
@@ -337,9 +397,9 @@ def print_table(summary):
         s = summary[m]
         value = f"{s['geomean_speedup_vs_torch']:.3f}" if s["geomean_speedup_vs_torch"] else "-"
         print(f"{m:<14}{value:>26}{s['measured']:>10}")
-    for key in ("policy_b8_over_db_best", "policy_b8_over_random_b8"):
-        v = summary[key]
-        print(f"{key}: {v:.3f}" if v else f"{key}: -")
+    for a, b in RATIOS:
+        v = summary.get(f"{a}_over_{b}")
+        print(f"{a} / {b}: {v['geomean']:.3f} over {v['problems']} problems" if v else f"{a} / {b}: -")
 
 
 if __name__ == "__main__":

@@ -73,12 +73,42 @@ def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
         assert len(r["candidates"]["policy_b8"]) <= 3 and r["candidates"]["policy_b1"] == r["candidates"]["policy_b8"][:1]
     assert (tmp_path / "eval" / "policy_eval.png").is_file()
     out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1].startswith("policy_b8_over_random_b8")
+    assert out.rstrip().splitlines()[-1].startswith("heuristic_b8 / space_all: -")   # no space measured
+    assert "policy_b8 / heuristic_b8: " in out
     first = StubWorkerRunner.measured
     assert ev.main(args) == 0                                    # a second run re-times nothing
     assert StubWorkerRunner.measured == first
     again = json.loads((tmp_path / "eval" / "policy_eval.json").read_text())["rows"]
     assert all(r["db_prior"] == r["db_best"] for r in again)
+
+
+def test_policy_eval_on_unseen_problems_measures_the_spaces_where_asked(stub_gpu, tmp_path):
+    from gemmgen.policy.proposers import HeuristicProposer
+    from gemmgen.policy.training import data
+
+    ev = _load("policy_eval")
+    picked = ev.pick_problems(8, which="unseen")
+    layers = {p.key for p in data.heldout_layer_problems()}
+    assert sum(p.key in layers for p in picked) == 4                       # half held-out layers
+    others = [p for p in picked if p.key not in layers]
+    assert [p.b_major for p in others] == ["row", "col"] * 2               # a random shape's two majors together
+    assert not any(p in set(data.training_problems()) for p in picked)
+    order = ev.pick_problems(40, which="unseen")
+    median = sorted(p.flops for p in order)[len(order) // 2]
+    assert any(p.flops > median for p in order[:10])                      # a cut-short run still sees large ones
+    assert len(ev.pick_problems(None, which="unseen")) == len(data.unseen_problems())
+    args = ["--out", str(tmp_path / "eval"), "--db", str(tmp_path / "t.sqlite"), "--problems", "unseen",
+            "--max-problems", "2", "-k", "2", "--space-problems", "1", "--backends", "triton"]
+    assert ev.main(args) == 0
+    report = json.loads((tmp_path / "eval" / "policy_eval.json").read_text())
+    first, second = report["rows"]
+    assert report["summary"]["problem_set"] == "unseen"
+    space = first["candidates"]["space_all"]
+    assert space and len(space) == len(HeuristicProposer(("triton",)).ranked(picked[0]))
+    assert first["space_all"] >= max(first[m] or 0 for m in ("policy_b8", "random_b8", "heuristic_b8")
+                                     if first["candidates"][m] and set(first["candidates"][m]) <= set(space))
+    assert "space_all" not in second["candidates"] and second.get("space_all") is None
+    assert report["summary"]["space_all"]["measured"] == 1
 
 
 def test_each_trial_is_judged_against_its_own_sessions_torch_time():

@@ -7,6 +7,10 @@ seeded hash of the shape, plus the off-grid `x @ W.T` problems M in {1, 7, 33, 1
 at any M. Nothing here ever yields a held-out problem for training. The layer set's tuning
 part is trained on, as the `x @ W.T` problems it is.
 
+The unseen set is what the any-shape issue judges the policy on: the layer set's held-out
+families at their own widths (every M, `x @ W.T`) and random off-grid shapes, each with B
+row-major and column-major, none of them a training problem.
+
 Supervised examples come from two sources, kept apart by name:
 - `database_examples`: the tuning database's fastest checked programs per problem, i.e.
   programs *measured* on the GPU (winners over cuBLAS or not: what the policy is judged
@@ -39,6 +43,7 @@ HELDOUT_SALT = "gemmgen-policy-heldout-v1"
 HELDOUT_PERCENT = 20
 OFFGRID_M = (1, 7, 33, 1000, 3000)
 OFFGRID_N, OFFGRID_K = 11008, 4096
+UNSEEN_SEED = 20261202
 SHAPES_CSV = "benchmarks/shapes/cudal2_1000.csv"
 LAYERS_CSV = "benchmarks/shapes/llm_layers.csv"
 
@@ -111,6 +116,37 @@ def heldout_problems(grid: Optional[Iterable[tuple[int, int, int]]] = None) -> l
 def is_heldout(problem: Problem) -> bool:
     m, n, k = problem.m, problem.n, problem.k
     return is_heldout_shape(m, n, k) or is_offgrid_heldout(m, n, k) or (n, k) in heldout_widths()
+
+
+def heldout_layer_problems() -> list[Problem]:
+    """The layer set's held-out families at their held-out widths, `x @ W.T`, each (M, N, K) once."""
+    rows, held = layer_rows()
+    widths = heldout_widths()
+    shapes = dict.fromkeys((m, n, k) for m, n, k, model in rows if model in held and (n, k) in widths)
+    return [Problem(m, n, k, b_major="col") for m, n, k in shapes]
+
+
+def random_offgrid_shapes(count: int, seed: int = UNSEEN_SEED) -> list[tuple[int, int, int]]:
+    """`count` random (M, N, K), each side log-uniform (M 1-8192, N and K 16-16384), none a grid
+    shape nor a training problem's: shapes a new user brings."""
+    rng = random.Random(seed)
+    taken = set(grid_shapes()) | {(p.m, p.n, p.k) for p in training_problems()}
+    shapes: list[tuple[int, int, int]] = []
+    while len(shapes) < count:
+        s = (int(2 ** rng.uniform(0, 13)), int(2 ** rng.uniform(4, 14)), int(2 ** rng.uniform(4, 14)))
+        if s not in taken:
+            taken.add(s)
+            shapes.append(s)
+    return shapes
+
+
+def unseen_problems(random_shapes: int = 100, seed: int = UNSEEN_SEED) -> list[Problem]:
+    """The held-out layers, then `random_shapes` random off-grid shapes, each with B row-major and
+    column-major (the A operand row-major, as models hold activations)."""
+    problems = heldout_layer_problems()
+    for m, n, k in random_offgrid_shapes(random_shapes, seed):
+        problems += [Problem(m, n, k, b_major="row"), Problem(m, n, k, b_major="col")]
+    return problems
 
 
 def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: float = 0.35,
