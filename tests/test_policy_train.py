@@ -135,3 +135,13 @@ def test_speedup_reward_measures_each_pair_once_and_penalises_bad_answers(teache
 def test_problems_travel_through_the_dataset_intact():
     for problem in PROBLEMS + [Problem(3, 5, 7, epilogue=data.EPILOGUE_VARIANTS[-1])]:
         assert problem_from_json(problem_to_json(problem)) == problem
+
+
+def test_a_retrain_names_the_added_words_its_answers_taught():
+    from gemmgen.policy.training.sft import words_trained
+
+    rows = [{"prompt": "gemm 1x4096x4096 ...", "completion": "backend triton\nmainloop direct\nsplit_k 1"},
+            {"prompt": "epilogue out=f16 gate=silu halves", "completion": "backend cuda\nswap_ab\n"}]
+    added = ["swap_ab", " swap_ab", "gate", " gate", "direct", " direct", "stacked", " stacked"]
+    assert words_trained(rows, added) == ["direct", "swap_ab"]     # `gate` is in a prompt only
+    assert words_trained(rows[:1], ["swap"]) == []                 # whole words, not pieces

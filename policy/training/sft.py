@@ -15,6 +15,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -159,6 +160,12 @@ def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_d
                   "training_problems": n_problems, "heuristic_top": heuristic_top}, programs_h
 
 
+def words_trained(rows: Sequence[dict], words: Sequence[str]) -> list[str]:
+    """The added vocabulary words that occur in the answers of `rows` (what this run taught)."""
+    answers = "\n".join(row["completion"] for row in rows)
+    return sorted({w.strip() for w in words if re.search(rf"\b{re.escape(w.strip())}\b", answers)})
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Supervised warm start of the gemmgen policy.")
     parser.add_argument("--out", required=True, help="folder to write the trained policy to")
@@ -207,6 +214,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = pm.new_small_model(tokenizer)
         lr = args.lr or SFTSettings.learning_rate
         base = {"small_config": asdict(pm.SmallConfig())}
+    if "vocabulary_added" in base:
+        added = base["vocabulary_added"]
+        base["vocabulary_added"] = {**added, "trained": words_trained(rows, added.get("tokens", []))}
     settings = SFTSettings(max_steps=args.max_steps, minutes=args.minutes, batch_size=args.batch_size,
                            learning_rate=lr)
     trainer = run_sft(model, tokenizer, rows, work, settings, resume=args.resume, peft_config=peft_config)
