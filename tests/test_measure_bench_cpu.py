@@ -114,7 +114,8 @@ def test_same_session_reference_is_summarised_apart_from_the_cross_process_pairs
     s = results.summarize(rows)
     assert s["geomean"]["mine/torch"] == pytest.approx(2.0)          # across processes, as before
     assert s["same_session"] == {"mine": {"reference": "torch", "geomean": pytest.approx(1.5), "n": 2, "min": 1.5,
-                                          "slower_beyond_noise": 0, "with_noise": 0}}
+                                          "slower_beyond_noise": 0, "slower_serving_the_reference": 0,
+                                          "with_noise": 0}}
     assert s["by_bucket"][">256"]["same_session"]["mine"]["n"] == 1
     assert "mine vs torch timed in mine's own worker session: 1.500 over 2 shapes, lowest 1.500" in table({"rows": rows})
 
@@ -129,6 +130,11 @@ def test_slower_beyond_noise_counts_only_rows_whose_loss_exceeds_their_own_noise
     assert same["slower_beyond_noise"] == 1 and same["with_noise"] == 2
     assert same["min"] == pytest.approx(0.9)
     assert "1 of 2 slower beyond noise" in table({"rows": rows})
+    assert same["slower_serving_the_reference"] == 0 and "itself" not in table({"rows": rows})
+    mine[1]["notes"] |= {"how": "baseline", "backend": "torch"}     # compile served torch.matmul: an A/A pair
+    same = results.summarize(rows)["same_session"]["mine"]
+    assert same["slower_beyond_noise"] == 1 and same["slower_serving_the_reference"] == 1
+    assert "1 of 2 slower beyond noise (1 of them serving torch itself)" in table({"rows": rows})
 
 
 def test_save_load_roundtrip_turns_nan_into_null(tmp_path):

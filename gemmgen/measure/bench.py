@@ -302,7 +302,9 @@ def table(doc: dict) -> str:
         lines.append(f"{name} vs {same['reference']} timed in {name}'s own worker session: "
                      f"{same['geomean']:.3f} over {same['n']} shapes, lowest {same['min']:.3f}"
                      + (f", {same['slower_beyond_noise']} of {same['with_noise']} slower beyond noise"
-                        if same.get("with_noise") else ""))
+                        if same.get("with_noise") else "")
+                     + (f" ({same['slower_serving_the_reference']} of them serving {same['reference']} itself)"
+                        if same.get("slower_serving_the_reference") else ""))
     if doc.get("meta", {}).get("stopped"):
         lines.append(f"stopped early: {doc['meta']['stopped']}")
     return "\n".join(lines)

@@ -82,12 +82,20 @@ def _same_session(rows: list[dict], names: list[str]) -> dict[str, dict]:
             continue
         speedups = [r["notes"]["reference_device_ms"] / r["device_ms"] for r in timed]
         noises = [r["notes"].get("speedup_noise") for r in timed]
+        # slower than the reference by more than the comparison's noise (rows that carry one)
+        slower = [r for r, s, z in zip(timed, speedups, noises) if z is not None and s * (1 + z) < 1]
         out[n] = {"reference": timed[0]["notes"]["reference"], "geomean": geomean(speedups), "n": len(timed),
-                  "min": min(speedups),
-                  # slower than the reference by more than the comparison's noise (rows that carry one)
-                  "slower_beyond_noise": sum(1 for s, z in zip(speedups, noises) if z is not None and s * (1 + z) < 1),
+                  "min": min(speedups), "slower_beyond_noise": len(slower),
+                  # of those, rows where the candidate served the reference itself: the same kernel twice
+                  "slower_serving_the_reference": sum(1 for r in slower if _serves_reference(r)),
                   "with_noise": sum(1 for z in noises if z is not None)}
     return out
+
+
+def _serves_reference(row: dict) -> bool:
+    """A candidate row whose served kernel is the reference's own (gemmgen.compile's baseline)."""
+    notes = row.get("notes") or {}
+    return notes.get("how") == "baseline" and notes.get("backend") == notes.get("reference")
 
 
 def _floor_medians(rows: list[dict], names: list[str]) -> dict[str, Optional[float]]:
