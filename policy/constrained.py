@@ -8,7 +8,9 @@ answers `gemmgen.dsl.parse` accepts, in canonical order:
 - `start` becomes the answer's statements in the printer's order, each once
   (the full grammar's `_line*` allows any order; the parser rejects repeats);
 - `split_k` is `1` or a count of 2 or more with its reduction, which the parser
-  demands after parsing.
+  demands after parsing;
+- and, where the caller asks for some backends only, `backend` names one of them
+  (a sample for another backend would be drawn only to be dropped).
 
 Beside the grammar, a canonical-form mask keeps samples short and in the form the
 model was trained on: no comments, no tabs, no runs of blanks or blank lines, at
@@ -26,6 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 from gemmgen.dsl.parser import grammar_text
+from gemmgen.errors import GemmgenError
 from gemmgen.policy.prompt import answer_statements
 from gemmgen.policy.tokenizer import LEXEME_PATTERN, is_dsl_tokenizer
 
@@ -33,15 +36,23 @@ MAX_DIGITS = 4
 _WS, _NL, _DIGIT, _LETTER, _OTHER, _NONE = range(6)
 
 
-@lru_cache(maxsize=1)
-def decoding_grammar() -> str:
-    """gemm.lark with the two narrowings of the module docstring (lark syntax)."""
+@lru_cache(maxsize=8)
+def decoding_grammar(backends: Optional[tuple[str, ...]] = None) -> str:
+    """gemm.lark with the narrowings of the module docstring (lark syntax); `backends`: the
+    names a `backend` statement may take (default: every backend the grammar knows)."""
 
     text = grammar_text()
     start = "start: " + " _NL ".join(answer_statements()) + " _NL"
     split_k = ('split_k: "split_k" (SPLIT_ONE | SPLIT_MANY SPLIT_K_REDUCE)\n'
                'SPLIT_ONE: "1"\nSPLIT_MANY: /[2-9]|[1-9][0-9]+/')
-    for rule, new in (("start", start), ("split_k", split_k)):
+    narrowings = [("start", start), ("split_k", split_k)]
+    if backends:
+        known = re.findall(r'"(\w+)"', re.search(r"^BACKEND:.*$", text, flags=re.M).group(0))
+        unknown = sorted(set(backends) - set(known))
+        if unknown:
+            raise GemmgenError(f"no backend named {', '.join(unknown)}; the DSL's backends are {', '.join(known)}")
+        narrowings.append(("BACKEND", "BACKEND: " + " | ".join(f'"{b}"' for b in sorted(set(backends)))))
+    for rule, new in narrowings:
         text, count = re.subn(rf"^{rule}:.*$", lambda _: new, text, count=1, flags=re.M)
         if count != 1:
             raise RuntimeError(f"gemm.lark has no one-line `{rule}:` rule to narrow; update policy/constrained.py")
@@ -195,7 +206,7 @@ class CanonicalForm:
 class GrammarSampler:
     """llguidance matchers plus canonical form, one pair per sample row."""
 
-    def __init__(self, tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int, backends: Optional[Sequence[str]] = None):
         # Deferred: llguidance (optional, heavy to import).
         import llguidance
 
@@ -203,7 +214,8 @@ class GrammarSampler:
         self.vocab_size = vocab_size
         self.table = build_token_table(tokenizer, vocab_size)
         self.lltok = _lltokenizer(tokenizer, vocab_size)
-        self.grammar = llguidance.LLMatcher.grammar_from_lark(decoding_grammar())
+        self.grammar = llguidance.LLMatcher.grammar_from_lark(
+            decoding_grammar(tuple(sorted(set(backends))) if backends else None))
         error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self.grammar, self.lltok)
         if error:
             raise RuntimeError(f"llguidance refused the DSL grammar: {messages[0]}")

@@ -56,7 +56,8 @@ class PolicyProposer:
             if self.device:
                 self._model.to(self.device)
         if self._sampler is None:
-            self._sampler = GrammarSampler(self._tokenizer, self._model.get_output_embeddings().weight.shape[0])
+            self._sampler = GrammarSampler(self._tokenizer, self._model.get_output_embeddings().weight.shape[0],
+                                           backends=self.backends)
         return self._model, self._tokenizer, self._sampler
 
     @property

@@ -55,6 +55,18 @@ def test_samples_differ_and_seeds_repeat(untrained):
     assert len({s.text for s in a}) > 1
 
 
+def test_a_sampler_for_some_backends_writes_only_those(untrained):
+    from gemmgen.errors import GemmgenError
+
+    model, tokenizer, _ = untrained
+    assert re.search(r'^BACKEND: "cutlass" \| "triton"$', decoding_grammar(("triton", "cutlass")), re.M)
+    with pytest.raises(GemmgenError, match="no backend named tritn; the DSL's backends are"):
+        decoding_grammar(("tritn",))
+    sampler = GrammarSampler(tokenizer, model.config.vocab_size, backends=["cuda"])
+    samples = sample(model, tokenizer, sampler, prompt_text(PROBLEMS[1]), 8, seed=5)
+    assert samples and all(s.text.startswith("backend cuda\n") for s in samples if s.complete)
+
+
 def test_the_full_grammar_would_accept_what_the_narrowed_one_refuses():
     # The narrowing is of order and split_k only: a reordered program still parses in the DSL,
     # and the parser itself refuses `split_k 4` without a reduction (what the narrowing prevents).
