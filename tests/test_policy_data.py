@@ -38,6 +38,24 @@ def test_the_layer_sets_tuning_part_is_trained_on_and_its_held_out_families_neve
     assert data.is_heldout(Problem(3, 14336, 3584, b_major="col"))      # at any M
 
 
+def test_unseen_random_shapes_are_fixed_and_never_trained_on_even_among_user_shapes():
+    shapes = data.unseen_random_shapes()
+    assert len(shapes) == data.UNSEEN_RANDOM == len(set(shapes))
+    assert not set(shapes) & set(data.grid_shapes())
+    m, n, k = shapes[0]
+    for problem in (Problem(m, n, k), Problem(m, n, k, b_major="col", epilogue=Epilogue(bias="n"))):
+        assert data.is_heldout(problem)                                 # any major, any epilogue
+    base = data.training_problems(offgrid=50)
+    more = data.training_problems(offgrid=50, user_shapes=300)
+    assert set(base) <= set(more)                                       # the other draws stay as they were
+    added = {(p.m, p.n, p.k) for p in set(more) - set(base)}
+    assert len(added) == 300 and not added & set(shapes)
+    assert min(n for _, n, _ in added) < 64 and max(m for m, _, _ in added) > 1024   # small and large sides
+    unseen = data.unseen_problems()
+    assert len(unseen) == len(data.heldout_layer_problems()) + 2 * data.UNSEEN_RANDOM
+    assert all(data.is_heldout(p) for p in unseen)
+
+
 def test_the_prompt_states_problem_and_hardware_and_parses_as_dsl():
     problem = Problem(1000, 11008, 4096, b_major="col", epilogue=Epilogue(bias="n", activation="silu"))
     text = prompt_text(problem)

@@ -44,6 +44,7 @@ HELDOUT_PERCENT = 20
 OFFGRID_M = (1, 7, 33, 1000, 3000)
 OFFGRID_N, OFFGRID_K = 11008, 4096
 UNSEEN_SEED = 20261202
+UNSEEN_RANDOM = 100
 SHAPES_CSV = "benchmarks/shapes/cudal2_1000.csv"
 LAYERS_CSV = "benchmarks/shapes/llm_layers.csv"
 
@@ -115,7 +116,8 @@ def heldout_problems(grid: Optional[Iterable[tuple[int, int, int]]] = None) -> l
 
 def is_heldout(problem: Problem) -> bool:
     m, n, k = problem.m, problem.n, problem.k
-    return is_heldout_shape(m, n, k) or is_offgrid_heldout(m, n, k) or (n, k) in heldout_widths()
+    return (is_heldout_shape(m, n, k) or is_offgrid_heldout(m, n, k) or (n, k) in heldout_widths()
+            or (m, n, k) in unseen_random_shapes())
 
 
 def heldout_layer_problems() -> list[Problem]:
@@ -126,33 +128,39 @@ def heldout_layer_problems() -> list[Problem]:
     return [Problem(m, n, k, b_major="col") for m, n, k in shapes]
 
 
-def random_offgrid_shapes(count: int, seed: int = UNSEEN_SEED) -> list[tuple[int, int, int]]:
-    """`count` random (M, N, K), each side log-uniform (M 1-8192, N and K 16-16384), none a grid
-    shape nor a training problem's: shapes a new user brings."""
-    rng = random.Random(seed)
-    taken = set(grid_shapes()) | {(p.m, p.n, p.k) for p in training_problems()}
-    shapes: list[tuple[int, int, int]] = []
-    while len(shapes) < count:
-        s = (int(2 ** rng.uniform(0, 13)), int(2 ** rng.uniform(4, 14)), int(2 ** rng.uniform(4, 14)))
-        if s not in taken:
-            taken.add(s)
-            shapes.append(s)
-    return shapes
+def log_uniform_shape(rng: random.Random) -> tuple[int, int, int]:
+    """A shape as a new user brings one: each side log-uniform (M 1-8192, N and K 16-16384)."""
+    return int(2 ** rng.uniform(0, 13)), int(2 ** rng.uniform(4, 14)), int(2 ** rng.uniform(4, 14))
 
 
-def unseen_problems(random_shapes: int = 100, seed: int = UNSEEN_SEED) -> list[Problem]:
-    """The held-out layers, then `random_shapes` random off-grid shapes, each with B row-major and
-    column-major (the A operand row-major, as models hold activations)."""
+@lru_cache(maxsize=1)
+def unseen_random_shapes() -> tuple[tuple[int, int, int], ...]:
+    """UNSEEN_RANDOM log-uniform shapes, none a grid shape, fixed by UNSEEN_SEED: held out of
+    all training (is_heldout), in both majors and with any epilogue."""
+    rng, grid = random.Random(UNSEEN_SEED), set(grid_shapes())
+    shapes: dict[tuple[int, int, int], None] = {}
+    while len(shapes) < UNSEEN_RANDOM:
+        s = log_uniform_shape(rng)
+        if s not in grid:
+            shapes[s] = None
+    return tuple(shapes)
+
+
+def unseen_problems() -> list[Problem]:
+    """The held-out layers, then the unseen random shapes, each with B row-major and column-major
+    (the A operand row-major, as models hold activations)."""
     problems = heldout_layer_problems()
-    for m, n, k in random_offgrid_shapes(random_shapes, seed):
+    for m, n, k in unseen_random_shapes():
         problems += [Problem(m, n, k, b_major="row"), Problem(m, n, k, b_major="col")]
     return problems
 
 
 def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: float = 0.35,
-                      layers: bool = True) -> list[Problem]:
+                      layers: bool = True, user_shapes: int = 0) -> list[Problem]:
     """Grid shapes outside the held-out 20 %, each row/row and x @ W.T (b=col), plus off-grid
-    shapes; then (`layers`) the layer set's tuning part as x @ W.T.
+    shapes of model widths, plus `user_shapes` log-uniform ones (as a new user brings them, from
+    their own random stream, so the others stay as they were); then (`layers`) the layer set's
+    tuning part as x @ W.T.
 
     A random `epilogue_fraction` of grid and off-grid shapes also gets a third problem with a
     random epilogue, so the prompt's epilogue line is seen with many shapes.
@@ -167,6 +175,12 @@ def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: floa
         if rng.random() < 0.3:
             n, k = rng.randint(1, 16384), rng.randint(16, 16384)
         s = (m, n, k)
+        if s not in seen and not is_heldout(Problem(*s)):
+            seen.add(s)
+            shapes.append(s)
+    user_rng = random.Random(f"{seed}:user-shapes")
+    while len(shapes) < target + user_shapes:
+        s = log_uniform_shape(user_rng)
         if s not in seen and not is_heldout(Problem(*s)):
             seen.add(s)
             shapes.append(s)

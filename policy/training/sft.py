@@ -135,7 +135,7 @@ def write_programs(programs, path: str | Path) -> None:
 
 
 def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_dir: Path,
-               data_path: Optional[str] = None) -> tuple[list[dict], dict, list]:
+               data_path: Optional[str] = None, user_shapes: int = 0) -> tuple[list[dict], dict, list]:
     """Supervised rows from the database (if any) and the heuristic (or a saved snapshot of it);
     the counts of each; and the heuristic programs."""
 
@@ -149,7 +149,7 @@ def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_d
         n_problems = len({p.problem for p in programs_h})
     else:
 
-        problems = data.training_problems(offgrid=offgrid)
+        problems = data.training_problems(offgrid=offgrid, user_shapes=user_shapes)
         teacher = [HeuristicProposer.version, heuristic_top] + [m.NAME for m in present_backends()]
         key = hashlib.sha256(json.dumps([p.key for p in problems] + teacher).encode()).hexdigest()[:12]
         programs_h = data.heuristic_examples(problems, top=heuristic_top, cache=cache_dir / f"heuristic-{key}.jsonl")
@@ -157,7 +157,8 @@ def build_rows(db_path: Optional[str], heuristic_top: int, offgrid: int, cache_d
     # Measured programs count twice: they are the better teacher.
     rows = list(data.supervised_rows(programs_db * 2 + programs_h))
     return rows, {"database_programs": len(programs_db), "heuristic_programs": len(programs_h),
-                  "training_problems": n_problems, "heuristic_top": heuristic_top}, programs_h
+                  "training_problems": n_problems, "heuristic_top": heuristic_top,
+                  **({"user_shapes": user_shapes} if user_shapes and not data_path else {})}, programs_h
 
 
 def words_trained(rows: Sequence[dict], words: Sequence[str]) -> list[str]:
@@ -177,7 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--keep-data", action="store_true",
                         help="save the heuristic programs beside the policy (sft_heuristic_programs.jsonl.gz)")
     parser.add_argument("--heuristic-top", type=int, default=4)
-    parser.add_argument("--offgrid", type=int, default=400)
+    parser.add_argument("--offgrid", type=int, default=400, help="off-grid shapes of model widths")
+    parser.add_argument("--user-shapes", type=int, default=0,
+                        help="log-uniform off-grid shapes, as a new user brings them (heuristic programs)")
     parser.add_argument("--minutes", type=float, default=SFTSettings.minutes)
     parser.add_argument("--max-steps", type=int, default=SFTSettings.max_steps)
     parser.add_argument("--batch-size", type=int, default=SFTSettings.batch_size)
@@ -190,7 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     work = Path(args.work) if args.work else pm.cache_root() / "policy" / "runs" / f"sft-{out.resolve().name}"
     started = time.monotonic()
     rows, counts, programs_h = build_rows(args.db, args.heuristic_top, args.offgrid, pm.cache_root() / "policy",
-                                          args.data)
+                                          args.data, args.user_shapes)
     peft_config = None
     if args.base_model:
         # Deferred: peft (optional, heavy to import).
