@@ -89,13 +89,11 @@ def spread(items: list, count: int) -> list:
 
 def _pick_unseen(limit: int | None, shard_spec: str | None, seed: int):
     from gemmgen.measure.shapes import shard
-    from gemmgen.policy.training.data import heldout_layer_problems, unseen_problems
+    from gemmgen.policy.training.data import heldout_layer_problems, unseen_random_pairs
 
     layers = sorted(heldout_layer_problems(), key=lambda p: p.flops)
-    layer_keys = {p.key for p in layers}
-    others = [p for p in unseen_problems() if p.key not in layer_keys]
-    pairs = sorted((others[i:i + 2] for i in range(0, len(others), 2)), key=lambda pair: pair[0].flops)
-    if limit is not None and limit < len(layers) + len(others):
+    pairs = sorted(unseen_random_pairs(), key=lambda pair: pair[0].flops)
+    if limit is not None and limit < len(layers) + 2 * len(pairs):
         pairs = spread(pairs, limit // 4)               # a quarter of the limit, two problems each
         layers = spread(layers, limit - 2 * len(pairs))
     random.Random(seed).shuffle(layers)

@@ -92,7 +92,8 @@ def test_policy_eval_on_unseen_problems_measures_the_spaces_where_asked(stub_gpu
     assert sum(p.key in layers for p in picked) == 4                       # half held-out layers
     others = [p for p in picked if p.key not in layers]
     assert [p.b_major for p in others] == ["row", "col"] * 2               # a random shape's two majors together
-    assert not any(p in set(data.training_problems()) for p in picked)
+    training = set(data.training_problems())
+    assert not any(p in training for p in picked)
     order = ev.pick_problems(40, which="unseen")
     median = sorted(p.flops for p in order)[len(order) // 2]
     assert any(p.flops > median for p in order[:10])                      # a cut-short run still sees large ones

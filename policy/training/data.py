@@ -146,13 +146,15 @@ def unseen_random_shapes() -> tuple[tuple[int, int, int], ...]:
     return tuple(shapes)
 
 
+def unseen_random_pairs() -> list[tuple[Problem, Problem]]:
+    """Each unseen random shape with B row-major and with B column-major (the A operand
+    row-major, as models hold activations)."""
+    return [(Problem(m, n, k, b_major="row"), Problem(m, n, k, b_major="col")) for m, n, k in unseen_random_shapes()]
+
+
 def unseen_problems() -> list[Problem]:
-    """The held-out layers, then the unseen random shapes, each with B row-major and column-major
-    (the A operand row-major, as models hold activations)."""
-    problems = heldout_layer_problems()
-    for m, n, k in unseen_random_shapes():
-        problems += [Problem(m, n, k, b_major="row"), Problem(m, n, k, b_major="col")]
-    return problems
+    """The held-out layers, then the unseen random shapes in both majors."""
+    return heldout_layer_problems() + [p for pair in unseen_random_pairs() for p in pair]
 
 
 def training_problems(seed: int = 0, offgrid: int = 400, epilogue_fraction: float = 0.35,
