@@ -11,6 +11,7 @@ import pytest
 from gemmgen.cache import CACHE_ENV
 
 DB_ENV = "GEMMGEN_DB"
+PREPACK_ENV = "TORCHINDUCTOR_CPP_WEIGHT_PREPACK"
 _SAVED = pytest.StashKey[dict]()
 
 
@@ -19,9 +20,13 @@ def pytest_configure(config):
     reuse = os.environ.get("GEMMGEN_TEST_CACHE_DIR")
     root = reuse or tempfile.mkdtemp(prefix="gemmgen-tests-")
     config.stash[_SAVED] = {"made": None if reuse else root,
-                            "env": {name: os.environ.get(name) for name in (CACHE_ENV, DB_ENV)}}
+                            "env": {name: os.environ.get(name) for name in (CACHE_ENV, DB_ENV, PREPACK_ENV)}}
     os.environ[CACHE_ENV] = root
     os.environ[DB_ENV] = os.path.join(root, "tuning.sqlite")
+    # On CPUs with AMX, inductor's freezing packs constant weights into oneDNN linears before the
+    # post-grad passes, so the CPU tests of gemmgen's pass would find no mm to replace; inductor
+    # on CUDA, which those tests stand in for, has no such step.
+    os.environ.setdefault(PREPACK_ENV, "0")
 
 
 def pytest_unconfigure(config):
