@@ -130,6 +130,29 @@ def test_a_worker_started_ahead_serves_a_first_fresh_job_and_none_is_left(monkey
     assert not [p for p in multiprocessing.active_children() if p.name == "gemmgen-worker"]   # no spare left
 
 
+def test_standbys_start_together_and_are_replaced_once_all_are_taken(monkeypatch):
+    from gemmgen.measure import worker
+
+    started = []
+
+    class Counted(worker._Started):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self)
+
+    monkeypatch.setattr(worker, "_Started", Counted)
+    with Runner(gpu=False, timeout_s=30, standby=3) as runner:
+        runner.start_soon()
+        runner.ready(standby=True)
+        assert len(started) == 4 and all(s.said_ready for s in started)    # the worker and 3 standbys
+        fresh = [runner.run(Job("count", planted.counts_jobs), fresh=True).value for _ in range(3)]
+        assert len(started) == 7                   # the third took the last standby: 3 more started
+        runner.ready(standby=True)
+        pids = {pid for pid, _ in fresh}
+    assert [n for _, n in fresh] == [1, 1, 1] and len(pids) == 3        # each on a worker that ran nothing
+    assert pids == {s.proc.pid for s in started[1:4]}                     # the standbys started first
+    assert not [p for p in multiprocessing.active_children() if p.name == "gemmgen-worker"]
+
 class _Timing:
     def __init__(self, ms):
         self.ms = ms

@@ -13,9 +13,13 @@ killed takes its whole group with it: a process a kernel started cannot outlive 
 
 Starting a worker (a Python interpreter, torch, a CUDA context) takes seconds, so a runner can
 start its worker ahead (`start_soon`) while the caller proposes and builds, and with
-`standby=True` keeps one more started and idle: a job that must run in a newly started worker
-(`run(..., fresh=True)`, a would-be winner's confirmation) takes the standby, which has run
-nothing, instead of waiting for a start. A job with `problem=None` is a plain job: the loaded callable is called once
+`standby=N` keeps N more started and idle: a job that must run in a newly started worker
+(`run(..., fresh=True)`, a would-be winner's confirmation) takes a standby, which has run
+nothing, instead of waiting for a start. Standbys are started N at a time, once the last is
+taken: they start side by side in about one start's time, so a caller that waits for them
+(`ready(standby=True)`, which keeps starts out of its timings) waits once per N fresh jobs.
+
+A job with `problem=None` is a plain job: the loaded callable is called once
 with no arguments and what it returns comes back as `TrialResult.value` (the runner's
 own tests use these with `Runner(gpu=False)`; a search script may measure a whole
 group of kernels inside one such job).
@@ -266,21 +270,22 @@ class Runner:
         with Runner(timeout_s=60) as runner:
             result = runner.run(Job("k0", load_backend, ("triton", artifact, text), problem))
 
-    `standby`: keep a second worker started for `run(..., fresh=True)` (module docstring).
+    `standby`: how many more workers to keep started for `run(..., fresh=True)` (module
+    docstring; True is one).
     """
 
     def __init__(self, *, timeout_s: float = 120.0, gpu: bool = True, startup_timeout_s: float = 180.0,
-                 standby: bool = False):
+                 standby: int = 0):
         self.timeout_s = timeout_s
         self.gpu = gpu
         self.startup_timeout_s = startup_timeout_s
-        self.standby = standby
+        self.standby = int(standby)
         self.restarts = 0
         self._ctx = multiprocessing.get_context("spawn")
         self._proc = None
         self._conn = None
         self._starting: Optional[_Started] = None     # the next active worker, started ahead
-        self._spare: Optional[_Started] = None        # the standby, for a fresh job
+        self._spares: list[_Started] = []             # the standbys, for fresh jobs
 
     def __enter__(self) -> "Runner":
         return self
@@ -289,11 +294,11 @@ class Runner:
         self.close()
 
     def start_soon(self) -> None:
-        """Start the worker (and the standby) now, without waiting for them."""
+        """Start the worker (and the standbys, if none is left) now, without waiting for them."""
         if self._proc is None and self._starting is None:
             self._starting = _Started(self._ctx, self.gpu)
-        if self.standby and self._spare is None:
-            self._spare = _Started(self._ctx, self.gpu)
+        if not self._spares:
+            self._spares = [_Started(self._ctx, self.gpu) for _ in range(self.standby)]
 
     def ready(self, standby: bool = False) -> None:
         """Wait until a worker is ready for the next job (starting one if none is); `standby`:
@@ -303,11 +308,12 @@ class Runner:
         if self._proc is None:
             started, self._starting = self._starting or _Started(self._ctx, self.gpu), None
             self._proc, self._conn = started.ready(self.startup_timeout_s)
-        if standby and self._spare is not None:
-            try:
-                self._spare.ready(self.startup_timeout_s)
-            except MeasureError:
-                self._spare = None         # a fresh job starts its own worker instead
+        if standby:
+            for spare in list(self._spares):
+                try:
+                    spare.ready(self.startup_timeout_s)
+                except MeasureError:
+                    self._spares.remove(spare)     # a fresh job starts its own worker instead
 
     def _retire(self, kill: bool, replaced: bool = True) -> Optional[int]:
         proc, conn = self._proc, self._conn
@@ -327,14 +333,14 @@ class Runner:
                                "its load function must be a module-level function") from None
         if fresh:
             self._retire(kill=True, replaced=False)     # idle: nothing to finish, and a CUDA exit takes seconds
-            if self._starting is None:                  # one started ahead has run nothing either
-                self._starting, self._spare = self._spare, None
+            if self._starting is None and self._spares:  # one started ahead has run nothing either
+                self._starting = self._spares.pop(0)
         self.ready()
         try:
             return self._send(job, payload)
         finally:
             if fresh:
-                self.start_soon()         # the next standby starts once this job is done
+                self.start_soon()         # the next standbys start once this job is done, if none is left
 
     def _send(self, job: Job, payload: bytes) -> TrialResult:
         start = _clock.perf_counter()
@@ -356,10 +362,10 @@ class Runner:
 
     def close(self) -> None:
         self._retire(kill=True, replaced=False)
-        for started in (self._starting, self._spare):
+        for started in [self._starting, *self._spares]:
             if started is not None:
                 started.stop()
-        self._starting = self._spare = None
+        self._starting, self._spares = None, []
 
 
 __all__ = ["Job", "Runner", "STATUSES", "TrialResult", "load_backend", "load_named"]

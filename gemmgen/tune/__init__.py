@@ -186,7 +186,7 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
     `on_shape(problem)` runs once a shape's trials are all recorded (a report written as it goes).
     The run's first wait for the runner's workers is not counted against `time_budget_s` (a
     process's first run waits for their start; kept workers serve its later runs). Later waits,
-    for a standby started again after a confirmation took it, are counted.
+    for standbys started again after confirmations took them, are counted.
     """
     # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm

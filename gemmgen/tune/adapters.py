@@ -49,6 +49,10 @@ class PoolBuilder:
 
 #: Baselines measured per shape in each tuning run (the same names as `gemmgen bench`).
 DEFAULT_BASELINES = ("torch", "cublas_nn", "cublas_tn", "lt_heuristic", "lt_autotune")
+#: Workers kept started for confirmations, which each take one that has run nothing. They start
+#: side by side, so the loop waits for starts once per this many confirmations: on the H200 a
+#: small-batch tuning run waited 112 of its 316 s for starts with one, the next 39 of 178 s with 3.
+STANDBY_WORKERS = 3
 
 
 def this_device() -> Device:
@@ -69,8 +73,8 @@ class WorkerRunner:
     checked then timed in `gemmgen.measure.worker.Runner`'s isolated process.
 
     mode 'offline' times back to back; 'both' adds server-mode times (a second worker job).
-    The worker and a standby for confirmations start when the runner is made (`Runner.start_soon`),
-    while the loop proposes and builds.
+    The worker and STANDBY_WORKERS standbys for confirmations start when the runner is made
+    (`Runner.start_soon`), while the loop proposes and builds.
     """
 
     def __init__(self, *, mode: str = "offline", timeout_s: float = 60.0,
@@ -88,7 +92,7 @@ class WorkerRunner:
         self.timing = timing or TimingOptions()
         self.timeout_s = timeout_s
         self.device = this_device()
-        self._runner = Runner(timeout_s=timeout_s, standby=True)
+        self._runner = Runner(timeout_s=timeout_s, standby=STANDBY_WORKERS)
         self._runner.start_soon()
         self._timer_warm = False
 
@@ -103,7 +107,7 @@ class WorkerRunner:
 
     def ready(self) -> None:
         """Start this process's timer (its one-time set-up, while the workers start), then wait
-        until the worker and the standby have started, so that no start overlaps the baselines'
+        until the worker and the standbys have started, so that no start overlaps the baselines'
         timing. The loop times this as a part of its own."""
         if not self._timer_warm:
             # Deferred: torch (optional, heavy to import).

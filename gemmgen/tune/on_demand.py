@@ -5,7 +5,7 @@ backend's `tune_missing` call it; a problem tuned once is not tuned again, since
 are then in the database.
 
 A time budget counts from the call, except the call's first wait for the measurement workers
-(`gemmgen.tune.tune`). That start takes seconds, so the worker and its standby stay up for the
+(`gemmgen.tune.tune`). That start takes seconds, so the worker and its standbys stay up for the
 process's next request and end after WORKERS_IDLE_S idle seconds (or at exit, or
 `release_workers()`).
 """
