@@ -19,9 +19,11 @@ best checked time among its own candidates:
                  --space-problems problems only
   db_best        the best checked program the database holds for the problem (prior tuning runs
                  and this run together); db_prior is the same before this run
-Speedup = torch.matmul time / kernel time, both from the same run (offline, cold L2); each method
-scores its program with the best speedup, not its fastest kernel time, which would let a method
-read above db_best where trials came from sessions at other clocks.
+Each row also keeps every candidate's program text and speedup (`candidates`,
+`candidate_speedups`). Speedup = torch.matmul time / kernel time, both from the same run
+(offline, cold L2); each method scores its program with the best speedup, not its fastest kernel
+time, which would let a method read above db_best where trials came from sessions at other
+clocks.
 
     python benchmarks/policy_eval.py --out benchmarks/results/policy_eval --time-budget 150
 
@@ -297,6 +299,9 @@ class EvalCandidates:
         row = {"problem": problem.key, "m": problem.m, "n": problem.n, "k": problem.k,
                "b_major": problem.b_major, "gflop": problem.gflop, "policy_propose_s": round(propose_s, 3),
                "policy_stats": stats, "candidates": texts}
+        # each candidate's own speedup, in the candidates' order (None: no checked time), so that a
+        # proposer's ranking can be studied later without the run's database
+        row["candidate_speedups"] = {method: [times.get(t) for t in group] for method, group in texts.items()}
         for method, group in texts.items():
             row[method] = method_speedup(group, times)
         row["db_prior"] = method_speedup(list(prior), prior)

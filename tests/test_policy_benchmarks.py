@@ -71,6 +71,9 @@ def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
     for r in rows:
         assert r["db_prior"] is None and r["db_best"] >= max(r[m] or 0 for m in ev.METHODS[:4])
         assert len(r["candidates"]["policy_b8"]) <= 3 and r["candidates"]["policy_b1"] == r["candidates"]["policy_b8"][:1]
+        for method, group in r["candidates"].items():          # each candidate's speedup, in order
+            speedups = r["candidate_speedups"][method]
+            assert len(speedups) == len(group) and r[method] == max((x for x in speedups if x), default=None)
     assert (tmp_path / "eval" / "policy_eval.png").is_file()
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("heuristic_b8 / space_all: -")   # no space measured
