@@ -273,6 +273,15 @@ def test_stream_k_past_small_m_only_where_the_last_wave_is_part_full():
     assert not any(p.scheduler == "stream_k" for p in tb.space(Problem(4096, 4096, 4096)))
 
 
+@pytest.mark.parametrize("n, rows", [(4096, 64), (8192, 64), (9216, 128), (14336, 128), (18944, 64),
+                                     (28672, 128)])
+def test_swapped_tiles_go_by_the_weight_rows_an_sm_takes_on(n, rows):
+    # 9216 rows: 144 tiles of 64 rows take 2 waves of 132 SMs, 72 of 128 one: 128 rows an SM
+    # either way, and the 128-row tile, with half the CTAs, leads; 18944: 3 x 64 against 2 x 128
+    head = [p for p in tb.space(Problem(8, n, 4096, b_major="col")) if p.swap_ab and p.scheduler == "tile"]
+    assert [p.tile.m for p in head[:2]] == [rows, 192 - rows]
+
+
 def test_space_for_generic_problem():
     cands = tb.space(Problem(None, None, None))
     assert cands and all(not backends.diagnose(c) for c in cands)

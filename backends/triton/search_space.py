@@ -64,6 +64,12 @@ SMALL_M_HEAD = (("tile", 128, 128, 4, 4, 1), ("stream_k", 64, 128, 6, 4, 1), ("t
 SWAP_MAX_M = 64
 SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6),
              ("stream_k", 128, 128, 4))
+#: The swapped one-CTA-a-tile programs go by the weight rows an SM takes on in its waves,
+#: ceil(tiles / SMs) x tile rows, the larger tile first on a tie: the 128-row tile then runs
+#: half the CTAs in the same waves. At M = 4-16, of the 135 layer problems where both were timed
+#: (results/tune_llm_small_m_swap2/), this put the faster first at all 94 where they differed by
+#: over 3 %: 64 rows at weights of 1,024-8,192 rows and of 18,944 and 22,016 (the 128-row tile
+#: at 0.57-0.97x its speed), 128 rows at 9,216-16,384, 27,648 and 28,672 (1.03-1.22x).
 #: At M <= DIRECT_MAX_M (decode), `mainloop direct` under swap_ab: FMA over row-contiguous K
 #: steps, which read the weight nearly at a plain read's rate (benchmarks/gemv_patterns.py).
 #: (weight rows a CTA, tile K at a batch of one, warps), best measured first. At M = 1, 8 rows,
@@ -323,7 +329,7 @@ def swapped_head(problem: Problem) -> list[Program]:
         return []
     cols = max(16, _pow2_at_least(problem.m))
     out = []
-    for scheduler, bm, bk, stages in SWAP_HEAD:
+    for scheduler, bm, bk, stages in sorted(SWAP_HEAD, key=lambda entry: _swap_order(problem, entry)):
         k_tiles = math.ceil(problem.k / bk)
         if bk > max(32, _pow2_at_least(problem.k)) or (
                 scheduler == "stream_k" and k_tiles < STREAM_K_MIN_K_TILES):
@@ -333,6 +339,15 @@ def swapped_head(problem: Problem) -> list[Program]:
         if not any(rule(p.computed) for rule in SUPPORT.extra_rules):
             out.append(p)
     return out
+
+
+def _swap_order(problem: Problem, entry: tuple) -> tuple:
+    """The one-CTA-a-tile entries of SWAP_HEAD by the weight rows an SM takes on (the larger
+    tile first on a tie), ahead of the stream-K ones in their listed order."""
+    scheduler, bm = entry[0], entry[1]
+    if scheduler != "tile":
+        return (1, 0, 0)
+    return (0, math.ceil(math.ceil(problem.n / bm) / SM90A.sms) * bm, -bm)
 
 
 def direct_head(problem: Problem) -> list[Program]:
