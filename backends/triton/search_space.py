@@ -64,12 +64,6 @@ SMALL_M_HEAD = (("tile", 128, 128, 4, 4, 1), ("stream_k", 64, 128, 6, 4, 1), ("t
 SWAP_MAX_M = 64
 SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 6), ("stream_k", 64, 128, 6),
              ("stream_k", 128, 128, 4))
-#: The swapped one-CTA-a-tile programs go by the weight rows an SM takes on in its waves,
-#: ceil(tiles / SMs) x tile rows, the larger tile first on a tie: the 128-row tile then runs
-#: half the CTAs in the same waves. At M = 4-16, of the 135 layer problems where both were timed
-#: (results/tune_llm_small_m_swap2/), this put the faster first at all 94 where they differed by
-#: over 3 %: 64 rows at weights of 1,024-8,192 rows and of 18,944 and 22,016 (the 128-row tile
-#: at 0.57-0.97x its speed), 128 rows at 9,216-16,384, 27,648 and 28,672 (1.03-1.22x).
 #: At M <= DIRECT_MAX_M (decode), `mainloop direct` under swap_ab: FMA over row-contiguous K
 #: steps, which read the weight nearly at a plain read's rate (benchmarks/gemv_patterns.py).
 #: (weight rows a CTA, tile K at a batch of one, warps), best measured first. At M = 1, 8 rows,
@@ -342,8 +336,13 @@ def swapped_head(problem: Problem) -> list[Program]:
 
 
 def _swap_order(problem: Problem, entry: tuple) -> tuple:
-    """The one-CTA-a-tile entries of SWAP_HEAD by the weight rows an SM takes on (the larger
-    tile first on a tie), ahead of the stream-K ones in their listed order."""
+    """The one-CTA-a-tile entries of SWAP_HEAD by the weight rows an SM takes on in its waves,
+    ceil(tiles / SMs) x tile rows, the larger tile first on a tie (it then runs half the CTAs
+    in the same waves); the stream-K ones after them, in their listed order. At M = 4-16, of the
+    135 layer problems where both tiles were timed (results/tune_llm_small_m_swap2/), this put
+    the faster first at all 94 where they differed by over 3 %: 64 rows at weights of
+    1,024-8,192 rows and of 18,944 and 22,016 (the 128-row tile at 0.57-0.97x its speed), 128
+    rows at 9,216-16,384, 27,648 and 28,672 (1.03-1.22x)."""
     scheduler, bm = entry[0], entry[1]
     if scheduler != "tile":
         return (1, 0, 0)
