@@ -109,17 +109,23 @@ def test_a_runner_without_a_standby_starts_a_worker_for_a_fresh_job():
     assert fresh[1] == 1 and fresh[0] != before[0]
 
 
-def test_a_worker_started_ahead_serves_a_first_fresh_job_and_none_is_left(monkeypatch):
+@pytest.fixture
+def started(monkeypatch):
+    """Every worker process the runner starts, in order (its `_Started` records itself here)."""
     from gemmgen.measure import worker
 
-    started = []
+    made = []
 
     class Counted(worker._Started):
         def __init__(self, *args):
             super().__init__(*args)
-            started.append(self)
+            made.append(self)
 
     monkeypatch.setattr(worker, "_Started", Counted)
+    return made
+
+
+def test_a_worker_started_ahead_serves_a_first_fresh_job_and_none_is_left(started):
     with Runner(gpu=False, timeout_s=30, standby=True) as runner:
         runner.start_soon()
         fresh = runner.run(Job("count", planted.counts_jobs), fresh=True).value
@@ -130,17 +136,7 @@ def test_a_worker_started_ahead_serves_a_first_fresh_job_and_none_is_left(monkey
     assert not [p for p in multiprocessing.active_children() if p.name == "gemmgen-worker"]   # no spare left
 
 
-def test_standbys_start_together_and_are_replaced_once_all_are_taken(monkeypatch):
-    from gemmgen.measure import worker
-
-    started = []
-
-    class Counted(worker._Started):
-        def __init__(self, *args):
-            super().__init__(*args)
-            started.append(self)
-
-    monkeypatch.setattr(worker, "_Started", Counted)
+def test_standbys_start_together_and_are_replaced_once_all_are_taken(started):
     with Runner(gpu=False, timeout_s=30, standby=3) as runner:
         runner.start_soon()
         runner.ready(standby=True)
@@ -152,6 +148,7 @@ def test_standbys_start_together_and_are_replaced_once_all_are_taken(monkeypatch
     assert [n for _, n in fresh] == [1, 1, 1] and len(pids) == 3        # each on a worker that ran nothing
     assert pids == {s.proc.pid for s in started[1:4]}                     # the standbys started first
     assert not [p for p in multiprocessing.active_children() if p.name == "gemmgen-worker"]
+
 
 class _Timing:
     def __init__(self, ms):
