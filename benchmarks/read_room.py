@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from gemmgen.errors import GemmgenError
+from gemmgen.measure.numerics import geomean, median
+from gemmgen.measure.results import load
 
 #: Weight sizes (MB, 1e6 bytes) that split the rows: a plain read reaches 0.32 of the bandwidth
 #: floor at 3.7 MB and 0.96 at 1-2 GB (read_ceiling/), so the room shrinks with size.
@@ -54,9 +57,6 @@ def pairs(bench: dict, read_us: dict) -> list[tuple[int, int, float, float, floa
 
 
 def table(rows: list[tuple[int, int, float, float, float]]) -> str:
-    def geomean(xs):
-        return math.exp(sum(map(math.log, xs)) / len(xs))
-
     groups = defaultdict(list)
     for row in rows:
         groups[("M", row[0])].append(row)
@@ -74,7 +74,7 @@ def table(rows: list[tuple[int, int, float, float, float]]) -> str:
         room = geomean([t / r for _, _, t, _, r in sel])
         took = geomean([t / g for _, _, t, g, _ in sel])
         share = math.log(took) / math.log(room) if room > 1 else float("nan")
-        ratio = statistics.median(r / g for _, _, _, g, r in sel)
+        ratio = median(r / g for _, _, _, g, r in sel)
         lines.append(f"{group[0]:>8} {str(group[1]):>12} {len(sel):4d} {room:13.3f} {took:16.3f} "
                      f"{share:11.2f} {ratio:15.3f}")
     return "\n".join(lines) + "\n"
@@ -86,9 +86,6 @@ def main(argv=None) -> int:
     ap.add_argument("--ceiling", required=True, help="read_ceiling.py's JSON")
     ap.add_argument("--out", default=None, help="write the table here too")
     args = ap.parse_args(argv)
-
-    from gemmgen.errors import GemmgenError
-    from gemmgen.measure.results import load
 
     try:
         ceiling = json.loads(Path(args.ceiling).read_text())
