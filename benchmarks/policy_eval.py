@@ -11,8 +11,9 @@ shapes in a seeded random order; or held-out layers and random shapes in turn, h
 Per problem, every candidate of every method is built and measured once through the tuning loop
 (pairs the database already holds are read back, not timed again), then each method scores the
 best checked time among its own candidates:
-  policy_b1      the policy's greedy program
-  policy_b8      the policy's 8 programs (greedy first, then samples)
+  policy_b1      the policy's first program: its greedy answer (`--policy-mode sample`, the
+                 default) or the space's program it finds most likely (`--policy-mode rank`)
+  policy_b8      the policy's 8 programs: greedy first, then samples; or the space's 8 most likely
   random_b8      8 valid programs of the RandomProposer
   heuristic_b8   the HeuristicProposer's top 8
   space_all      every valid program of the backends' spaces (the exhaustive best), at the first
@@ -141,6 +142,8 @@ def main(argv=None) -> int:
                         help="at the first N problems also measure every valid program of the spaces "
                              "(space_all: the exhaustive best, about 50 more trials a problem)")
     parser.add_argument("--checkpoint", default=None, help="policy to evaluate (default: the shipped one)")
+    parser.add_argument("--policy-mode", choices=("sample", "rank"), default="sample",
+                        help="sample: constrained samples; rank: the spaces' programs by the model's likelihood")
     parser.add_argument("--db", default=None, help="tuning database (default: GEMMGEN_DB or the user's)")
     parser.add_argument("--backends", default="triton,cutlass,cuda")
     parser.add_argument("-k", type=int, default=8)
@@ -178,9 +181,9 @@ def main(argv=None) -> int:
     backends = tuple(b for b in args.backends.split(",") if b)
     limit = args.max_problems if args.max_problems is not None else max(5, int(args.time_budget // 15))
     problems = pick_problems(limit, args.shard, args.seed, args.problems)
-    policy = PolicyProposer(args.checkpoint, backends=backends)
+    policy = PolicyProposer(args.checkpoint, backends=backends, mode=args.policy_mode)
     meta = {"problem_set": args.problems, "problems_planned": len(problems), "checkpoint": args.checkpoint or "shipped",
-            "policy_version": policy.version, "backends": list(backends), "k": args.k, "shard": args.shard,
+            "policy_version": policy.version, "policy_mode": args.policy_mode, "backends": list(backends), "k": args.k, "shard": args.shard,
             "space_problems": args.space_problems}
     settings = dict(policy=policy, backends=backends, k=args.k, seed=args.seed, builder=PoolBuilder(jobs=cores),
                     space_keys=frozenset(p.key for p in problems[:args.space_problems]))
@@ -334,7 +337,8 @@ def merge(paths, out: Path, **meta) -> int:
     write_report(rows, out, {
         "wall_s": max(d["summary"].get("wall_s") or 0 for d in docs),
         "problems_planned": sum(d["summary"].get("problems_planned") or 0 for d in docs),
-        **{k: first.get(k) for k in ("problem_set", "checkpoint", "policy_version", "backends", "k")},
+        **{k: first.get(k) for k in ("problem_set", "checkpoint", "policy_version", "policy_mode", "backends",
+                                     "k")},
         "shards": [d["summary"].get("shard") for d in docs], **meta})
     return 0
 

@@ -12,6 +12,9 @@ This is a proxy, not a timing: a proposal never measured counts for nothing here
 
     python3 benchmarks/policy_offline_eval.py --policy shipped=policy/checkpoint \\
         --policy old=/tmp/policy_old --out benchmarks/results/policy_offline
+
+`--policy-modes sample,rank` evaluates each policy in both of its modes (`PolicyProposer.mode`),
+the second named NAME:rank.
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ def score(proposals: list[str], measured: dict[str, float]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT")
+    ap.add_argument("--policy-modes", default="sample", help="comma-separated: sample, rank")
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="first N held-out problems only")
     ap.add_argument("--out", type=Path, required=True)
@@ -60,7 +64,10 @@ def main(argv=None) -> int:
                    if p.b_major == "row" and p.epilogue.signature == "f16"}
     problems = [p for p, measured in measured_of.items() if measured][: args.limit]
     proposers = {"heuristic": HeuristicProposer()}
-    proposers.update({name: PolicyProposer(path) for name, path in (s.split("=", 1) for s in args.policy)})
+    modes = [m.strip() for m in args.policy_modes.split(",") if m.strip()]
+    for name, path in (s.split("=", 1) for s in args.policy):
+        for mode in modes:
+            proposers[name if mode == "sample" else f"{name}:{mode}"] = PolicyProposer(path, mode=mode)
     rows = []
     for problem in tqdm(problems, desc="held-out problems"):
         measured = measured_of[problem]

@@ -1,9 +1,14 @@
 """`PolicyProposer`: the language model as a Proposer (registered as "policy").
 
-It samples answers under the grammar (constrained.py), parses each with the
-prompt into a program, drops what the validator rejects and repeats, and returns
-up to k programs: the greedy answer first (the model's best-of-1), then samples by
-their log-probability. It never compiles or times; the tuning loop does that.
+Two ways to propose (`mode`):
+- "sample": it samples answers under the grammar (constrained.py), parses each with the
+  prompt into a program, drops what the validator rejects and repeats, and returns up to k
+  programs: the greedy answer first (the model's best-of-1), then samples by their
+  log-probability. A peaked model repeats itself, so this can return fewer than k.
+- "rank": it scores every valid program of the backends' spaces (the programs the heuristic
+  ranks) by the model's log-probability of its answer, and returns the k most likely: always
+  k distinct valid programs where the space holds k, in the model's order, not the prior's.
+It never compiles or times; the tuning loop does that.
 """
 from __future__ import annotations
 
@@ -19,19 +24,25 @@ from gemmgen.dsl.ir import Problem, Program
 from gemmgen.policy import model as policy_model
 from gemmgen.policy.constrained import GrammarSampler, sample
 from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
-from gemmgen.policy.prompt import program_from_answer, prompt_text
+from gemmgen.policy.prompt import answer_text, program_from_answer, prompt_text
 from gemmgen.policy.tokenizer import is_dsl_tokenizer
 
 from gemmgen.errors import GemmgenError
+
+
+MODES = ("sample", "rank")
 
 
 class PolicyProposer:
     name = "policy"
 
     def __init__(self, checkpoint: Optional[str | Path] = None, *, base_model: Optional[str | Path] = None,
-                 backends: Optional[Sequence[str]] = None, temperature: float = 1.0, top_p: float = 0.95,
-                 oversample: int = 3, rounds: int = 5, max_new_tokens: Optional[int] = None,
+                 backends: Optional[Sequence[str]] = None, mode: str = "sample", temperature: float = 1.0,
+                 top_p: float = 0.95, oversample: int = 3, rounds: int = 5, max_new_tokens: Optional[int] = None,
                  device: Optional[str] = None, model=None, tokenizer=None):
+        if mode not in MODES:
+            raise GemmgenError(f"unknown policy mode {mode!r}; choose one of {', '.join(MODES)}")
+        self.mode = mode
         self.checkpoint = checkpoint
         self.base_model = base_model
         self.backends = tuple(backends) if backends else None
@@ -81,6 +92,8 @@ class PolicyProposer:
             return []
         if not problem.is_bound:
             raise GemmgenError("the policy proposes for a concrete shape; bind M, N and K first")
+        if self.mode == "rank":
+            return self._ranked(problem, k)
         model, tokenizer, sampler = self._load()
         prompt = prompt_text(problem)
         max_new = self.max_new_tokens or self._default_max_new_tokens()
@@ -111,6 +124,51 @@ class PolicyProposer:
                         seed=base_seed * 1000 + round_, max_new_tokens=max_new))
         self.last_stats = stats
         return found[:k]
+
+    def _ranked(self, problem: Problem, k: int) -> list[Program]:
+        # Deferred: the heuristic's module imports every backend's space.
+        from gemmgen.policy.proposers import ALL_BACKENDS, HeuristicProposer
+
+        model, tokenizer, _ = self._load()
+        space = HeuristicProposer(self.backends or ALL_BACKENDS).ranked(problem)
+        scores = answer_logprobs(model, tokenizer, prompt_text(problem), [answer_text(p) for p in space])
+        # ties keep the heuristic's order (sorted is stable)
+        order = sorted(range(len(space)), key=lambda i: -scores[i])
+        self.last_stats = {"space": len(space), "scored": len(scores)}
+        return [space[i] for i in order[:k]]
+
+
+def answer_logprobs(model, tokenizer, prompt: str, answers: Sequence[str], batch: int = 64) -> list[float]:
+    """log p(answer, then end of text | prompt) under `model`, teacher-forced, one per answer."""
+    # Deferred: torch (optional, heavy to import).
+    import torch
+
+    if not answers:
+        return []
+    device = next(model.parameters()).device
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    rows = [tokenizer.encode(a, add_special_tokens=False) + [tokenizer.eos_token_id] for a in answers]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    out: list[float] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(rows), batch):
+                chunk = rows[start:start + batch]
+                width = max(len(r) for r in chunk)
+                ids = torch.tensor([prompt_ids + r + [pad] * (width - len(r)) for r in chunk], device=device)
+                # right padding: the pads come after every scored token, so they change none of them
+                logp = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+                p = len(prompt_ids)
+                for i, r in enumerate(chunk):
+                    targets = torch.tensor(r, device=device)
+                    # the logits at position t predict token t + 1
+                    picked = logp[i, p - 1:p - 1 + len(r)].gather(1, targets[:, None])
+                    out.append(float(picked.sum()))
+    finally:
+        model.train(was_training)
+    return out
 
 
 def judge(problem: Problem, s, backends: Optional[Sequence[str]] = None) -> tuple[str, Optional[Program]]:

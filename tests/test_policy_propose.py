@@ -93,3 +93,51 @@ def test_plugs_into_the_tuning_loop(proposer):
         again = tune([PROBLEMS[2]], proposer=proposer, builder=FakeBuilder(), runner=runner, db=db, budget=4,
                      progress=False)
         assert again.recorded == 0                     # same seed, same programs: nothing re-timed
+
+
+def test_rank_mode_returns_the_spaces_k_most_likely_programs(proposer):
+    from gemmgen.policy.lm_proposer import answer_logprobs
+    from gemmgen.policy.prompt import answer_text, prompt_text
+    from gemmgen.policy.proposers import HeuristicProposer
+
+    ranker = PolicyProposer(backends=("triton",), mode="rank", model=proposer._model, tokenizer=proposer._tokenizer)
+    problem = PROBLEMS[1]
+    space = HeuristicProposer(("triton",)).ranked(problem)
+    picked = ranker.propose(problem, 8)
+    assert len(picked) == 8 == len(set(picked)) and set(picked) <= set(space)
+    scores = dict(zip(space, answer_logprobs(proposer._model, proposer._tokenizer, prompt_text(problem),
+                                             [answer_text(p) for p in space])))
+    assert [scores[p] for p in picked] == sorted((scores[p] for p in picked), reverse=True)
+    assert min(scores[p] for p in picked) >= max(s for p, s in scores.items() if p not in picked)
+    assert ranker.last_stats == {"space": len(space), "scored": len(space)}
+
+
+def test_answer_scores_do_not_depend_on_batching(proposer):
+    from gemmgen.policy.lm_proposer import answer_logprobs
+    from gemmgen.policy.prompt import answer_text, prompt_text
+    from gemmgen.policy.proposers import HeuristicProposer
+
+    problem = PROBLEMS[0]
+    answers = [answer_text(p) for p in HeuristicProposer(("triton",)).ranked(problem)[:6]]
+    assert len({len(a) for a in answers}) > 1          # unequal lengths, so the batch pads
+    together = answer_logprobs(proposer._model, proposer._tokenizer, prompt_text(problem), answers)
+    alone = [answer_logprobs(proposer._model, proposer._tokenizer, prompt_text(problem), [a], batch=1)[0]
+             for a in answers]
+    assert together == pytest.approx(alone, abs=1e-4)
+    assert all(s < 0 for s in together)
+
+
+def test_unknown_mode_is_refused():
+    from gemmgen.errors import GemmgenError
+
+    with pytest.raises(GemmgenError, match="sample, rank"):
+        PolicyProposer(mode="best")
+
+
+def test_propose_command_rank_mode(capsys):
+    assert main(["propose", "--shape", "16x4096x4096", "--b-major", "col", "-k", "3", "--mode", "rank",
+                 "--backends", "triton", "--stats"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("# program ") == 3 and "# samples: space " in out
+    assert main(["propose", "--shape", "16x4096x4096", "--proposer", "heuristic", "--mode", "rank"]) == 2
+    assert "--mode chooses how the policy proposes" in capsys.readouterr().err

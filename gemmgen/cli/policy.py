@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "propose", help="programs the policy (a language model) proposes for a shape",
         description="Sample k programs from the policy under the DSL grammar, drop duplicates and those "
-                    "the validator refuses, and print them (the greedy answer first). Runs on the CPU.")
+                    "the validator refuses, and print them (the greedy answer first); or, with --mode rank, "
+                    "print the k programs of the backends' spaces the policy finds most likely. Runs on the CPU.")
     p.add_argument("--shape", required=True, metavar="MxNxK")
     p.add_argument("--a-major", choices=("row", "col"), default="row")
     p.add_argument("--b-major", choices=("row", "col"), default="row",
@@ -31,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--programs", metavar="PATH", default=None,
                    help="a .gemm file or a folder of them, re-bound to --shape (implies --proposer programs)")
     p.add_argument("--backends", default=None, help="comma-separated backends to keep (default: all)")
+    p.add_argument("--mode", choices=("sample", "rank"), default=None,
+                   help="the policy's way to propose: sample answers, or rank the spaces' programs "
+                        "(default: the policy's own default)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stats", action="store_true", help="also print how many samples were kept and why not")
@@ -54,7 +58,9 @@ _DROPPED = {"duplicate": "repeated an earlier program", "invalid": "refused by t
 def _shortfall(proposer, problem: Problem, asked: int, got: int) -> str:
     """Why fewer programs than asked came back: each proposer returns distinct valid ones only."""
     stats = getattr(proposer, "last_stats", None) or {}
-    if proposer.name == "policy" and stats:
+    if proposer.name == "policy" and "space" in stats:
+        why = f"the backends' spaces hold {stats['space']} valid programs for {problem.key}"
+    elif proposer.name == "policy" and stats:
         dropped = ", ".join(f"{v} {_DROPPED.get(k, k)}" for k, v in stats.items() if k in _DROPPED and v)
         why = (f"the policy sampled {stats.get('sampled', 0)} answers and only {got} were distinct valid "
                f"programs ({dropped or 'none dropped'}); another --seed or a higher --temperature may find more")
@@ -72,9 +78,12 @@ def _propose(args) -> int:
     # The arguments are checked before the proposer (and its model) is loaded.
     if args.k <= 0:
         raise GemmgenError("-k must be at least 1")
+    if args.mode and (args.proposer != "policy" or args.programs):
+        raise GemmgenError("--mode chooses how the policy proposes; leave it out with another proposer")
     problem = _problem(args)
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip()) if args.backends else ()
-    options = (dict(checkpoint=args.checkpoint, base_model=args.base_model, temperature=args.temperature)
+    options = (dict(checkpoint=args.checkpoint, base_model=args.base_model, temperature=args.temperature,
+                    **({"mode": args.mode} if args.mode else {}))
                if args.proposer == "policy" and not args.programs else {})
     proposer = proposer_for(args.proposer, programs=args.programs, backends=backends, **options)
     name = proposer.name
