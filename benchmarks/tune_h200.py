@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
+
+from gemmgen.measure.numerics import geomean
 
 REPO = Path(__file__).resolve().parent.parent
 TRIALS = "trials.jsonl.gz"      # the run's record, in the export format (gzip: results stay small)
@@ -173,8 +174,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
 
 
 def _geomean(values) -> float:
-    vals = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
+    """numerics.geomean, NaN when there is nothing to average (so the table prints nan)."""
+    g = geomean(values)
+    return float("nan") if g is None else g
 
 
 if __name__ == "__main__":
