@@ -169,3 +169,16 @@ def test_reading_a_part_keeps_the_held_out_families_apart_and_drops_repeats():
     assert {p.key for p in tune_problems(str(LAYERS), part="all")} == {s.problem().key for s in every}
     with pytest.raises(ShapesError, match="use one of all, tuning, held-out"):
         read_shapes(LAYERS, "train")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks/shapes").glob("llm_layers_*.csv")), ids=lambda p: p.name)
+def test_each_slice_of_the_set_holds_tuning_rows_only(path, shapes):
+    """The slices tuning runs read (by M, by width) are rows of the set's tuning part, each once:
+    no held-out family leaks into tuning through them."""
+    held = held_out_models(LAYERS)
+    tuning = {(s.m, s.n, s.k, s.layout, s.model, s.layer) for s in shapes if s.model not in held}
+    rows = parse_shapes(path.read_text().splitlines(), str(path))
+    assert rows
+    keys = [(s.m, s.n, s.k, s.layout, s.model, s.layer) for s in rows]
+    assert set(keys) <= tuning, sorted(set(keys) - tuning)[:3]
+    assert len({(m, n, k, layout) for m, n, k, layout, _, _ in keys}) == len(keys)   # each problem once
