@@ -7,10 +7,12 @@ per weight size, over the rows of `gemmgen bench` runs whose weight it timed, th
 geomean of torch.matmul's time over the read's (the room: what a kernel as fast as a plain read
 would be over torch.matmul), of torch.matmul's over gemmgen's (what was taken, timed in the
 bench process), the share of the room taken (in log terms) and the median of the read's time
-over gemmgen's.
+over gemmgen's. A shape several benches measured counts once, from the last one named (name
+the newest last).
 
     python3 benchmarks/read_room.py benchmarks/results/gemmgen_llm_decode_offline \\
         benchmarks/results/gemmgen_llm_m4_16_offline benchmarks/results/gemmgen_llm_m32_256_offline \\
+        benchmarks/results/gemmgen_llm_small_weights_offline \\
         --ceiling benchmarks/results/read_ceiling/read_ceiling.json --out benchmarks/results/read_room/table.txt
 """
 from __future__ import annotations
@@ -41,18 +43,18 @@ def size_bucket(weight_bytes: int) -> str:
     return f">= {lower} MB"
 
 
-def pairs(bench: dict, read_us: dict) -> list[tuple[int, int, float, float, float]]:
-    """(M, weight bytes, torch.matmul us, gemmgen us, read us) for each row of a bench at M <= 128
-    whose weight (N, K) was read, both checked and timed."""
+def pairs(bench: dict, read_us: dict) -> dict[tuple[int, int, int], tuple[int, int, float, float, float]]:
+    """(M, N, K) -> (M, weight bytes, torch.matmul us, gemmgen us, read us) for each row of a
+    bench at M <= 128 whose weight (N, K) was read, both checked and timed."""
     torch = {(r["m"], r["n"], r["k"]): r for r in bench["rows"] if r["name"] == "torch" and r["status"] == "ok"}
-    out = []
+    out = {}
     for r in bench["rows"]:
         key = (r["m"], r["n"], r["k"])
         if r["name"] != "gemmgen" or r["status"] != "ok" or r["m"] > 128 or key not in torch:
             continue
         read = read_us.get((r["n"], r["k"]))
         if read:
-            out.append((r["m"], 2 * r["n"] * r["k"], 1e3 * torch[key]["device_ms"], 1e3 * r["device_ms"], read))
+            out[key] = (r["m"], 2 * r["n"] * r["k"], 1e3 * torch[key]["device_ms"], 1e3 * r["device_ms"], read)
     return out
 
 
@@ -90,7 +92,10 @@ def main(argv=None) -> int:
     try:
         ceiling = json.loads(Path(args.ceiling).read_text())
         read_us = {(r["n"], r["k"]): r["device_us"] for r in ceiling["rows"]}
-        rows = [row for bench in args.benches for row in pairs(load(bench), read_us)]
+        by_shape = {}
+        for bench in args.benches:           # a later bench's row replaces an earlier one's
+            by_shape.update(pairs(load(bench), read_us))
+        rows = list(by_shape.values())
     except (OSError, ValueError, KeyError, GemmgenError) as exc:
         ap.error(f"cannot read the inputs: {exc}")
     if not rows:

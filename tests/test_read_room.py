@@ -44,3 +44,17 @@ def test_inputs_without_a_usable_row_are_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main([str(tmp_path / "missing"), "--ceiling", str(tmp_path / "ceiling.json")])
     assert "cannot read the inputs" in capsys.readouterr().err
+
+
+def test_a_shape_two_benches_measured_counts_once_from_the_last(tmp_path, capsys):
+    old = {"rows": [_row("torch", 4, 512, 4096, 0.008), _row("gemmgen", 4, 512, 4096, 0.008)]}
+    new = {"rows": [_row("torch", 4, 512, 4096, 0.008), _row("gemmgen", 4, 512, 4096, 0.004)]}
+    for name, bench in (("old", old), ("new", new)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(bench))
+    (tmp_path / "ceiling.json").write_text(json.dumps({"rows": [{"n": 512, "k": 4096, "device_us": 2.0}]}))
+    script = load_script("read_room")
+    assert script.main([str(tmp_path / "old"), str(tmp_path / "new"), "--ceiling", str(tmp_path / "ceiling.json")]) == 0
+    lines = {tuple(line.split()[:2]): line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]}
+    n, room, took, _, _ = lines[("M", "4")]
+    assert n == "1" and math.isclose(float(took), 2.0, abs_tol=1e-3)
