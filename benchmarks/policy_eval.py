@@ -52,6 +52,7 @@ import warnings
 from pathlib import Path
 
 from gemmgen.measure.numerics import geomean
+from gemmgen.policy.proposers import POLICY_MODES
 from gemmgen.tune.distributed import GATHER_TIMEOUT_S, Rank, connect, pin_gpu, share_out
 
 METHODS = ("policy_b1", "policy_b8", "random_b8", "heuristic_b8", "space_all", "db_prior", "db_best")
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
                         help="at the first N problems also measure every valid program of the spaces "
                              "(space_all: the exhaustive best, about 50 more trials a problem)")
     parser.add_argument("--checkpoint", default=None, help="policy to evaluate (default: the shipped one)")
-    parser.add_argument("--policy-mode", choices=("sample", "rank"), default="sample",
+    parser.add_argument("--policy-mode", choices=POLICY_MODES, default="sample",
                         help="sample: constrained samples; rank: the spaces' programs by the model's likelihood")
     parser.add_argument("--db", default=None, help="tuning database (default: GEMMGEN_DB or the user's)")
     parser.add_argument("--backends", default="triton,cutlass,cuda")
@@ -183,8 +184,8 @@ def main(argv=None) -> int:
     problems = pick_problems(limit, args.shard, args.seed, args.problems)
     policy = PolicyProposer(args.checkpoint, backends=backends, mode=args.policy_mode)
     meta = {"problem_set": args.problems, "problems_planned": len(problems), "checkpoint": args.checkpoint or "shipped",
-            "policy_version": policy.version, "policy_mode": args.policy_mode, "backends": list(backends), "k": args.k, "shard": args.shard,
-            "space_problems": args.space_problems}
+            "policy_version": policy.version, "policy_mode": args.policy_mode, "backends": list(backends), "k": args.k,
+            "shard": args.shard, "space_problems": args.space_problems}
     settings = dict(policy=policy, backends=backends, k=args.k, seed=args.seed, builder=PoolBuilder(jobs=cores),
                     space_keys=frozenset(p.key for p in problems[:args.space_problems]))
     db_path = Path(args.db) if args.db else default_db_path()

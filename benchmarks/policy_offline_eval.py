@@ -45,7 +45,7 @@ def score(proposals: list[str], measured: dict[str, float]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT")
-    ap.add_argument("--policy-modes", default="sample", help="comma-separated: sample, rank")
+    ap.add_argument("--policy-modes", default="sample", help="comma-separated policy modes: sample, rank")
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="first N held-out problems only")
     ap.add_argument("--out", type=Path, required=True)
@@ -56,15 +56,17 @@ def main(argv=None) -> int:
     from gemmgen.dsl import to_text
     from gemmgen.policy.training import data
     from gemmgen.policy.lm_proposer import PolicyProposer
-    from gemmgen.policy.proposers import HeuristicProposer
+    from gemmgen.policy.proposers import POLICY_MODES, HeuristicProposer
     from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, shipped_database
 
+    modes = [m.strip() for m in args.policy_modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(POLICY_MODES):
+        ap.error(f"--policy-modes: choose from {', '.join(POLICY_MODES)}")
     db = shipped_database()
     measured_of = {p: measured_speedups(db, p, DEFAULT_DEVICE_NAME) for p in data.heldout_problems()
                    if p.b_major == "row" and p.epilogue.signature == "f16"}
     problems = [p for p, measured in measured_of.items() if measured][: args.limit]
     proposers = {"heuristic": HeuristicProposer()}
-    modes = [m.strip() for m in args.policy_modes.split(",") if m.strip()]
     for name, path in (s.split("=", 1) for s in args.policy):
         for mode in modes:
             proposers[name if mode == "sample" else f"{name}:{mode}"] = PolicyProposer(path, mode=mode)

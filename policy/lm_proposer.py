@@ -25,12 +25,10 @@ from gemmgen.policy import model as policy_model
 from gemmgen.policy.constrained import GrammarSampler, sample
 from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
 from gemmgen.policy.prompt import answer_text, program_from_answer, prompt_text
+from gemmgen.policy.proposers import ALL_BACKENDS, POLICY_MODES, HeuristicProposer
 from gemmgen.policy.tokenizer import is_dsl_tokenizer
 
 from gemmgen.errors import GemmgenError
-
-
-MODES = ("sample", "rank")
 
 
 class PolicyProposer:
@@ -40,8 +38,8 @@ class PolicyProposer:
                  backends: Optional[Sequence[str]] = None, mode: str = "sample", temperature: float = 1.0,
                  top_p: float = 0.95, oversample: int = 3, rounds: int = 5, max_new_tokens: Optional[int] = None,
                  device: Optional[str] = None, model=None, tokenizer=None):
-        if mode not in MODES:
-            raise GemmgenError(f"unknown policy mode {mode!r}; choose one of {', '.join(MODES)}")
+        if mode not in POLICY_MODES:
+            raise GemmgenError(f"unknown policy mode {mode!r}; choose one of {', '.join(POLICY_MODES)}")
         self.mode = mode
         self.checkpoint = checkpoint
         self.base_model = base_model
@@ -73,8 +71,12 @@ class PolicyProposer:
 
     @property
     def version(self) -> str:
-        """Which weights: the checkpoint's recorded digest, else the path."""
+        """Which weights: the checkpoint's recorded digest, else the path; `+rank` in rank mode, so
+        a record says which way its program was proposed."""
 
+        return self._weights_version() + ("+rank" if self.mode == "rank" else "")
+
+    def _weights_version(self) -> str:
         source = Path(self.checkpoint) if self.checkpoint else (None if self.base_model else CHECKPOINT_DIR)
         if source is not None:
             digest = read_meta(source).get("weights_sha256", "")
@@ -126,9 +128,6 @@ class PolicyProposer:
         return found[:k]
 
     def _ranked(self, problem: Problem, k: int) -> list[Program]:
-        # Deferred: the heuristic's module imports every backend's space.
-        from gemmgen.policy.proposers import ALL_BACKENDS, HeuristicProposer
-
         model, tokenizer, _ = self._load()
         space = HeuristicProposer(self.backends or ALL_BACKENDS).ranked(problem)
         scores = answer_logprobs(model, tokenizer, prompt_text(problem), [answer_text(p) for p in space])

@@ -36,6 +36,8 @@ from gemmgen.dsl.ir import (
 from gemmgen.errors import GemmgenError
 
 ALL_BACKENDS = registry.NAMES
+#: How the policy proposes (`PolicyProposer.mode`): sample answers, or rank the spaces' programs.
+POLICY_MODES = ("sample", "rank")
 
 
 @runtime_checkable
@@ -246,5 +248,6 @@ def proposer_for(name: str, *, programs: Optional[str] = None, backends: Sequenc
     return get_proposer(name, **({"backends": tuple(backends)} if backends else {}), **options)
 
 
-__all__ = ["FileProposer", "HeuristicProposer", "Proposer", "ProposerError", "RandomProposer", "estimated_seconds",
+__all__ = ["FileProposer", "HeuristicProposer", "POLICY_MODES", "Proposer", "ProposerError", "RandomProposer",
+           "estimated_seconds",
            "get_proposer", "present_backends", "proposer_for", "proposer_names", "register_proposer"]

@@ -110,6 +110,7 @@ def test_rank_mode_returns_the_spaces_k_most_likely_programs(proposer):
     assert [scores[p] for p in picked] == sorted((scores[p] for p in picked), reverse=True)
     assert min(scores[p] for p in picked) >= max(s for p, s in scores.items() if p not in picked)
     assert ranker.last_stats == {"space": len(space), "scored": len(space)}
+    assert ranker.version == proposer.version + "+rank"      # records say how a program was proposed
 
 
 def test_answer_scores_do_not_depend_on_batching(proposer):

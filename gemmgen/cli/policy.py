@@ -9,7 +9,7 @@ from gemmgen.compile import as_problem, parse_epilogue, parse_shape
 from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import GemmgenError
-from gemmgen.policy.proposers import proposer_for
+from gemmgen.policy.proposers import POLICY_MODES, proposer_for
 
 
 def register(subparsers) -> None:
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--programs", metavar="PATH", default=None,
                    help="a .gemm file or a folder of them, re-bound to --shape (implies --proposer programs)")
     p.add_argument("--backends", default=None, help="comma-separated backends to keep (default: all)")
-    p.add_argument("--mode", choices=("sample", "rank"), default=None,
+    p.add_argument("--mode", choices=POLICY_MODES, default=None,
                    help="the policy's way to propose: sample answers, or rank the spaces' programs "
                         "(default: the policy's own default)")
     p.add_argument("--temperature", type=float, default=1.0)
