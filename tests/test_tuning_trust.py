@@ -355,3 +355,16 @@ def test_db_list_shows_what_serves_each_tuned_problem_with_filters(tmp_path, cap
     assert "runs backwards" in capsys.readouterr().err
     assert main(["db", "list", "--db", str(path), "--shape", "4096x4096"]) == 2
     assert "MxNxK" in capsys.readouterr().err
+
+
+def test_db_list_names_what_serves_where_a_program_and_a_library_choice_both_won(tmp_path, capsys):
+    path = tmp_path / "t.sqlite"
+    faster_library, faster_program = Problem(8, 512, 3584, "row", "col"), Problem(16, 512, 3584, "row", "col")
+    with Database(path) as db:
+        db.record(trial(faster_library, device_ms=0.9, baseline_ms=1.0))                # 1.111x
+        db.record_library(library_choice(faster_library, device_ms=0.8, torch_ms=1.0))   # 1.250x
+        db.record(trial(faster_program, device_ms=0.7, baseline_ms=1.0))                # 1.429x
+        db.record_library(library_choice(faster_program, device_ms=0.8, torch_ms=1.0))
+    assert main(["db", "list", "--db", str(path)]) == 0
+    body = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:-1]}
+    assert "library 1.250x" in body["8x512x3584"] and "triton 1.429x" in body["16x512x3584"]

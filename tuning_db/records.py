@@ -211,8 +211,10 @@ class TunedProblem:
     @property
     def serves(self) -> str:
         """'<backend> <speedup>x', 'library <speedup>x', 'baseline' (tuned, nothing won) or
-        'nothing passed' (no trial or library choice of its own runs passed its check)."""
-        if self.winner_backend:
+        'nothing passed' (no trial or library choice of its own runs passed its check). Where a
+        program and a library choice both won, the larger speedup, as `gemmgen.compile` chooses
+        (it compares the two over torch.matmul timed beside each; `gemmgen db show` has those)."""
+        if self.winner_backend and (not self.library_speedup or (self.speedup or 0.0) >= self.library_speedup):
             return f"{self.winner_backend} {self.speedup:.3f}x"
         if self.library_speedup:
             return f"library {self.library_speedup:.3f}x"
