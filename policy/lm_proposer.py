@@ -55,19 +55,23 @@ class PolicyProposer:
         self.last_stats: dict = {}
 
     # -- loading ------------------------------------------------------------------
-    def _load(self):
+    def _load_model(self):
         if self._model is None:
-
             if self.base_model and not self.checkpoint:
                 self._model, self._tokenizer = policy_model.load_base_model(self.base_model)
             else:
                 self._model, self._tokenizer = policy_model.load_policy(self.checkpoint)
             if self.device:
                 self._model.to(self.device)
+        return self._model, self._tokenizer
+
+    def _load(self):
+        """The model, its tokenizer and the grammar sampler (which only sampling needs)."""
+        model, tokenizer = self._load_model()
         if self._sampler is None:
-            self._sampler = GrammarSampler(self._tokenizer, self._model.get_output_embeddings().weight.shape[0],
+            self._sampler = GrammarSampler(tokenizer, model.get_output_embeddings().weight.shape[0],
                                            backends=self.backends)
-        return self._model, self._tokenizer, self._sampler
+        return model, tokenizer, self._sampler
 
     @property
     def version(self) -> str:
@@ -128,7 +132,7 @@ class PolicyProposer:
         return found[:k]
 
     def _ranked(self, problem: Problem, k: int) -> list[Program]:
-        model, tokenizer, _ = self._load()
+        model, tokenizer = self._load_model()
         space = HeuristicProposer(self.backends or ALL_BACKENDS).ranked(problem)
         scores = answer_logprobs(model, tokenizer, prompt_text(problem), [answer_text(p) for p in space])
         # ties keep the heuristic's order (sorted is stable)
@@ -146,7 +150,8 @@ def answer_logprobs(model, tokenizer, prompt: str, answers: Sequence[str], batch
         return []
     device = next(model.parameters()).device
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    rows = [tokenizer.encode(a, add_special_tokens=False) + [tokenizer.eos_token_id] for a in answers]
+    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    rows = [tokenizer.encode(a, add_special_tokens=False) + end for a in answers]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out: list[float] = []
     was_training = model.training

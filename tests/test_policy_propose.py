@@ -111,6 +111,7 @@ def test_rank_mode_returns_the_spaces_k_most_likely_programs(proposer):
     assert min(scores[p] for p in picked) >= max(s for p, s in scores.items() if p not in picked)
     assert ranker.last_stats == {"space": len(space), "scored": len(space)}
     assert ranker.version == proposer.version + "+rank"      # records say how a program was proposed
+    assert ranker._sampler is None                           # ranking needs no grammar (nor llguidance)
 
 
 def test_answer_scores_do_not_depend_on_batching(proposer):
