@@ -249,5 +249,5 @@ def proposer_for(name: str, *, programs: Optional[str] = None, backends: Sequenc
 
 
 __all__ = ["FileProposer", "HeuristicProposer", "POLICY_MODES", "Proposer", "ProposerError", "RandomProposer",
-           "estimated_seconds",
-           "get_proposer", "present_backends", "proposer_for", "proposer_names", "register_proposer"]
+           "estimated_seconds", "get_proposer", "present_backends", "proposer_for", "proposer_names",
+           "register_proposer"]

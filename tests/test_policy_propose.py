@@ -5,9 +5,11 @@ from gemmgen.cli import main
 from gemmgen.dsl import parse
 from gemmgen.backends import validate
 from gemmgen.dsl.ir import Epilogue, Problem
-from gemmgen.policy.lm_proposer import PolicyProposer
+from gemmgen.errors import GemmgenError
+from gemmgen.policy.lm_proposer import PolicyProposer, answer_logprobs
 from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
-from gemmgen.policy.proposers import Proposer, get_proposer
+from gemmgen.policy.prompt import answer_text, prompt_text
+from gemmgen.policy.proposers import HeuristicProposer, Proposer, get_proposer
 
 PROBLEMS = [Problem(4096, 11008, 4096, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
             Problem(33, 4096, 4096), Problem(2048, 2048, 512)]
@@ -96,10 +98,6 @@ def test_plugs_into_the_tuning_loop(proposer):
 
 
 def test_rank_mode_returns_the_spaces_k_most_likely_programs(proposer):
-    from gemmgen.policy.lm_proposer import answer_logprobs
-    from gemmgen.policy.prompt import answer_text, prompt_text
-    from gemmgen.policy.proposers import HeuristicProposer
-
     ranker = PolicyProposer(backends=("triton",), mode="rank", model=proposer._model, tokenizer=proposer._tokenizer)
     problem = PROBLEMS[1]
     space = HeuristicProposer(("triton",)).ranked(problem)
@@ -115,10 +113,6 @@ def test_rank_mode_returns_the_spaces_k_most_likely_programs(proposer):
 
 
 def test_answer_scores_do_not_depend_on_batching(proposer):
-    from gemmgen.policy.lm_proposer import answer_logprobs
-    from gemmgen.policy.prompt import answer_text, prompt_text
-    from gemmgen.policy.proposers import HeuristicProposer
-
     problem = PROBLEMS[0]
     answers = [answer_text(p) for p in HeuristicProposer(("triton",)).ranked(problem)[:6]]
     assert len({len(a) for a in answers}) > 1          # unequal lengths, so the batch pads
@@ -130,8 +124,6 @@ def test_answer_scores_do_not_depend_on_batching(proposer):
 
 
 def test_unknown_mode_is_refused():
-    from gemmgen.errors import GemmgenError
-
     with pytest.raises(GemmgenError, match="sample, rank"):
         PolicyProposer(mode="best")
 
