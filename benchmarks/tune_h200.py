@@ -52,6 +52,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
                     help="seconds for the tuning loop (export and summary come after)")
     ap.add_argument("--budget", type=int, default=6, help="trials per shape")
     ap.add_argument("--proposer", default="heuristic")
+    ap.add_argument("--programs", metavar="PATH", default=None,
+                    help="a .gemm file or a folder of them, re-bound to every shape they fit (implies "
+                         "--proposer programs): the programs of an experiment, benchmarks/programs/")
     ap.add_argument("--backends", default="triton,cutlass,cuda",
                     help="program backends, and `cublaslt` for the library's own algorithms (searched first); "
                          "`auto`: that search where it wins on the records, and every backend (gemmgen tune's default)")
@@ -73,17 +76,19 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.compile import clear_cache, compile, prebuild
     from gemmgen.errors import GemmgenError
     from gemmgen.measure.numerics import bucket_names, bucket_of
-    from gemmgen.policy.proposers import get_proposer
+    from gemmgen.policy.proposers import proposer_for
     from gemmgen.tune import parse_backends, reports_summary, tune_backends
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
     from gemmgen.cli.tune import tune_problems
     from gemmgen.tuning_db import Database, default_db_path
     from gemmgen.tuning_db.exchange import export, merge
 
-    # the shapes and backends first: bad ones are refused before any database is made or merged
+    # the shapes, backends and proposer first: bad ones are refused before any database is made or merged
     try:
         problems = tune_problems(args.shapes, args.shard, args.epilogue)
         library, program_backends = parse_backends(args.backends)
+        proposer = (proposer_for(args.proposer, programs=args.programs, backends=program_backends)
+                    if program_backends else None)
     except GemmgenError as exc:
         ap.error(str(exc))
     problems = [p for p in problems if (args.min_m is None or p.m >= args.min_m)
@@ -99,7 +104,6 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
-    proposer = get_proposer(args.proposer, backends=program_backends) if program_backends else None
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,
                          baselines=tuple(b for b in args.baselines.split(",") if b))

@@ -207,3 +207,31 @@ def test_a_worker_whose_parent_left_while_it_started_exits_quietly():
     ours.close()            # before the child, still starting its interpreter, says ready
     proc.join(60)
     assert proc.exitcode == 0
+
+
+class _GonePipe:
+    """A worker's end of the pipe after its parent was killed: `fail_on` raises on that call."""
+
+    def __init__(self, jobs, fail_on, error):
+        self.jobs, self.fail_on, self.error, self.sent = list(jobs), fail_on, error, []
+
+    def recv(self):
+        if self.fail_on == "recv" and not self.jobs:
+            raise self.error
+        return self.jobs.pop(0)
+
+    def send(self, message):
+        if self.fail_on == "send":
+            raise self.error
+        self.sent.append(message)
+
+
+@pytest.mark.parametrize("fail_on, error", [("recv", ConnectionResetError(104, "reset by peer")),
+                                            ("recv", EOFError()), ("send", BrokenPipeError(32, "broken pipe"))])
+def test_a_worker_whose_parent_is_gone_leaves_quietly(fail_on, error, capsys):
+    from gemmgen.measure.worker import _serve_jobs
+
+    pipe = _GonePipe([Job(planted.returns.__name__, planted.returns)], fail_on, error)
+    _serve_jobs(pipe)                  # returns: no traceback, no exception
+    assert capsys.readouterr().err == ""
+    assert [r.status for r, _ in pipe.sent] == (["ok"] if fail_on == "recv" else [])

@@ -13,7 +13,7 @@ from gemmgen.kernel import library_source
 from gemmgen.measure.comparison import REPLICATE_NOISE
 from gemmgen.measure.library import SEARCH, knob_changes
 from gemmgen.torch_compile.graph_pass import estimated_gain_us
-from gemmgen.tune import library_choice, tune_library
+from gemmgen.tune import library_choice, library_search_s, tune_library
 from gemmgen.tuning_db import Database, LibraryChoice, Trial
 from gemmgen.tuning_db.exchange import export, export_lines, merge, read_any
 from tuning_fakes import TEST_GPU
@@ -148,6 +148,15 @@ def test_tune_library_records_searches_and_resumes(db):
     again = tune_library(problems, runner=runner, db=db, progress=False)
     assert [p.m for p in runner.asked[3:]] == [2048]    # only the failed search runs again
     assert again.skipped == 2
+
+
+def test_a_search_expected_to_end_past_the_budget_is_not_begun(db):
+    head, small = Problem(2048, 128256, 4096), Problem(64, 4096, 4096)
+    assert library_search_s(head) > 60 > library_search_s(small)      # 2.2 TFLOP and 1.6 GB: ~110 s
+    runner = LibraryRunner({head.m: _found(), small.m: _found()})
+    report = tune_library([head, small], runner=runner, db=db, progress=False, time_budget_s=60)
+    assert runner.asked == [small] and report.recorded == 1       # the smaller one after it still fits
+    assert report.stopped_by_time and "stopped: time budget" in report.summary()
 
 
 def test_a_problem_searched_by_an_older_method_is_searched_again(db):

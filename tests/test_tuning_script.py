@@ -129,3 +129,32 @@ def test_tune_h200_searches_cublaslt_and_ships_the_choices(tmp_path, capsys):
                        make_runner=lambda **kw: again, builder=FakeBuilder()) == 0
     assert again.searched == []                  # resumed from its own export
     clear_cache()
+
+
+def test_tune_h200_tries_an_experiments_programs_at_every_shape_they_fit(tmp_path, capsys):
+    """--programs: the split-K programs of benchmarks/programs/ re-bound to the narrow weights'
+    batches (`x @ W.T`); a folder without programs is refused before any database is made."""
+    import pytest
+
+    from benchmark_scripts import BENCHMARKS
+
+    folder = BENCHMARKS / "programs/split_k_narrow_weights"
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K,layout\n4,1024,4096,nt\n16,1024,8192,nt\n16,512,3584,nt\n")
+    out, runner = tmp_path / "out", FakeRunner()
+    args = ["--shapes", str(shapes), "--out", str(out), "--ship", "", "--db", str(tmp_path / "w.sqlite"),
+            "--budget", "4", "--backends", "cuda", "--time-budget", "600", "--programs", str(folder)]
+    script = load_script("tune_h200")
+    assert script.main(args, make_runner=lambda **kw: runner, builder=FakeBuilder()) == 0
+    trials = list(read_jsonl(out / script.TRIALS))
+    assert len(trials) == 3 * 4 and {t.problem.m for t in trials} == {4, 16}      # 4 programs, 3 shapes
+    assert all("mainloop multistage" in t.program and ("split_k 8" in t.program or "split_k 6" in t.program)
+               for t in trials)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        script.main(args[:-1] + [str(empty)] + ["--db", str(tmp_path / "never.sqlite")],
+                    make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
+    assert "no .gemm file there" in capsys.readouterr().err
+    assert not (tmp_path / "never.sqlite").exists()
+    clear_cache()

@@ -182,10 +182,17 @@ def _serve(conn, gpu: bool) -> None:
         conn.send("ready")
     except OSError:         # BrokenPipeError: the parent ended this worker while it started
         return
+    _serve_jobs(conn)
+
+
+def _serve_jobs(conn) -> None:
+    """Run jobs until the parent sends None or goes away. A parent killed mid-run (a `timeout`
+    around a tuning command) leaves the pipe closed or reset: the worker leaves quietly then,
+    not with a traceback of its own under the parent's."""
     while True:
         try:
             job = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if job is None:
             return
@@ -194,7 +201,10 @@ def _serve(conn, gpu: bool) -> None:
         if not healthy:
             result = TrialResult(job.name, "crash", "CUDA context poisoned (illegal address or similar): "
                                  + result.message, result.check, result.timing, result.wall_s)
-        conn.send((result, healthy))
+        try:
+            conn.send((result, healthy))
+        except OSError:
+            return
         if not healthy:
             return          # retire: the parent starts a fresh worker for the next job
 

@@ -355,7 +355,8 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
     `runner.library(problem)` selects, checks and times it beside torch.matmul
     (gemmgen.measure.library); a search that fails is reported, not recorded. A gated problem
     has no library algorithm (no library fuses the gate): its baselines run the plain product
-    and the gate as torch ops, so it is skipped. `on_shape(problem)` runs after each search."""
+    and the gate as torch ops, so it is skipped. Within `time_budget_s`, a search expected to
+    end past it (`library_search_s`) is not begun. `on_shape(problem)` runs after each search."""
     # Deferred: tqdm (optional, heavy to import).
     from tqdm import tqdm
 
@@ -368,9 +369,15 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
     report.shapes_done = report.skipped
     try:
         for problem in tqdm(todo, unit="shape", disable=not progress, dynamic_ncols=True):
-            if time_budget_s is not None and time.monotonic() - start > time_budget_s:
-                report.stopped_by_time = True
-                break
+            if time_budget_s is not None:
+                # a search under way runs to its end, so one expected to end past the budget is
+                # not begun; a smaller problem after it may still fit
+                left = time_budget_s - (time.monotonic() - start)
+                if library_search_s(problem) > left:
+                    report.stopped_by_time = True
+                    if left <= 0:
+                        break
+                    continue
             found = runner.library(problem)
             choice = library_choice(found, problem, device)
             status = "run_failed" if choice is None else "ok" if choice.check_passed else "check_failed"
@@ -441,14 +448,18 @@ def library_first(problem: Problem) -> bool:
 
 #: What one cuBLASLt search took on the H200 (benchmarks/results/tune_llm_library/log.txt, its
 #: progress bar): about 5 s, and about 25 s more per GB of operands (4-8 s at 10-300 MB, 12-29 s
-#: at a 1.1 GB LM head, 41-60 s at Llama-3-70B's 2.1 GB one).
+#: at a 1.1 GB LM head, 41-60 s at Llama-3-70B's 2.1 GB one); at M = 2048 about 30 s more per
+#: TFLOP (the records' times in benchmarks/results/tune_llm_library_m2048_8192/: 13 s at
+#: 2048 x 8192 x 8192, 39-48 s at 0.96 TFLOP, 73 s at 1.9, about 115 s at the 2.2 TFLOP LM head).
 LIBRARY_SEARCH_BASE_S = 5.0
 LIBRARY_SEARCH_S_PER_GB = 25.0
+LIBRARY_SEARCH_S_PER_TFLOP = 30.0
 
 
 def library_search_s(problem: Problem) -> float:
     """The seconds cuBLASLt's search is expected to take for `problem` (an estimate from the H200)."""
-    return LIBRARY_SEARCH_BASE_S + LIBRARY_SEARCH_S_PER_GB * problem.bytes / 1e9
+    return (LIBRARY_SEARCH_BASE_S + LIBRARY_SEARCH_S_PER_GB * problem.bytes / 1e9
+            + LIBRARY_SEARCH_S_PER_TFLOP * problem.flops / 1e12)
 
 
 #: `--backends auto`: cuBLASLt's search where `library_first`, then every backend's programs.
