@@ -1,11 +1,13 @@
 """CPU tests of the raw CUDA backend's gated epilogue (`epilogue gate=ACT halves=stacked`):
-out = gate(A B_gate) * (A B_up) over a joined B of K x 2N, in the multistage family.
+out = gate(A B_gate) * (A B_up) over a joined B of K x 2N, in the multistage family and the TMA
+family (ws_cooperative, ws_pingpong).
 
 Gated programs validate, lower with both halves in one B tile, and compile to sm_90a with twice
 the tensor-core instructions of the plain program and no local memory; what the backend cannot
-build (other mainloops, walking schedulers, split-K, anything beside the gate in the epilogue,
-unaligned 16-byte rows) is refused with what to change; the search space offers only programs
-that validate. The numbers are checked on the GPU: tests/test_gated_gpu.py.
+build (the direct mainloop, walking schedulers and split-K in multistage, accumulators past a
+thread's registers, anything beside the gate in the epilogue, unaligned 16-byte rows) is
+refused with what to change; the search space offers only programs that validate. The numbers
+are checked on the GPU: tests/test_gated_gpu.py.
 """
 from __future__ import annotations
 
@@ -96,9 +98,13 @@ def test_accumulators_and_shared_memory_count_both_halves():
 
 # (what changes, the statement refused, words of the message): each names what to write instead
 REFUSED = [
-    (lambda p: hopper(p.problem, tile=(128, 128, 64)), "mainloop", "mainloop multistage"),
-    (lambda p: hopper(p.problem, tile=(128, 128, 64), mainloop="ws_pingpong", warps=(4, 1)), "mainloop",
-     "mainloop multistage"),
+    (lambda p: replace(p, mainloop="direct"), "mainloop", "mainloop multistage"),
+    # the TMA family: a tile whose gate and up accumulators pass 128 a thread
+    (lambda p: hopper(p.problem, tile=(128, 256, 64)), "tile", "(gate and up)"),
+    (lambda p: hopper(p.problem, tile=(128, 128, 64), mainloop="ws_pingpong", warps=(4, 1)), "tile",
+     "(gate and up)"),
+    (lambda p: replace(hopper(p.problem), problem=replace(p.problem, epilogue=replace(p.problem.epilogue,
+                                                                                      bias="n"))), "epilogue", "bias"),
     (lambda p: replace(p, scheduler="persistent"), "scheduler", "scheduler tile"),
     (lambda p: replace(p, scheduler="stream_k"), "scheduler", "scheduler tile"),
     (lambda p: replace(p, split_k=2), "split_k", "split_k 1"),
@@ -160,8 +166,13 @@ def test_space_offers_only_valid_gated_programs(shape, b):
         return
     assert 10 <= len(programs) <= 40
     for p in programs:
-        assert p.problem == problem and p.mainloop == "multistage" and p.scheduler == "tile" and p.split_k == 1, p
+        assert p.problem == problem and p.split_k == 1, p
+        assert p.scheduler == "tile" if p.mainloop == "multistage" else p.mainloop == "ws_cooperative", p
         assert diagnose(p) == [], (p, diagnose(p))
+    # the TMA family's one gated tile, 128 x 128 on two warpgroups, where every row is 16-byte aligned
+    tma = [p for p in programs if p.mainloop == "ws_cooperative"]
+    assert all(p.tile.m == p.tile.n == 128 for p in tma)
+    assert bool(tma) == (shape[1] % 8 == 0 and shape[2] % 8 == 0), [p.tile for p in tma]
     assert {p.instr.kind for p in cuda.space(problem, limit=400)} == ({"mma", "wgmma"} if shape[2] > 32 else {"mma"})
     if shape[0] <= 32:   # a few rows (decode): 16-row tiles, which measured fastest at 16x14336x4096
         assert any(p.tile.m == 16 for p in programs[:8]), [p.tile for p in programs[:8]]
@@ -171,3 +182,29 @@ def test_the_gated_example_is_a_cuda_multistage_program():
     program = parse(examples()["cuda_gated_silu"].read_text())
     assert program.backend == "cuda" and program.problem.epilogue.gate == "silu"
     assert diagnose(program) == [] and cuda._family_rules(program) == []
+
+
+@pytest.mark.parametrize("b", ["col", "row"])
+def test_a_gated_tma_program_loads_the_up_half_from_row_n_of_b(b):
+    """ws_cooperative 128 x 128 gated: each stage holds A, the gate's B tile and the up's (from N
+    on in B's one tensor map over 2N), and 128 accumulators a thread, gate and up."""
+    from gemmgen.backends.cuda import hopper as hop
+
+    program = hopper(gated(m=2048, n=14336 if b == "col" else 3000, k=4096, b=b))
+    assert diagnose(program) == [] and cuda._family_rules(program) == []
+    text = cuda.lower(program).text
+    assert _define(text, "GATED") == "1" and "N + tn * BN" in text and "acc_up" in text
+    plain = replace(program, problem=replace(program.problem, epilogue=Epilogue()))
+    assert hop.stage_bytes(program) - hop.stage_bytes(plain) == 128 * 64 * 2
+    assert hop.acc_per_thread(program) == 2 * hop.acc_per_thread(plain) == 128
+
+
+@needs_compiler
+def test_a_gated_tma_program_compiles_with_twice_the_wgmma_and_no_spills():
+    program = hopper(gated(m=2048, n=14336, k=4096))
+    plain = replace(program, problem=replace(program.problem, epilogue=Epilogue()))
+    (sass, res), (plain_sass, _) = [(r["sass"], r["resources"]["gemm_hopper_ws"])
+                                    for r in (cuda.kernel_report(cuda.compile_program(p)) for p in (program, plain))]
+    assert sass["HGMMA"] == 2 * plain_sass["HGMMA"] > 0, (sass["HGMMA"], plain_sass["HGMMA"])
+    assert sass["LDL"] == 0 and sass["STL"] == 0, sass
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0, res

@@ -5,15 +5,17 @@ The harness does not check gated problems yet (its references are plain GEMMs), 
 program here is judged against its own fp64 reference, at M = 1, 3, 17 and 100, on aligned and
 unaligned N and K, both majors of B, every gate activation and output dtype.
 
-The raw CUDA backend copies 16-byte chunks (cp.async), so it needs K a multiple of 8 (and, for a
-row-major B, N too: the up half starts N columns into each row); its unaligned widths are
-unaligned to its tiles instead (N=2999, K=4104: a last k tile of 8). It refuses Triton's K=4097
-(tests/test_backend_cuda_gated.py checks the message).
+The raw CUDA backend copies 16-byte chunks (cp.async, TMA), so it needs K a multiple of 8 (and,
+for a row-major B, N too: the up half starts N columns into each row; its TMA family also wants
+the output's N so); its unaligned widths are unaligned to its tiles instead (N=2999 or 3000,
+K=4104: a last k tile of 8). It refuses Triton's K=4097 (tests/test_backend_cuda_gated.py checks
+the message).
 """
 from __future__ import annotations
 
 import pytest
 
+from cuda_backend_cases import hopper
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 pytestmark = pytest.mark.gpu
@@ -55,13 +57,22 @@ CASES += [_program("cuda", (100, 3000, 4104), "gelu", "bf16", b="row", tile=(64,
           _program("cuda", (100, 2999, 4104), "silu", "f16", tile=(64, 16, 32), warps=(4, 1)),
           _program("cuda", (100, 3000, 4104), "gelu", "f16", b="row", tile=(64, 16, 32), warps=(4, 1)),
           _program("cuda", (100, 3000, 4104), "silu", "f16", b="row", tile=(128, 64, 32), warps=(2, 2))]
+# The TMA family (ws_cooperative 128 x 128, persistent): TMA wants every row 16-byte aligned, so its
+# unaligned widths are unaligned to its tiles (N = 3000, K = 4104); both majors of B, a cluster
+# of two CTAs sharing B by multicast, every gate and output dtype, and a prefill-sized product.
+CASES += [hopper(Problem(m, 3000, 4104, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked")))
+          for m in MS]
+CASES += [hopper(Problem(100, 3000, 4104, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked", out_dtype=out)),
+                 cluster=cluster)
+          for b, (gate, out), cluster in (("row", GATES[1], (1, 1)), ("col", GATES[2], (2, 1)), ("row", GATES[0], (2, 1)))]
+CASES += [hopper(Problem(2048, 4096, 4096, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked")), stages=3)]
 
 
 def _case_id(p: Program) -> str:
     pr = p.problem
     kind = p.instr.kind if p.instr else "auto"
     return (f"{p.backend}-{pr.m}x{pr.n}x{pr.k}-b{pr.b_major}-{pr.epilogue.gate}-{pr.epilogue.out_dtype}-"
-            f"{p.tile.m}x{p.tile.n}x{p.tile.k}-{kind}")
+            f"{p.tile.m}x{p.tile.n}x{p.tile.k}-{kind}-{p.mainloop}-cluster{p.cluster[0]}")
 
 
 def _operands(p: Program, seed: int):

@@ -2,9 +2,10 @@
 
 Three families, chosen by the program's `mainloop`:
   * multistage      - cp.async + ldmatrix + mma.sync m16n8k16, or wgmma from the same
-                      ring (multistage.py); the only family with the gated epilogue
+                      ring (multistage.py)
   * ws_cooperative  - TMA + mbarrier pipeline + wgmma, warp-specialized and
     ws_pingpong       persistent (hopper.py)
+Both take the gated epilogue.
   * direct          - operands from global memory straight into mma.sync registers, K split
                       over CTAs: skinny products under swap_ab, the weight as A (direct.py)
 lower() is pure (program -> CUDA C text), build() compiles to an sm_90a cubin on
@@ -52,10 +53,11 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     if program.problem.c_major != "row" and program.mainloop != "direct":
         out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
                             "(or mainloop direct, which stores C either way)"))
-    if program.problem.epilogue.gate and program.mainloop != "multistage":
+    if program.problem.epilogue.gate and program.mainloop == "direct":
         out.append(("mainloop", f"backend cuda lowers a gated epilogue (gate={program.problem.epilogue.gate}) in mainloop "
-                                f"multistage only, not {program.mainloop}: write `mainloop multistage` with `scheduler tile` "
-                                "(e.g. tile 64x64x64, warps 2x2, instr mma 16x8x16, stages 3)"))
+                                "multistage or the TMA family, not direct: write `mainloop multistage` with `scheduler "
+                                "tile` (e.g. tile 64x64x64, warps 2x2, instr mma 16x8x16, stages 3) or `mainloop "
+                                "ws_cooperative` (tile 128x128x64, warps 8x1)"))
         return out
     return out + _family(program).rules(program) + index_rules(program)
 
@@ -69,7 +71,7 @@ SUPPORT = Support(
     bias=True,
     residual=True,
     beta=True,
-    gated=True,          # mainloop multistage, scheduler tile, split_k 1 (multistage.gate_rules)
+    gated=True,          # multistage (scheduler tile, split_k 1: multistage.gate_rules) and the TMA family
     max_cluster=2,
     smem_swizzles=frozenset({None, 128}),
     auto_stages=True,

@@ -6,7 +6,8 @@ the other's math) for both majors of A and B: K-contiguous
 operands are loaded as one BK x rows TMA box per stage, MN-contiguous ones as
 64-wide boxes and read by wgmma with the transpose bit; either way the rows must
 be 16-byte aligned (TMA's rule). `warps WMxWN` are the consumer warps: WM/4
-warpgroups stacked along M times WN along N.
+warpgroups stacked along M times WN along N. A gated epilogue (`gate=ACT halves=stacked`)
+loads the gate's and the up's B tile into each stage and keeps both accumulators.
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from gemmgen.backends.cuda.source import (
     layout_defines,
     with_wgmma,
 )
+from gemmgen.dsl.checks import gate_findings
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
+from gemmgen.dsl.resources import b_tiles
 
 MAX_SMEM = SM90A.max_smem_per_block
 SMS = SM90A.sms
@@ -40,7 +43,15 @@ def stages_of(program: Program) -> int:
 
 
 def stage_bytes(program: Program) -> int:
-    return (program.tile.m + program.tile.n) * program.tile.k * 2
+    """A and B tiles of one stage: B twice over (gate and up) for a gated epilogue."""
+    return (program.tile.m + b_tiles(program) * program.tile.n) * program.tile.k * 2
+
+
+def acc_per_thread(program: Program) -> int:
+    """fp32 accumulators a consumer thread holds: its warpgroup's share of the tile (twice,
+    gate and up, when gated)."""
+    wgs_m, wgs_n = warpgroups(program)
+    return b_tiles(program) * program.tile.m * program.tile.n // (128 * wgs_m * wgs_n)
 
 
 def staging_bytes(program: Program) -> int:
@@ -90,6 +101,8 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("smem_swizzle", "the TMA/wgmma family uses the 128-byte swizzle: write `smem_swizzle 128` or `auto`"))
     if program.split_k != 1:
         out.append(("split_k", "the TMA/wgmma family has no split-K yet: write `split_k 1` or use mainloop multistage"))
+    # a gated epilogue: the language's own words for a malformed gate, also when lower() is called directly
+    out.extend(("epilogue", finding) for finding in gate_findings(p.epilogue))
     if program.scheduler == "stream_k":
         out.append(("scheduler", "the TMA/wgmma family has no stream-K yet: write `scheduler persistent` or use "
                                  "mainloop multistage"))
@@ -114,9 +127,10 @@ def rules(program: Program) -> list[tuple[str, str]]:
     if t.n % wgs_n or t.n > 256 or n_inst % 8 or n_inst > 256 or (t.n // wgs_n) % n_inst:
         out.append(("tile", f"tile N {t.n} over {wgs_n} warpgroup(s) along N must be a multiple of the wgmma N "
                             f"({n_inst}), at most 256"))
-    elif t.m * t.n // (128 * wgs_m * wgs_n) > MAX_ACC_PER_THREAD:
+    elif acc_per_thread(program) > MAX_ACC_PER_THREAD:
+        gated = " (gate and up)" if p.epilogue.gate else ""
         out.append(("tile", f"tile {t.m}x{t.n} over {wgs_m * wgs_n} consumer warpgroup(s) holds "
-                            f"{t.m * t.n // (128 * wgs_m * wgs_n)} fp32 accumulators per thread (at most "
+                            f"{acc_per_thread(program)} fp32 accumulators per thread{gated} (at most "
                             f"{MAX_ACC_PER_THREAD}): use `warps 8x1` or a smaller tile"))
     if program.cluster == (2, 1) and (t.n // 2) % 8:
         out.append(("cluster", "cluster 2x1 splits the B tile in halves of whole 8-row groups: tile N must be a multiple of 16"))
@@ -130,7 +144,8 @@ def rules(program: Program) -> list[tuple[str, str]]:
                             f"({n_inst}) and, with cluster 2x1, half of tile N must be multiples of 64"))
     if p.is_bound:
         for name, major, dim, extent in (("A", p.a_major, "K" if p.a_major == "row" else "M", p.k if p.a_major == "row" else p.m),
-                                         ("B", p.b_major, "N" if p.b_major == "row" else "K", p.n if p.b_major == "row" else p.k)):
+                                         ("B", p.b_major, ("2N" if p.epilogue.gate else "N") if p.b_major == "row"
+                                          else "K", p.b_cols if p.b_major == "row" else p.k)):
             if extent % 8:
                 out.append(("gemm", f"TMA needs 16-byte aligned rows: {name} is {major}-major, so {dim}={extent} must be "
                                     f"a multiple of 8; pad {dim} or use mainloop multistage"))
@@ -231,8 +246,9 @@ class HopperLauncher(L.FamilyLauncher):
         if key != self._maps_for:
             p = self.program.problem
             encode_tensor_map(self.tmap_a, a.data_ptr(), M, K, ld_a, self.geo.tile_m, p.a_major == "row")
-            encode_tensor_map(self.tmap_b, b.data_ptr(), N, K, ld_b, self.geo.tile_n // self.geo.cluster_m,
-                              p.b_major == "col")
+            # a gated B is the gate's N columns then the up's: one map over all 2N
+            encode_tensor_map(self.tmap_b, b.data_ptr(), N * b_tiles(self.program), K, ld_b,
+                              self.geo.tile_n // self.geo.cluster_m, p.b_major == "col")
             self._maps_for = key
         self.problem_args.M, self.problem_args.N, self.problem_args.K = M, N, K
 

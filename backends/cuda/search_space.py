@@ -14,6 +14,7 @@ from dataclasses import replace
 from gemmgen.backends.cuda import direct
 from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.multistage import stream_k_grid
+from gemmgen.dsl.checks import check_alignment
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Instr, Problem, Program, Tile
 from gemmgen.dsl.resources import b_tiles
@@ -121,8 +122,6 @@ def _multistage(problem: Problem) -> list[Program]:
 
 
 def _hopper(problem: Problem) -> list[Program]:
-    if problem.epilogue.gate:      # the TMA family has no gated epilogue
-        return []
     try:
         from gemmgen.backends.cuda import hopper as hop
     except ImportError:
@@ -139,7 +138,9 @@ def _hopper(problem: Problem) -> list[Program]:
                                mainloop=mainloop, instr=Instr("wgmma", 64, wg_n, 16),
                                cluster=cluster, stages=stages, scheduler="persistent", raster="m",
                                swizzle=8 if p.m >= p.n else 4, smem_swizzle=128)
-                if not hop.rules(prog.bind(p) if not problem.is_bound else prog):
+                bound = prog.bind(p) if not problem.is_bound else prog
+                # the language's TMA rule covers the output's rows too (`dsl.checks.check_alignment`)
+                if not hop.rules(bound) and not any(check_alignment(bound, SM90A)):
                     out.append(prog)
     return out
 

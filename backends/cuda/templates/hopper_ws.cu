@@ -6,6 +6,11 @@
 // CTA walks tiles blockIdx.x, +gridDim.x, ... in the program's raster order.
 // With CLUSTER_M == 2 the two CTAs of a cluster take vertically adjacent tiles
 // and each loads half of their shared B tile, multicast to both.
+// GATED (`epilogue gate=ACT halves=stacked`): B holds the gate's N columns, then the up's.
+// A stage holds the gate's BN rows of B, then the up's BN (from row N of B's tensor map), so
+// each consumer keeps the gate and the up accumulators of the same output elements, one
+// layout; the epilogue stores gate(acc) * acc_up. The gate's last tile past N reads up rows,
+// which only feed columns that are never stored.
 // ---------------------------------------------------------------------------
 #define CONSUMER_THREADS (CONSUMERS * 128)
 #define THREADS (CONSUMER_THREADS + 128)
@@ -14,8 +19,10 @@
 #define M_BLOCKS (WG_TILE_M / 64)              // wgmma m64 blocks per warpgroup
 #define N_BLOCKS (WG_TILE_N / INSTR_N)         // wgmma n blocks per warpgroup
 #define ACC_PER_BLOCK (INSTR_N / 2)            // fp32 accumulators per thread per wgmma
+#define B_HALVES (GATED ? 2 : 1)
 #define A_STAGE_BYTES (BM * BK * 2)
-#define B_STAGE_BYTES (BN * BK * 2)
+#define B_HALF_BYTES (BN * BK * 2)                   // one half of a gated B stage
+#define B_STAGE_BYTES (B_HALVES * B_HALF_BYTES)
 #define B_LOAD_ROWS (BN / CLUSTER_M)           // rows of B this CTA loads (and multicasts)
 #define READERS_PER_STAGE (PINGPONG ? 1 : CONSUMERS)   // consumer warpgroups reading each slot
 
@@ -205,9 +212,13 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);       // slot free in every CTA of the cluster
           mbar_expect_tx(full_bar + 8 * stage, A_STAGE_BYTES + B_STAGE_BYTES);
           TileA::load(smem_a + stage * A_STAGE_BYTES, &tmap_a, full_bar + 8 * stage, tm * BM, kt * BK, 0, BM, 0);
+          const unsigned short mcast = CLUSTER_M > 1 ? (unsigned short)((1u << CLUSTER_M) - 1) : (unsigned short)0;
           TileB::load(smem_b + stage * B_STAGE_BYTES, &tmap_b, full_bar + 8 * stage, tn * BN, kt * BK,
-                      (int)rank * B_LOAD_ROWS, B_LOAD_ROWS,
-                      CLUSTER_M > 1 ? (unsigned short)((1u << CLUSTER_M) - 1) : (unsigned short)0);
+                      (int)rank * B_LOAD_ROWS, B_LOAD_ROWS, mcast);
+#if GATED
+          TileB::load(smem_b + stage * B_STAGE_BYTES + B_HALF_BYTES, &tmap_b, full_bar + 8 * stage, N + tn * BN,
+                      kt * BK, (int)rank * B_LOAD_ROWS, B_LOAD_ROWS, mcast);
+#endif
           if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
       }
@@ -221,6 +232,9 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
     const bool pair_aligned = (epi.ld_out % 2) == 0;
     const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
     float acc[M_BLOCKS][N_BLOCKS][ACC_PER_BLOCK];
+#if GATED
+    float acc_up[M_BLOCKS][N_BLOCKS][ACC_PER_BLOCK];
+#endif
     // Position in the producer's sequence of ring slots: slot = pos % STAGES, and the
     // slot's full barrier completes its (pos / STAGES)-th phase for this use.
     int pos = PINGPONG ? consumer * k_tiles : 0;
@@ -249,6 +263,11 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
               unsigned long long db = TileB::descriptor(smem_b + stage * B_STAGE_BYTES,
                                                         wg_n * WG_TILE_N + j * INSTR_N, kk);
               wgmma_tile(acc[i][j], da, db, (kt > 0 || kk > 0) ? 1 : 0);
+#if GATED
+              unsigned long long db_up = TileB::descriptor(smem_b + stage * B_STAGE_BYTES,
+                                                           BN + wg_n * WG_TILE_N + j * INSTR_N, kk);
+              wgmma_tile(acc_up[i][j], da, db_up, (kt > 0 || kk > 0) ? 1 : 0);
+#endif
             }
           }
         }
@@ -269,6 +288,14 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       pos += k_tiles;   // the other warpgroup's tile
 #endif
 
+#if GATED
+#pragma unroll
+      for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+          for (int e = 0; e < ACC_PER_BLOCK; ++e) acc[i][j][e] = gate_activate(acc[i][j][e]) * acc_up[i][j][e];
+#endif
       // Epilogue from registers. wgmma accumulator e of block (i, j): row 16*warp + lane/4
       // (+8 when e%4 >= 2), column 8*(e/4) + 2*(lane%4) + e%2. Four 8-column blocks at a
       // time go out as one 16-byte store per lane (epilogue_store_quad).
