@@ -213,6 +213,9 @@ def test_the_policys_shortfall_names_what_was_dropped():
     text = _shortfall(policy, Problem(64, 64, 64), 8, 4)
     assert text.startswith("4 of the 8 programs asked for: the policy sampled 76 answers and only 4 were "
                            "distinct valid programs (69 repeated an earlier program, 3 refused by the validator)")
+    ranking = SimpleNamespace(name="policy", mode="rank", last_stats={"space": 5, "scored": 5})
+    assert _shortfall(ranking, Problem(64, 64, 64), 8, 5) == ("5 of the 8 programs asked for: the backends' spaces "
+                                                              "hold 5 valid programs for 64x64x64:rrr:f16:f32:f16")
 
 
 # -- 4. the tests keep out of the user's cache ---------------------------------------------

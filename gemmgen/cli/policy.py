@@ -58,8 +58,8 @@ _DROPPED = {"duplicate": "repeated an earlier program", "invalid": "refused by t
 def _shortfall(proposer, problem: Problem, asked: int, got: int) -> str:
     """Why fewer programs than asked came back: each proposer returns distinct valid ones only."""
     stats = getattr(proposer, "last_stats", None) or {}
-    if proposer.name == "policy" and "space" in stats:
-        why = f"the backends' spaces hold {stats['space']} valid programs for {problem.key}"
+    if proposer.name == "policy" and getattr(proposer, "mode", None) == "rank":
+        why = f"the backends' spaces hold {stats.get('space', got)} valid programs for {problem.key}"
     elif proposer.name == "policy" and stats:
         dropped = ", ".join(f"{v} {_DROPPED.get(k, k)}" for k, v in stats.items() if k in _DROPPED and v)
         why = (f"the policy sampled {stats.get('sampled', 0)} answers and only {got} were distinct valid "
