@@ -5,9 +5,9 @@ Three families, chosen by the program's `mainloop`:
                       ring (multistage.py)
   * ws_cooperative  - TMA + mbarrier pipeline + wgmma, warp-specialized and
     ws_pingpong       persistent (hopper.py)
-Both take the gated epilogue.
   * direct          - operands from global memory straight into mma.sync registers, K split
                       over CTAs: skinny products under swap_ab, the weight as A (direct.py)
+All but direct take the gated epilogue.
 lower() is pure (program -> CUDA C text), build() compiles to an sm_90a cubin on
 the CPU (NVRTC, else nvcc) and caches it on disk, load() needs the GPU.
 """
