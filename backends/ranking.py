@@ -16,7 +16,7 @@ import math
 
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import Program
-from gemmgen.dsl.resources import REGISTER_MAINLOOPS
+from gemmgen.dsl.resources import REGISTER_MAINLOOPS, b_tiles
 
 SMS = SM90A.sms
 PEAK_FLOPS = SM90A.peak_flops_f16
@@ -40,9 +40,10 @@ def estimated_seconds(program: Program) -> float:
     k_slice = math.ceil(p.k / split)
     ctas = math.ceil(p.m / t.m) * math.ceil(p.n / t.n) * split
     waves = ctas / SMS if program.scheduler == "stream_k" else math.ceil(ctas / SMS)
-    compute = waves * 2 * t.m * t.n * k_slice / (PEAK_FLOPS / SMS)
+    halves = b_tiles(program)      # a gated tile multiplies its gate's and its up's B columns
+    compute = waves * 2 * t.m * halves * t.n * k_slice / (PEAK_FLOPS / SMS)
     dram = p.bytes / PEAK_BYTES_PER_S
-    l2 = ctas * (t.m + t.n) * k_slice * 2 / L2_BYTES_PER_S
+    l2 = ctas * (t.m + halves * t.n) * k_slice * 2 / L2_BYTES_PER_S
     reduce = 0.0
     if split > 1:
         partial_bytes = split * p.m * p.n * 4

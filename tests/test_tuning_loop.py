@@ -191,6 +191,20 @@ def test_estimate_prefers_full_waves_and_big_tiles():
     assert estimated_seconds(big) >= problem.flops / 989e12
 
 
+def test_a_gated_program_is_estimated_as_the_product_over_both_halves():
+    """`tile` counts output columns; a gated tile multiplies 2 x tile N columns of B (gate and up),
+    so the prior charges it the plain tile's work over B's 2N columns, never less than the peak."""
+    from gemmgen.dsl.ir import Epilogue
+    from tuning_fakes import triton_program
+
+    gated = Problem(4096, 14336, 4096, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked"))
+    joined = Problem(4096, 2 * 14336, 4096, b_major="col")
+    tile = (128, 128, 64)
+    assert estimated_seconds(triton_program(gated, tile, 3)) >= gated.flops / 989e12
+    assert estimated_seconds(triton_program(gated, tile, 3)) == pytest.approx(
+        estimated_seconds(triton_program(joined, (128, 256, 64), 3)), rel=0.01)
+
+
 def test_small_problems_rank_one_launch_pointer_kernels_first():
     # measured on the H200 (shipped database): under 2 GFLOP the best `scheduler tile` program
     # beat the best persistent one on all 25 problems timed with both, and split-K's second
