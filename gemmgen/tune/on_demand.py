@@ -109,8 +109,8 @@ def tune_now(problems: Iterable[Problem], *, db: Union[None, str, Path, Database
     (`backends_for`): cuBLASLt's search first, for the problems where it leads, then programs
     for the others, the nearest tuned problems' winners measured first. `time_budget_s` counts
     from this call, less its first wait for the workers; it stops new searches and trials, not
-    one under way, and begins no search expected to end past it (`gemmgen.tune.library_search_s`:
-    about 5 s, 25 s per GB of operands and 30 s per TFLOP on the H200)."""
+    one under way, and begins no search expected to end past it (`gemmgen.tune.library_search_s`,
+    whose constants hold the H200's measured rates)."""
     start = time.monotonic()
     problems = list(dict.fromkeys(problems))
     plans = {p: split_library(backends_for(p, time_budget_s, backends)) for p in problems}
