@@ -5,7 +5,8 @@ A proposer only proposes: it never compiles or times (the tuning loop does that)
 - `HeuristicProposer`: the union of every present backend's `space(problem)` (the
   programs an expert enumerates), ranked by the roofline prior of `gemmgen.backends.ranking`.
   Estimates are compared in 5 % buckets so that near-ties keep the backend's own expert
-  order, and the backends are interleaved so each is tried.
+  order; within a backend the mainloop families near its best estimate take turns, and the
+  backends are interleaved, so each is tried.
 - `RandomProposer`: uniform over the valid space by rejection sampling: every field drawn
   uniformly from what the chosen backend supports, kept if `gemmgen.dsl.validate` accepts.
 - `FileProposer`: the programs of `.gemm` files that a person wrote or a probe picked, re-bound
@@ -36,6 +37,11 @@ from gemmgen.dsl.ir import (
 from gemmgen.errors import GemmgenError
 
 ALL_BACKENDS = registry.NAMES
+#: A backend's mainloop families whose best estimate is within this factor of its best take
+#: turns: the prior cannot tell a direct program from a split multistage one at a few rows of
+#: a small weight (both measured within 10 % of each other there), and bucket order alone spent
+#: a whole budget on one family.
+FAMILY_NEAR = 1.25
 #: How the policy proposes (`PolicyProposer.mode`): sample answers, or rank the spaces' programs.
 POLICY_MODES = ("sample", "rank")
 
@@ -63,6 +69,12 @@ def _validate(program: Program) -> bool:
     return True
 
 
+def _take_turns(lists: Sequence[Sequence]) -> list:
+    """The first of each list, then the second of each, and so on."""
+    return [items[rank] for rank in range(max((len(items) for items in lists), default=0))
+            for items in lists if rank < len(items)]
+
+
 def _dedupe(programs: Iterable[Program]) -> list[Program]:
     seen, out = set(), []
     for program in programs:
@@ -76,27 +88,37 @@ class HeuristicProposer:
     """The backends' expert spaces, ranked by the roofline prior (module docstring)."""
 
     name = "heuristic"
-    version = "1"
+    version = "2"
 
-    def __init__(self, backends: Sequence[str] = ALL_BACKENDS, *, validate: bool = True):
+    def __init__(self, backends: Sequence[str] = ALL_BACKENDS, *, validate: bool = True,
+                 estimate: Callable[[Program], float] = estimated_seconds):
         self.backends = tuple(backends)
         self.validate = validate
+        self.estimate = estimate
+
+    def backend_order(self, problem: Problem, module) -> list[Program]:
+        """One backend's space in the prior's order (5 % buckets, then the expert's order), its
+        mainloop families near the best estimate taking turns, then the families far behind."""
+        space = _dedupe(prog.bind(problem) for prog in module.space(problem))
+        if self.validate:
+            space = [prog for prog in space if _validate(prog)]
+        estimates = [self.estimate(prog) for prog in space]
+        order = sorted(range(len(space)), key=lambda i: (bucket(estimates[i]), i))
+        families: dict[str, list[int]] = {}
+        for i in order:
+            families.setdefault(space[i].mainloop, []).append(i)
+        if not families:
+            return []
+        best = min(estimates)
+        near = [f for f in families.values() if estimates[f[0]] <= FAMILY_NEAR * best]
+        far = [f for f in families.values() if estimates[f[0]] > FAMILY_NEAR * best]
+        return [space[i] for tier in (near, far) for i in _take_turns(tier)]
 
     def ranked(self, problem: Problem) -> list[Program]:
-        per_backend = []
-        for module in present_backends(self.backends):
-            space = [prog.bind(problem) for prog in module.space(problem)]
-            space = _dedupe(space)
-            if self.validate:
-                space = [prog for prog in space if _validate(prog)]
-            order = sorted(range(len(space)), key=lambda i: (bucket(estimated_seconds(space[i])), i))
-            if order:
-                per_backend.append([space[i] for i in order])
-        per_backend.sort(key=lambda progs: estimated_seconds(progs[0]))
-        merged = []
-        for rank in range(max((len(s) for s in per_backend), default=0)):
-            merged.extend(s[rank] for s in per_backend if rank < len(s))
-        return merged
+        per_backend = [progs for progs in (self.backend_order(problem, module)
+                                           for module in present_backends(self.backends)) if progs]
+        per_backend.sort(key=lambda progs: self.estimate(progs[0]))
+        return _take_turns(per_backend)
 
     def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]:
         return self.ranked(problem)[:k]

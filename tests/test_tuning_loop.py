@@ -219,6 +219,58 @@ def test_small_problems_rank_one_launch_pointer_kernels_first():
     assert estimated_seconds(replace(one_tile, split_k=2)) > estimated_seconds(one_tile)
 
 
+def test_a_grid_of_few_ctas_streams_at_what_its_sms_pull():
+    """16 CTAs read a 2 x 4096 x 4096 weight through 16 SMs: at most 16 x the hardware's per-SM
+    rate, however high DRAM's peak (the records measured such grids at 61-81 GB/s a CTA)."""
+    from gemmgen.backends import ranking
+    from gemmgen.dsl.hardware import SM90A
+    from tuning_fakes import triton_program
+
+    problem = Problem(16, 4096, 4096)
+    few = triton_program(problem, (16, 256, 64), 3)       # 16 CTAs
+    many = triton_program(problem, (16, 32, 64), 3)       # 128 CTAs
+    assert estimated_seconds(few) >= problem.bytes / (16 * SM90A.sm_load_bytes_per_s)
+    assert estimated_seconds(many) < estimated_seconds(few)
+    assert estimated_seconds(few, sm_load_bytes_per_s=float("inf")) == pytest.approx(
+        problem.bytes / SM90A.peak_bytes_per_s + ranking.LAUNCH_S, rel=0.05)
+
+
+def test_split_k_is_charged_what_its_backend_s_sum_costs():
+    from gemmgen.backends import ranking
+    from tuning_fakes import triton_program
+
+    problem = Problem(64, 64, 8192)
+    one = triton_program(problem, (64, 64, 64), 3)
+    for reduce in ("workspace", "unordered"):
+        split = replace(one, split_k=4, split_k_reduce=reduce)
+        # a backend and reduction without a measured cost pays one more launch
+        assert estimated_seconds(split) - estimated_seconds(split, split_reduce_s={}) == pytest.approx(
+            ranking.SPLIT_REDUCE_S[("triton", reduce)] - ranking.REDUCE_LAUNCH_S)
+        partials = 4 * 64 * 64 * 4 * (2 if reduce == "workspace" else 1)
+        assert estimated_seconds(split) - estimated_seconds(split, split_reduce_s={("triton", reduce): 0.0}) == \
+            pytest.approx(ranking.SPLIT_REDUCE_S[("triton", reduce)])
+        assert estimated_seconds(split) > ranking.SPLIT_REDUCE_S[("triton", reduce)] + partials / ranking.PEAK_BYTES_PER_S
+
+
+def test_a_backend_s_families_near_its_best_take_turns():
+    """At a few rows of a small weight raw CUDA's direct and split multistage programs measured
+    within 10 % of each other, closer than the prior can tell: both are proposed early."""
+    problem = Problem(8, 1024, 4096, b_major="col")
+    first = HeuristicProposer(("cuda",)).propose(problem, 4)
+    assert [p.mainloop for p in first] == ["multistage", "direct"] * 2
+    # a family far behind the best comes after the near ones: at 4096^3 no direct program
+    big = HeuristicProposer(("cuda",)).ranked(Problem(4096, 4096, 4096))
+    assert "direct" not in {p.mainloop for p in big}
+
+
+def test_the_heuristic_takes_another_estimate():
+    problem = Problem(1024, 1024, 1024)
+    shipped = HeuristicProposer(("triton",)).ranked(problem)
+    by_size = HeuristicProposer(("triton",), estimate=lambda p: p.tile.m * p.tile.n).ranked(problem)
+    assert set(by_size) == set(shipped)
+    assert by_size[0].tile.m * by_size[0].tile.n == min(p.tile.m * p.tile.n for p in shipped)
+
+
 def test_proposer_registry():
     assert get_proposer("random", backends=("triton",)).name == "random"
     with pytest.raises(ProposerError, match="heuristic"):
