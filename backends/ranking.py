@@ -46,6 +46,10 @@ SPLIT_REDUCE_S = {
     ("triton", "unordered"): 3.5e-6,
     ("triton", "atomic"): 3.5e-6,
 }
+#: Raw CUDA's `cluster` sum (two cluster barriers and reads of the peers' shared memory, no trip
+#: to L2) is not measured yet: charged what the arrival-order sum costs, so that the family's own
+#: order, which alternates the two, decides.
+SPLIT_REDUCE_S[("cuda", "cluster")] = SPLIT_REDUCE_S[("cuda", "unordered")]
 #: a backend without a measured entry: a second launch
 REDUCE_LAUNCH_S = 1.5e-6
 
@@ -68,7 +72,8 @@ def estimated_seconds(program: Program, *, sm_load_bytes_per_s: float = SM_LOAD_
     if split > 1:
         partial_bytes = split * p.m * p.n * 4
         summing = split_reduce_s.get((program.backend, program.split_k_reduce), REDUCE_LAUNCH_S)
-        reduce = summing + (2 * partial_bytes if program.split_k_reduce == "workspace" else partial_bytes) / PEAK_BYTES_PER_S
+        passes = {"workspace": 2, "cluster": 0}.get(program.split_k_reduce, 1)   # the cluster's stay on chip
+        reduce = summing + passes * partial_bytes / PEAK_BYTES_PER_S
     start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
     return max(compute, dram, l2) + reduce + LAUNCH_S + start
 

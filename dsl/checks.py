@@ -51,7 +51,7 @@ def check_values(p: Program, hw: Hardware) -> Iterator[Finding]:
     if p.split_k < 1:
         yield "split_k", f"split_k {p.split_k}: write `split_k 1` for no split, or a count of at least 2"
     if p.split_k_reduce not in ir.SPLIT_K_REDUCES:
-        yield "split_k", f"unknown split-K reduction {p.split_k_reduce!r}: write workspace, unordered or atomic"
+        yield "split_k", f"unknown split-K reduction {p.split_k_reduce!r}: write {_choices(ir.SPLIT_K_REDUCES)}"
     if e.bias not in (None, "m", "n"):
         yield "epilogue", f"bias={e.bias!r}: write bias=n (one value per column) or bias=m (per row)"
     if e.activation not in (None, *ir.ACTIVATIONS):
@@ -249,6 +249,14 @@ def check_split_k(p: Program, hw: Hardware) -> Iterator[Finding]:
     if pr.is_bound and pr.k < s * p.tile.k:
         yield "split_k", (f"split_k {s} with tile_k {p.tile.k} needs K >= {s * p.tile.k} so every slice gets a "
                           f"k-tile; K={pr.k}: use split_k <= {max(1, pr.k // p.tile.k)}")
+    if p.split_k_reduce == ir.CLUSTER_REDUCE:
+        if s > hw.max_cluster_size:
+            yield "split_k", (f"split_k {s} cluster runs the {s} K slices of a tile as one cluster, and a cluster "
+                              f"holds at most {hw.max_cluster_size} CTAs: use split_k <= {hw.max_cluster_size} "
+                              f"cluster, or split_k {s} unordered")
+        if p.cluster != (1, 1):
+            yield "split_k", (f"split_k {s} cluster makes each cluster of the {s} K slices of one tile, so it takes "
+                              f"no cluster along M or N: write `cluster 1x1`")
     if p.split_k_reduce == "atomic":
         if e.activation:
             yield "split_k", (f"split_k {s} atomic adds partial sums in place, so {e.activation} would see partial "

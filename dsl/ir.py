@@ -22,7 +22,7 @@ Backend = Literal["triton", "cutlass", "cuda"]
 Mainloop = Literal["multistage", "ws_cooperative", "ws_pingpong", "direct"]
 Scheduler = Literal["tile", "persistent", "stream_k"]
 Activation = Literal["relu", "gelu", "silu"]
-SplitKReduce = Literal["workspace", "atomic", "unordered"]
+SplitKReduce = Literal["workspace", "atomic", "unordered", "cluster"]
 Halves = Literal["stacked"]
 
 MAJORS: tuple[str, ...] = ("row", "col")
@@ -33,13 +33,16 @@ BACKENDS: tuple[str, ...] = ("triton", "cutlass", "cuda")
 MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong", "direct")
 SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
-SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered")
+SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered", "cluster")
 #: How a gated epilogue's two halves lie in the joined B: `stacked`, the gate's N columns then
 #: the up projection's (for x @ W.T: W = cat([W_gate, W_up]), 2N x K).
 HALVES: tuple[str, ...] = ("stacked",)
 #: Split-K reductions that add partials in arrival order (not bit-reproducible run to run):
 #: `atomic` into the output itself, `unordered` into an fp32 buffer the epilogue then reads.
 ARRIVAL_ORDER_REDUCES = frozenset({"atomic", "unordered"})
+#: The split-K reduction whose K slices run as one thread-block cluster and sum their partials
+#: through distributed shared memory, in slice order, in the same launch.
+CLUSTER_REDUCE = "cluster"
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 

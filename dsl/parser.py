@@ -36,7 +36,7 @@ USAGE = {
     "scheduler": "scheduler tile|persistent|stream_k (persistent: optionally the SMs it may use, e.g. 128)",
     "raster": "raster m|n swizzle=S, e.g. raster m swizzle=8",
     "smem_swizzle": "smem_swizzle auto|0|32|64|128",
-    "split_k": "split_k 1 | split_k N workspace | split_k N unordered | split_k N atomic",
+    "split_k": "split_k 1 | split_k N workspace | split_k N unordered | split_k N atomic | split_k N cluster",
     "swap_ab": "swap_ab  (compute C^T = B^T A^T; the other statements describe that N x M x K problem)",
 }
 
@@ -54,7 +54,7 @@ _TERMINAL_WORDS = {
     "INSTR_KIND": "'wgmma' or 'mma'",
     "MAINLOOP": ", ".join(map(repr, ir.MAINLOOPS)),
     "SCHEDULER": ", ".join(map(repr, ir.SCHEDULERS)),
-    "SPLIT_K_REDUCE": "'workspace', 'unordered' or 'atomic'",
+    "SPLIT_K_REDUCE": ", ".join(map(repr, ir.SPLIT_K_REDUCES)),
     "HALVES": ", ".join(map(repr, ir.HALVES)),
     "_NL": "end of line",
     "$END": "end of file",

@@ -21,10 +21,10 @@ needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_u
 
 
 def _program(m=1, n=4096, k=4096, *, tile=(64, 8, 64), warps=(4, 1), stages=4, split=4, swap=True,
-             epilogue=Epilogue(), a="row", b="col") -> Program:
+             epilogue=Epilogue(), a="row", b="col", reduce="unordered") -> Program:
     return Program(problem=Problem(m, n, k, a_major=a, b_major=b, epilogue=epilogue), backend="cuda",
                    tile=Tile(*tile), warps=warps, mainloop="direct", instr=Instr("mma", 16, 8, 16), stages=stages,
-                   scheduler="tile", split_k=split, split_k_reduce="unordered" if split > 1 else "workspace",
+                   scheduler="tile", split_k=split, split_k_reduce=reduce if split > 1 else "workspace",
                    swap_ab=swap)
 
 
@@ -35,7 +35,10 @@ def _program(m=1, n=4096, k=4096, *, tile=(64, 8, 64), warps=(4, 1), stages=4, s
     _program(3, 2999, 4104, tile=(128, 8, 128), warps=(8, 1), stages=2, split=8,
              epilogue=Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True)),
     _program(100, 1000, 72, tile=(16, 32, 32), warps=(1, 2), stages=2, split=1, swap=False),
-], ids=["decode", "batch16", "every_epilogue", "unswapped"])
+    _program(reduce="cluster", split=8),
+    _program(3, 2999, 4104, tile=(128, 16, 64), warps=(8, 1), stages=2, split=4, reduce="cluster",
+             epilogue=Epilogue(alpha=2.0, beta=0.5, bias="n", activation="gelu", residual=True)),
+], ids=["decode", "batch16", "every_epilogue", "unswapped", "cluster_decode", "cluster_every_epilogue"])
 def test_direct_programs_compile_to_mma_from_plain_loads(program):
     assert diagnose(program) == []
     artifact = cuda.build(lower(program))
@@ -75,6 +78,52 @@ def test_direct_split_k_takes_the_one_launch_reduction_with_a_located_message():
     text = to_text(_program()).replace("split_k 4 unordered", "split_k 4 workspace")
     found = diagnose(parse(text))
     assert found and "split_k 4 unordered" in found[0].message and found[0].line > 0
+
+
+def test_a_cluster_split_sums_in_shared_memory_with_no_workspace():
+    program = _program(reduce="cluster", split=8)
+    assert diagnose(program) == []
+    defines = direct.defines(program.computed)
+    assert defines["SPLIT_CLUSTER"] == 1 and defines["SPLIT_K"] == 8
+    assert direct.defines(_program().computed)["SPLIT_CLUSTER"] == 0
+    geometry = direct.geometry(program.computed)
+    assert geometry.cluster_split and not direct.geometry(_program().computed).cluster_split
+
+
+@needs_compiler
+def test_a_cluster_split_compiles_to_cluster_barriers_and_no_atomics():
+    artifact = cuda.build(lower(_program(reduce="cluster", split=8)))
+    report = cuda.kernel_report(artifact)
+    sass, res = report["sass"], report["resources"][direct.ENTRY]
+    assert sass["HMMA"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0 and res["spill_stores"] == 0
+    assert res["smem_static"] == 64 * 8 * 4           # one fp32 partial tile, no counter
+    assert sass["ATOMG"] == 0 and sass["UCGABAR_ARV"] == 2       # parked, then read by the peers
+    arrival = cuda.kernel_report(cuda.build(lower(_program())))["sass"]
+    assert arrival["ATOMG"] > 0 and arrival["UCGABAR_ARV"] == 0
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(split=16), "a cluster holds at most 8 CTAs"),
+    (dict(cluster=(2, 1)), "write `cluster 1x1`"),
+    (dict(mainloop="multistage", swap_ab=False, tile=Tile(64, 64, 64), warps=(2, 2), stages=3, c_row=True),
+     "in mainloop direct only"),
+    (dict(backend="triton", mainloop="multistage", tile=Tile(64, 64, 64), warps=(2, 2), stages=3, instr=None),
+     "cannot reduce split-K by cluster"),
+])
+def test_a_cluster_split_is_refused_where_it_cannot_run(change, words):
+    change = dict(change)
+    program = _program(reduce="cluster", split=change.pop("split", 4), swap=change.pop("swap_ab", True))
+    if change.pop("c_row", False):
+        program = replace(program, swap_ab=False)
+    found = [d for d in diagnose(replace(program, **change)) if words in d.message]
+    assert found and found[0].statement == "split_k", diagnose(replace(program, **change))
+
+
+def test_space_alternates_the_two_ways_of_summing_k_slices():
+    progs = direct_programs(Problem(8, 1024, 4096, b_major="col"))
+    ways = [p.split_k_reduce for p in progs[:6]]
+    assert ways == ["unordered", "cluster"] * 3
+    assert all(p.split_k <= 8 for p in progs if p.split_k_reduce == "cluster")
 
 
 def test_other_cuda_families_still_refuse_a_column_major_output():

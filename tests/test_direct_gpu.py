@@ -5,7 +5,8 @@ K split over CTAs) and Triton's (FMA over row-contiguous K steps).
 Every program is built through `gemmgen.backends.lower`, loaded through `backends.load` and
 judged by the harness (gemmgen.measure.check) on the caller's problem at M = 1, 3, 17 and 100, on
 aligned and unaligned N and K (K a multiple of 8, the family's 16-byte loads), with each
-epilogue, one and several K slices, and unswapped (C row-major) too.
+epilogue, one and several K slices (summed in arrival order or across a cluster), and unswapped
+(C row-major) too.
 """
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ CONFIGS = [  # (rows a warp, warps along M, tile K, stages, split_k)
     (32, 2, 64, 2, 1),
     (16, 1, 32, 8, 3),
 ]
+CLUSTER_CONFIGS = [  # the same, K's slices summed across a cluster (`split_k S cluster`)
+    (16, 4, 64, 4, 4, "cluster"),
+    (16, 1, 32, 8, 8, "cluster"),
+]
 
 
 def _program(shape, config, epilogue=Epilogue(), swap=True) -> Program:
-    rows, warps_m, tk, stages, split = config
+    rows, warps_m, tk, stages, split, *way = config
     m = shape[0] or 16
     cols = min(128, max(8, 1 << (m - 1).bit_length()))
     warps_n = max(1, cols // 16)             # two n8 blocks a warp
@@ -35,7 +40,7 @@ def _program(shape, config, epilogue=Epilogue(), swap=True) -> Program:
     return Program(problem=Problem(*shape, a_major="row", b_major="col", epilogue=epilogue), backend="cuda",
                    tile=Tile(rows * warps_m, cols, tk), warps=(warps_m, warps_n), mainloop="direct",
                    instr=Instr("mma", 16, 8, 16), stages=stages, scheduler="tile", split_k=split,
-                   split_k_reduce="unordered" if split > 1 else "workspace", swap_ab=swap)
+                   split_k_reduce=(way or ["unordered"])[0] if split > 1 else "workspace", swap_ab=swap)
 
 
 def _unswapped(m, n, k, epilogue) -> Program:
@@ -51,8 +56,9 @@ def _cases() -> list[Program]:
     out = []
     for m in MS:
         for n, k in WIDTHS:
-            out += [_program((m, n, k), config) for config in CONFIGS]
+            out += [_program((m, n, k), config) for config in CONFIGS + CLUSTER_CONFIGS]
     out += [_program((17, 2999, 4104), CONFIGS[0], e) for e in EPILOGUES]
+    out += [_program((3, 2999, 4104), CLUSTER_CONFIGS[1], e) for e in EPILOGUES]
     out += [_program((100, 1000, 72), CONFIGS[1], e) for e in EPILOGUES]
     out += [_program((1, 4096, 4096), CONFIGS[2], e) for e in EPILOGUES]
     out += [_unswapped(m, 1000, 72, e) for m in (3, 100) for e in EPILOGUES[:4]]
@@ -112,6 +118,26 @@ def test_split_k_workspace_is_left_clean_between_calls(artifacts):
         fn(a, w.t(), out)
         want = (a.double() @ w.double().t())
         assert torch.allclose(out.double(), want, rtol=2e-2, atol=0.5), seed
+
+
+def test_a_cluster_split_gives_the_same_bits_every_call(artifacts):
+    """The cluster sums its slices in slice order: unlike arrival order, every call on the same
+    inputs stores the same bits."""
+    import torch
+
+    from gemmgen import backends
+    program = next(p for p in CASES if p.split_k_reduce == "cluster" and p.split_k == 8)
+    fn = backends.load(artifacts[program], program)
+    m, n, k = program.problem.m, program.problem.n, program.problem.k
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(m, k, device="cuda", generator=g).half()
+    w = torch.randn(n, k, device="cuda", generator=g).half()
+    outs = []
+    for _ in range(4):
+        outs.append(torch.empty(m, n, device="cuda", dtype=torch.float16))
+        fn(a, w.t(), outs[-1])
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert torch.allclose(outs[0].double(), a.double() @ w.double().t(), rtol=2e-2, atol=0.5)
 
 
 def test_a_shape_generic_direct_program_serves_every_m():

@@ -120,6 +120,8 @@ ILLEGAL = [
     ({"split_k": "split_k 4 atomic", "epilogue": "epilogue gelu out=f32"}, "split_k",
      "gelu would see partial sums: use `split_k 4 unordered` or `split_k 4 workspace`"),
     ({"split_k": "split_k 4 atomic"}, "split_k", "which accumulates in f16"),
+    ({"split_k": "split_k 16 cluster"}, "split_k", "a cluster holds at most 8 CTAs: use split_k <= 8 cluster"),
+    ({"split_k": "split_k 4 cluster", "cluster": "cluster 2x1"}, "split_k", "takes no cluster along M or N"),
     ({"epilogue": "epilogue alpha=0.0"}, "epilogue", "alpha=0.0 discards the product"),
     ({**WS, "gemm": "gemm 4096x4096x4100 a=row b=col"}, "mainloop",
      "A is row-major, so its contiguous dimension K=4100 must be a multiple of 8 f16 elements; "

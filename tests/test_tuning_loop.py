@@ -252,6 +252,28 @@ def test_split_k_is_charged_what_its_backend_s_sum_costs():
         assert estimated_seconds(split) > ranking.SPLIT_REDUCE_S[("triton", reduce)] + partials / ranking.PEAK_BYTES_PER_S
 
 
+def test_a_cluster_sum_moves_no_partials_through_dram():
+    from gemmgen.backends import ranking
+    from gemmgen.dsl import parse
+
+    text = """gemm 1x1024x4096 a=row b=col c=row in=f16 acc=f32
+epilogue out=f16
+backend cuda
+tile 16x8x64
+warps 1x1
+instr mma 16x8x16
+stages 4
+mainloop direct
+split_k 8 unordered
+swap_ab
+"""
+    arrival, cluster = parse(text), parse(text.replace("8 unordered", "8 cluster"))
+    partial_bytes = 8 * 1024 * 1 * 4
+    assert ranking.SPLIT_REDUCE_S[("cuda", "cluster")] == ranking.SPLIT_REDUCE_S[("cuda", "unordered")]
+    assert estimated_seconds(arrival) - estimated_seconds(cluster) == pytest.approx(
+        partial_bytes / ranking.PEAK_BYTES_PER_S)
+
+
 def test_a_backend_s_families_near_its_best_take_turns():
     """At a few rows of a small weight raw CUDA's direct and split multistage programs measured
     within 10 % of each other, closer than the prior can tell: both are proposed early."""

@@ -26,7 +26,7 @@ from gemmgen.backends.cuda.compile import (
 )
 from gemmgen.backends.cuda.launch import index_rules
 from gemmgen.backends.cuda.search_space import space
-from gemmgen.dsl.ir import INPUT_DTYPES, Program
+from gemmgen.dsl.ir import CLUSTER_REDUCE, INPUT_DTYPES, Program
 
 from gemmgen.errors import NoGPUError
 
@@ -53,6 +53,9 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     if program.problem.c_major != "row" and program.mainloop != "direct":
         out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
                             "(or mainloop direct, which stores C either way)"))
+    if program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE and program.mainloop != "direct":
+        out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloop direct only: write "
+                               f"`split_k {program.split_k} workspace` for mainloop {program.mainloop}"))
     if program.problem.epilogue.gate and program.mainloop == "direct":
         out.append(("mainloop", f"backend cuda lowers a gated epilogue (gate={program.problem.epilogue.gate}) in mainloop "
                                 "multistage or the TMA family, not direct: write `mainloop multistage` with `scheduler "
@@ -66,7 +69,7 @@ SUPPORT = Support(
     mainloops=frozenset(_FAMILIES),
     schedulers=frozenset({"tile", "persistent", "stream_k"}),
     instr_kinds=frozenset({None, "mma", "wgmma"}),
-    split_k_reduces=frozenset({"workspace", "atomic", "unordered"}),
+    split_k_reduces=frozenset({"workspace", "atomic", "unordered", CLUSTER_REDUCE}),   # cluster: direct only
     activations=frozenset({"relu", "gelu", "silu"}),
     bias=True,
     residual=True,

@@ -176,4 +176,6 @@ def sass_summary(text: str) -> dict[str, int]:
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text)
     def count(prefix: str) -> int:
         return sum(1 for op in ops if op == prefix or op.startswith(prefix + "."))
-    return {name: count(name) for name in ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "SYNCS", "LDL", "STL")}
+    names = ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "SYNCS", "LDL", "STL",
+             "ATOMG", "UCGABAR_ARV")     # global atomics (split-K in arrival order), cluster barriers
+    return {name: count(name) for name in names}

@@ -3,8 +3,10 @@ products that stream one operand once (`x @ W.T` at a small batch, written with 
 that the weight W is A and its N rows fill the MMA's M side).
 
 No shared memory ring: each thread keeps `stages` k tiles of 16-byte loads in flight in its
-registers, and K is split over `split_k` CTAs whose fp32 partials are added in arrival order in
-one launch (the tile's last CTA applies the epilogue). Both operands must be K-contiguous. The
+registers, and K is split over `split_k` CTAs whose fp32 partials are summed in one launch:
+in arrival order through an fp32 workspace (`unordered`: the tile's last CTA applies the
+epilogue), or, with `split_k S cluster`, by the S CTAs of one thread-block cluster through
+distributed shared memory, in slice order (deterministic, no workspace). Both operands must be K-contiguous. The
 output may be stored transposed (c=col), which is what `swap_ab` computes.
 
 `rules` says what the family refuses, `defines` fixes the program's decisions for
@@ -18,7 +20,7 @@ from dataclasses import dataclass, replace
 from gemmgen.backends.cuda import launch as L
 from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines
 from gemmgen.backends.workspace import persistent_buffer
-from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program, transposed
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, CLUSTER_REDUCE, Program, transposed
 from gemmgen.dsl.resources import DIRECT_MAX_STAGES
 
 ENTRY = "gemm_direct"
@@ -63,9 +65,9 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("cluster", "mainloop direct has no clusters: write `cluster 1x1`"))
     if program.smem_swizzle is not None:
         out.append(("smem_swizzle", "mainloop direct uses no shared memory: write `smem_swizzle auto`"))
-    if program.split_k > 1 and program.split_k_reduce not in ARRIVAL_ORDER_REDUCES:
+    if program.split_k > 1 and program.split_k_reduce not in ARRIVAL_ORDER_REDUCES | {CLUSTER_REDUCE}:
         out.append(("split_k", f"mainloop direct adds its split-K partials in the same launch: write "
-                               f"`split_k {program.split_k} unordered`"))
+                               f"`split_k {program.split_k} unordered` or `split_k {program.split_k} cluster`"))
     if t.k not in TILE_K:
         out.append(("tile", f"tile K must be 32, 64 or 128 for mainloop direct, not {t.k}"))
     if wm * wn not in WARP_COUNTS:
@@ -106,12 +108,18 @@ def stored(program: Program) -> Program:
     return program if p.c_major == "row" else replace(program, problem=transposed(p))
 
 
+def cluster_split(program: Program) -> bool:
+    """The K slices of a tile run as one cluster and sum their partials in shared memory."""
+    return program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
+
+
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     d = {"BM": t.m, "BN": t.n, "BK": t.k,
          "WARPS_M": program.warps[0], "WARPS_N": program.warps[1],
          "STAGES": stages_of(program),
          "SPLIT_K": program.split_k,
+         "SPLIT_CLUSTER": int(cluster_split(program)),
          "STORE_T": int(program.problem.c_major == "col")}
     d.update(layout_defines(program))   # the shared raster helper's constants (unused here)
     # the epilogue's row, column, bias axis and operands are those of the stored matrix
@@ -136,11 +144,12 @@ class Geometry:
     tile_m: int
     tile_n: int
     split_k: int
+    cluster_split: bool      # the split_k CTAs of a tile are one cluster (grid z)
 
 
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=0, tile_m=program.tile.m, tile_n=program.tile.n,
-                    split_k=program.split_k)
+                    split_k=program.split_k, cluster_split=cluster_split(program))
 
 
 class DirectLauncher(L.FamilyLauncher):
@@ -170,7 +179,7 @@ class DirectLauncher(L.FamilyLauncher):
         ga = self.gemm_args
         ga.a, ga.ld_a, ga.b, ga.ld_b = a.data_ptr(), ld_a, b.data_ptr(), ld_b
         ga.M, ga.N, ga.K = M, N, K
-        if self.geo.split_k > 1:
+        if self.geo.split_k > 1 and not self.geo.cluster_split:
             ws, counters = self._workspace(M, N, a.device)
             ga.workspace, ga.counters = ws.data_ptr(), counters.data_ptr()
 
@@ -182,7 +191,9 @@ class DirectLauncher(L.FamilyLauncher):
 
     def _launch(self, M, N, stream) -> None:
         g = self.geo
-        L.launch(self.funcs[ENTRY], (L.tile_count(g, M, N), 1, g.split_k), g.threads, 0, stream, self.pack)
+        cluster = (1, 1, g.split_k) if g.cluster_split else None
+        L.launch(self.funcs[ENTRY], (L.tile_count(g, M, N), 1, g.split_k), g.threads, 0, stream, self.pack,
+                 cluster=cluster)
 
 
 def launcher(artifact, program: Program) -> DirectLauncher:

@@ -16,7 +16,7 @@ from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.multistage import stream_k_grid
 from gemmgen.dsl.checks import check_alignment
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import Instr, Problem, Program, Tile
+from gemmgen.dsl.ir import CLUSTER_REDUCE, Instr, Problem, Program, Tile
 from gemmgen.dsl.resources import b_tiles
 
 SMS = SM90A.sms
@@ -159,7 +159,9 @@ DIRECT_IN_FLIGHT = 512
 
 def direct_programs(problem: Problem) -> list[Program]:
     """swap_ab programs of the direct family: tile M (weight rows) 16-256, tile N the batch
-    rounded up to 8 or 16, K split so the grid holds 2-8 CTAs an SM."""
+    rounded up to 8 or 16, K split so the grid holds 2-8 CTAs an SM, the slices summed in
+    arrival order or (at most a cluster's 8 of them) across a cluster; each way in the family's
+    order, the two taking turns."""
     p = _bound(problem)
     if p.m > DIRECT_MAX_M or (p.a_major, p.b_major) != ("row", "col") or problem.epilogue.gate:
         return []
@@ -171,13 +173,18 @@ def direct_programs(problem: Problem) -> list[Program]:
         whole_k_tiles = max(1, p.k // tk)      # every K slice at least one whole k tile
         splits = sorted({min(whole_k_tiles, max(1, 1 << round(math.log2(max(1, c / tiles)))))
                          for c in (DIRECT_CTAS // 2, DIRECT_CTAS, 2 * DIRECT_CTAS)})
-        for split in splits:
+        ways = {(split, "unordered" if split > 1 else "workspace") for split in splits}
+        ways |= {(min(split, SM90A.max_cluster_size), CLUSTER_REDUCE) for split in splits if split > 1}
+        for split, reduce in sorted(ways):
             prog = Program(problem=problem, backend="cuda", tile=Tile(tile_m, tile_n, tk), warps=(warps_m, 1),
                            mainloop="direct", instr=Instr("mma", 16, 8, 16), stages=stages, scheduler="tile",
-                           split_k=split, split_k_reduce="unordered" if split > 1 else "workspace", swap_ab=True)
+                           split_k=split, split_k_reduce=reduce, swap_ab=True)
             if not direct.rules(prog.bind(p).computed):
                 out.append(prog)
-    return sorted(out, key=lambda q: direct_rank(q, p))
+    # the two ways of summing the K slices take turns (the cluster's is not yet measured)
+    by_way = [sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster), key=lambda q: direct_rank(q, p))
+              for cluster in (False, True)]
+    return [q for rank in range(max(map(len, by_way))) for q in (w[rank] for w in by_way if rank < len(w))]
 
 
 def direct_rank(program: Program, problem: Problem) -> tuple:

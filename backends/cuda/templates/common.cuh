@@ -131,6 +131,24 @@ __device__ __forceinline__ void zero_acc(float (&acc)[TILES_M][TILES_N][4]) {
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 }
 
+// ---- thread-block clusters (the TMA family's multicast, the direct family's cluster split-K) ----
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
+}
+// Every thread of every CTA of the cluster: writes to shared memory before it are seen after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The float at the same shared-memory offset as `p`, in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned cta) {
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
 // Arrival-order split-K (`split_k N unordered`), one launch: each CTA adds its fp32 partials
 // into the workspace, then learns here whether it is its tile's last to arrive. Only that one
 // reads the sums (take_sum) and applies the epilogue; it leaves workspace and counter at zero.

@@ -3,7 +3,9 @@
 // read once and is most of the bytes. No shared memory: each warp loads its rows of A and
 // columns of B from global memory straight into mma.sync m16n8k16 fragments, a ring of
 // STAGES k tiles of loads in flight per thread, and K is split over SPLIT_K CTAs whose fp32
-// partials are added in arrival order, the last CTA of a tile applying the epilogue.
+// partials are added in arrival order, the last CTA of a tile applying the epilogue; with
+// SPLIT_CLUSTER the SPLIT_K CTAs of a tile are one cluster, and they sum their partials through
+// distributed shared memory, in slice order, with no workspace and no atomics.
 //
 // Both operands are K-contiguous (A row-major, B column-major). K is walked in chunks of 32:
 // lane (g, q) = (lane / 4, lane % 4) loads 16 bytes of its row at k0 + 8q, values
@@ -19,6 +21,9 @@
 #define MMA_M_TILES (WARP_TILE_M / 16)
 #define MMA_N_TILES (WARP_TILE_N / 8)
 #define K_CHUNKS (BK / 32)
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define ARRIVAL_SPLIT (SPLIT_K > 1 && !SPLIT_CLUSTER)
+#define CLUSTER_SPLIT (SPLIT_K > 1 && SPLIT_CLUSTER)
 
 struct Chunk { unsigned x, y, z, w; };
 
@@ -122,7 +127,31 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
   }
 
   // Accumulator (i, j, v): row g (+8 for v >= 2) of block i, column 2q (+1 for odd v) of block j.
-#if SPLIT_K > 1
+#if CLUSTER_SPLIT
+  // This CTA is K slice blockIdx.z = its rank in the tile's cluster. It parks its partial tile in
+  // its shared memory; after the cluster's barrier each CTA sums a 1/SPLIT_K share of the tile's
+  // elements over every slice, in slice order, and stores them through the epilogue.
+  __shared__ float partial[BM * BN];
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int r = row0 - tm * BM + 16 * i + g + 8 * (v >> 1), c = col0 - tn * BN + 8 * j + 2 * q + (v & 1);
+        partial[r * BN + c] = acc[i][j][v];
+      }
+  cluster_sync();
+  for (int e = (int)cluster_rank() * THREADS + threadIdx.x; e < BM * BN; e += SPLIT_K * THREADS) {
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < SPLIT_K; ++s) sum += ld_cluster_f32(partial + e, (unsigned)s);
+    const int r = tm * BM + e / BN, c = tn * BN + e % BN;
+    if (r < M && c < N) store_element(epi, sum, r, c);
+  }
+  cluster_sync();   // no CTA leaves while a peer may still read its shared memory
+  return;
+#elif ARRIVAL_SPLIT
 #pragma unroll
   for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
@@ -142,13 +171,13 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
       for (int v = 0; v < 4; ++v) {
         const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
         if (r >= M || c >= N) continue;
-#if SPLIT_K > 1
+#if ARRIVAL_SPLIT
         store_element(epi, take_sum(args.workspace + (long long)r * N + c), r, c);
 #else
         store_element(epi, acc[i][j][v], r, c);
 #endif
       }
-#if SPLIT_K > 1
+#if ARRIVAL_SPLIT
   if (threadIdx.x == 0) args.counters[blockIdx.x] = 0u;
 #endif
 }

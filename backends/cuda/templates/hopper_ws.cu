@@ -68,13 +68,6 @@ __device__ __forceinline__ void release_stage(unsigned empty) {
 #endif
 }
 
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // ---- TMA: one box at (inner, outer) element coordinates, completing on `bar` -----
 __device__ __forceinline__ void tma_load(unsigned dst, const TmaDescriptor* map, unsigned bar, int inner, int outer) {
   asm volatile(
