@@ -150,6 +150,19 @@ def test_the_launcher_wants_the_joined_b():
         check.operands(a, w[:64].t(), out)
 
 
+def test_a_gated_call_takes_no_alpha():
+    """The language refuses alpha beside a gate; a call's alpha= would scale the gated product
+    behind the program's back, so the launcher refuses it too."""
+    torch = pytest.importorskip("torch")
+    from gemmgen.backends.cuda.launch import EpilogueArgs, OperandCheck
+
+    check = OperandCheck(multistage(gated(m=17, n=64, k=128), tile=(64, 64, 64), warps=(2, 2), stages=3))
+    out = torch.zeros(17, 64, dtype=torch.float16)
+    check.epilogue(EpilogueArgs(), out, None, None, None, 1.0, 0.0)
+    with pytest.raises(BackendError, match="without alpha="):
+        check.epilogue(EpilogueArgs(), out, None, None, None, 2.0, 0.0)
+
+
 def test_the_joined_b_columns_count_against_the_int32_limit():
     program = multistage(gated(m=64, n=2**30, k=64), tile=(64, 64, 64), warps=(2, 2), stages=3)
     assert any("2N + tile N" in m for f, m in cuda._family_rules(program))

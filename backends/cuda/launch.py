@@ -184,6 +184,9 @@ class OperandCheck:
         M, N = out.shape
         pack.out, pack.ld_out = out.data_ptr(), out.stride(0)
         pack.alpha, pack.beta = float(alpha), float(beta)
+        if e.gate and pack.alpha != 1.0:
+            raise BackendError(f"a gated program computes {e.gate}(A B_gate) * (A B_up) with no scale: "
+                               f"call it without alpha= (got alpha={alpha})")
         if e.beta != 0.0:
             if c is None:
                 raise BackendError("the program's epilogue reads C (beta != 0): pass c=")
