@@ -35,24 +35,34 @@ def per_shape(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    from gemmgen.errors import GemmgenError
+    try:
+        return _main(argv)
+    except GemmgenError as exc:
+        print(f"layers_plot: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="a folder holding a gemmgen bench results.json (or results.json.gz)")
     ap.add_argument("--shapes", default=str(REPO / "benchmarks/shapes/llm_layers.csv"))
     ap.add_argument("--candidate", default="gemmgen")
     args = ap.parse_args(argv)
 
+    from gemmgen.measure.errors import MeasureError
     from gemmgen.measure.numerics import geomean
     from gemmgen.measure.results import load
-    from gemmgen.measure.shapes import held_out_models, parse_shapes
+    from gemmgen.measure.shapes import held_out_models, parse_shapes, read_lines
 
     folder = Path(args.results)
     doc = load(folder)
     shapes = per_shape(doc["rows"])
     # (M, N, K) -> the families of the bench's part that have that layer (families share shapes)
-    part = doc["meta"].get("part") or "all"
+    part = doc.get("meta", {}).get("part") or "all"
     held = held_out_models(args.shapes)
     families: dict = defaultdict(set)
-    for s in parse_shapes(Path(args.shapes).read_text().splitlines(), args.shapes):
+    for s in parse_shapes(read_lines(args.shapes), args.shapes):
         if part == "all" or (s.model in held) == (part == "held-out"):
             families[(s.m, s.n, s.k)].add(s.model)
     speedups: dict = defaultdict(lambda: defaultdict(list))   # family -> M -> speedups
@@ -67,6 +77,10 @@ def main(argv=None) -> int:
                              cand["fraction_of_floor"], torch_row["fraction_of_floor"]))
         for family in families.get(key, ()):
             speedups[family][key[0]].append(sp)
+    if not by_m:     # nothing to show: keep the folder's earlier table and plot
+        candidates = sorted({name for names in shapes.values() for name in names} - {"torch"})
+        raise MeasureError(f"{folder}: no shape has both torch and {args.candidate!r} checked; "
+                           f"--candidate is one of {', '.join(candidates) or 'none'}")
     lines = [f"{'M':>5} {'shapes':>6} {'x torch':>8} {'x lt_autotune':>13} {'floor frac':>10} {'torch floor frac':>16}"]
     for m in sorted(by_m):
         rs = by_m[m]
@@ -90,7 +104,7 @@ def main(argv=None) -> int:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens in the batch)")
     ax.set_ylabel(f"{args.candidate} speedup over torch.matmul (device time)")
-    ax.set_title(f"x @ W.T layers on the H200: geomean per family and M ({doc['meta'].get('date', '')[:10]})")
+    ax.set_title(f"x @ W.T layers on the H200: geomean per family and M ({doc.get('meta', {}).get('date', '')[:10]})")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(folder / "by_m.png", dpi=120)

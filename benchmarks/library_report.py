@@ -105,7 +105,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from gemmgen.measure.library import SEARCH
 
-    rows = rows_of(Path(args.export), args.search or SEARCH)
+    from gemmgen.errors import GemmgenError
+    try:
+        rows = rows_of(Path(args.export), args.search or SEARCH)
+    except GemmgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not rows:
         print(f"no checked and timed library choices in {args.export}", file=sys.stderr)
         return 1

@@ -62,6 +62,10 @@ def main(argv=None) -> int:
     modes = [m.strip() for m in args.policy_modes.split(",") if m.strip()]
     if not modes or set(modes) - set(POLICY_MODES):
         ap.error(f"--policy-modes: choose from {', '.join(POLICY_MODES)}")
+    if any("=" not in s for s in args.policy):
+        ap.error("--policy takes NAME=CHECKPOINT, e.g. --policy shipped=policy/checkpoint")
+    if args.k < 1 or (args.limit is not None and args.limit < 1):
+        ap.error("-k and --limit count proposals and problems: give 1 or more")
     db = shipped_database()
     measured_of = {p: measured_speedups(db, p, DEFAULT_DEVICE_NAME) for p in data.heldout_problems()
                    if p.b_major == "row" and p.epilogue.signature == "f16"}

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from gemmgen.backends import ranking
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
+from gemmgen.errors import GemmgenError
 from gemmgen.measure.numerics import geomean, median
 from gemmgen.policy.proposers import HeuristicProposer
 from gemmgen.tuning_db.exchange import read_jsonl
@@ -149,7 +150,11 @@ def main(argv=None) -> int:
         print(f"error: {args.records}: no such file; pass --records with a `gemmgen db export` file",
               file=sys.stderr)
         return 2
-    groups = {k: v for k, v in measured_programs(args.records).items() if len(v) >= 3}
+    try:
+        groups = {k: v for k, v in measured_programs(args.records).items() if len(v) >= 3}
+    except GemmgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     halves = ([k for k in groups if zlib.crc32(k.encode()) % 2 == 0],
               [k for k in groups if zlib.crc32(k.encode()) % 2 == 1])
     fit_groups = {k: groups[k] for k in halves[0]}

@@ -260,6 +260,9 @@ def parse_with_comments(text: str, filename: Optional[str] = None) -> tuple[ir.P
 
 
 def _parse(lark: Lark, text: str, filename: Optional[str]) -> ir.Program:
+    if not isinstance(text, str):
+        raise TypeError(f"parse takes a program's text (str), not {type(text).__name__}: "
+                        "read the file first, e.g. parse(Path(f).read_text())")
     if not text.endswith("\n"):
         text += "\n"
     try:

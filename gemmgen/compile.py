@@ -313,25 +313,28 @@ def parse_epilogue(text: str) -> Epilogue:
         name, eq, value = item.partition("=")
         try:
             if name in ("alpha", "beta") and eq:
-                fields[name] = float(value)
+                field, setting = name, float(value)
             elif name == "bias" and value in ("m", "n"):
-                fields["bias"] = value
+                field, setting = "bias", value
             elif name == "out" and value in ("f16", "bf16", "f32"):
-                fields["out_dtype"] = value
+                field, setting = "out_dtype", value
             elif not eq and name in ("relu", "gelu", "silu"):
-                fields["activation"] = name
+                field, setting = "activation", name
             elif not eq and name == "residual":
-                fields["residual"] = True
+                field, setting = "residual", True
             elif name == "gate" and value in ("relu", "gelu", "silu"):
-                fields["gate"] = value
+                field, setting = "gate", value
             elif name == "halves" and value == "stacked":
-                fields["halves"] = value
+                field, setting = "halves", value
             else:
                 raise ValueError
         except ValueError:
             raise CompileError(f"epilogue item {item!r} not understood; use alpha=F beta=F bias=m|n "
                                "relu|gelu|silu residual out=f16|bf16|f32, or gate=relu|gelu|silu "
                                "halves=stacked") from None
+        if field in fields:
+            raise CompileError(f"epilogue {text!r} gives its {field} twice ({fields[field]} and {setting}); keep one")
+        fields[field] = setting
     return Epilogue(**fields)
 
 

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -102,7 +103,23 @@ def save_policy(model, tokenizer, path: str | Path, meta: Optional[dict] = None)
 
 def read_meta(path: str | Path) -> dict:
     file = Path(path) / POLICY_META
-    return json.loads(file.read_text()) if file.is_file() else {}
+    with _loading(file, "the policy's description"):
+        return json.loads(file.read_text()) if file.is_file() else {}
+
+
+@contextlib.contextmanager
+def _loading(path, what: str):
+    """Any failure to read a model's files (transformers, safetensors, tokenizers, JSON) as one
+    line naming the folder, not a traceback from inside those libraries."""
+    try:
+        yield
+    except PolicyModelError:
+        raise
+    except Exception as exc:   # the libraries raise many kinds; the user needs the file and the reason
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise PolicyModelError(f"cannot load {what} from {path}: {exc.__class__.__name__}: {reason} "
+                               "(a damaged or incomplete save? train again, or give another --checkpoint "
+                               "or --base-model)") from None
 
 
 def load_policy(path: str | Path | None = None):
@@ -125,9 +142,11 @@ def load_policy(path: str | Path | None = None):
 
         meta = read_meta(path)
         base, tokenizer = load_base_model(meta.get("base_model", ""))
-        return PeftModel.from_pretrained(base, str(path)), tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(str(path), clean_up_tokenization_spaces=False)
-    model = AutoModelForCausalLM.from_pretrained(str(path))
+        with _loading(path, "the policy's adapter"):
+            return PeftModel.from_pretrained(base, str(path)), tokenizer
+    with _loading(path, "the policy checkpoint"):
+        tokenizer = AutoTokenizer.from_pretrained(str(path), clean_up_tokenization_spaces=False)
+        model = AutoModelForCausalLM.from_pretrained(str(path))
     return model, tokenizer
 
 
@@ -154,8 +173,9 @@ def plain_checkpoint(path: str | Path) -> Path:
     # Deferred: transformers (optional, heavy to import).
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with _loading(gguf, "the GGUF model"):
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # The tensors are already de-quantized to float; drop the GGUF marker so it saves as plain weights.
     model.hf_quantizer = None
     model.is_quantized = False
@@ -177,10 +197,11 @@ def load_base_model(path: str | Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = plain_checkpoint(path)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), clean_up_tokenization_spaces=False)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    with _loading(folder, "the base model"):
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), clean_up_tokenization_spaces=False)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(str(folder))
     return model, tokenizer
 
 

@@ -35,6 +35,7 @@ from gemmgen.dsl.ir import (
 )
 
 from gemmgen.errors import GemmgenError
+from gemmgen.files import read_text
 
 ALL_BACKENDS = registry.NAMES
 #: A backend's mainloop families whose best estimate is within this factor of its best take
@@ -213,7 +214,7 @@ class FileProposer:
         programs = []
         for f in files:
             try:
-                programs.append(parse(f.read_text()))
+                programs.append(parse(read_text(f, "a DSL program (.gemm)", ProposerError)))
             except ProgramError as exc:
                 raise ProposerError(f"--programs: {f}: {exc}") from None
         self.backends = tuple(backends)

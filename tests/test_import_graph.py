@@ -16,7 +16,7 @@ FOLDERS = {"gemmgen": "gemmgen", "dsl": "gemmgen.dsl", "backends": "gemmgen.back
 # Longest prefix wins: a module belongs to the room of the longest prefix of its name.
 ROOMS = {
     "gemmgen.dsl": "dsl",
-    "gemmgen.errors": "base", "gemmgen.cache": "base",
+    "gemmgen.errors": "base", "gemmgen.cache": "base", "gemmgen.files": "base",
     "gemmgen.backends": "backends",
     "gemmgen.runtime": "runtime",
     "gemmgen.tuning_db": "tuning_db",

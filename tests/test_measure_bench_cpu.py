@@ -49,7 +49,7 @@ def test_bad_header_and_empty_and_missing_files(tmp_path):
         parse_shapes(["M,N,K,extra", "1,2,3"])
     with pytest.raises(ShapesError, match="no shapes"):
         parse_shapes(["M,N,K"])
-    with pytest.raises(ShapesError, match="cannot read"):
+    with pytest.raises(ShapesError, match="missing.csv: no such file"):
         read_shapes(tmp_path / "missing.csv")
 
 

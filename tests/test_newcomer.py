@@ -263,7 +263,8 @@ def test_compile_without_a_gpu_names_the_gpu_its_records_are_for(capsys, tmp_pat
     from gemmgen.cli import tune as tune_cli
 
     monkeypatch.setattr(tune_cli, "has_gpu", lambda: False)
-    code, out, _ = run(capsys, "compile", "77x77x77", "--db", str(tmp_path / "none.sqlite"), "--no-source")
+    monkeypatch.setenv("GEMMGEN_DB", str(tmp_path / "none.sqlite"))     # no database of one's own yet
+    code, out, _ = run(capsys, "compile", "77x77x77", "--no-source")
     assert code == 0 and "this GPU" not in out
     assert "no tuned kernel for this shape on NVIDIA H200" in out
     assert "(no GPU here: these are the records for NVIDIA H200; --device names another GPU model)" in out

@@ -341,6 +341,11 @@ class Database:
                 for r in rows]
 
     @_sql_errors
+    def device_names(self) -> list[str]:
+        """The kinds of GPU this database holds records of."""
+        return [r[0] for r in self.conn.execute("SELECT DISTINCT name FROM devices ORDER BY name")]
+
+    @_sql_errors
     def tuned_problems(self, device_name: str) -> dict[str, float]:
         """Problems measured on this kind of GPU, whether a program won or not: key -> the
         least best-baseline device time (ms) their runs measured."""

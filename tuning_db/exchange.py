@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
@@ -48,8 +49,13 @@ def export_lines(db: Database, *, winners_only: bool = False, problems=None) -> 
 def export(db: Database, path: str | Path, *, winners_only: bool = False, problems=None) -> int:
     """Write the database (or only what serves each problem per GPU; or only the problems whose
     keys `problems` holds) as sorted JSON lines; returns the number of records written."""
+    target = Path(path)
+    if target.is_dir():
+        raise RecordError(f"{target} is a folder: give a file name for the export, e.g. {target / 'records.jsonl.gz'}")
+    if db.path != ":memory:" and target.exists() and target.resolve() == Path(db.path).resolve():
+        raise RecordError(f"{target} is the database being exported: give another file name")
     lines = export_lines(db, winners_only=winners_only, problems=problems)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     data = "".join(line + "\n" for line in lines).encode("utf-8")
     if str(path).endswith(".gz"):
@@ -64,10 +70,17 @@ def read_jsonl(path: str | Path) -> Iterator[Trial | LibraryChoice]:
     with open(path, "rb") as raw:
         compressed = raw.read(len(GZIP_MAGIC)) == GZIP_MAGIC
     opened = gzip.open(path, "rt", encoding="utf-8") if compressed else io.open(path, encoding="utf-8")
-    with opened as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                yield record_from_json(line, where=f"{path}:{number}")
+    number = 0
+    try:
+        with opened as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield record_from_json(line, where=f"{path}:{number}")
+    except UnicodeDecodeError:
+        raise RecordError(f"{path}:{number + 1}: not UTF-8 text; give a `gemmgen db export` file "
+                          "(JSON lines, plain or gzip) or a tuning database") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        raise RecordError(f"{path}: a damaged or truncated gzip file (it ends after line {number})") from None
 
 
 def read_any(path: str | Path) -> Iterator[Trial | LibraryChoice]:
@@ -94,8 +107,13 @@ def merge(db: Database, path: str | Path, *, verified: bool = False) -> tuple[in
     Records are unverified (never served, measured again by tuning) unless `verified`: only
     for a file this project's own tuning run wrote on this GPU model, such as a run resuming
     from its own export or the shipped records."""
+    return merge_records(db, list(read_any(path)), verified=verified)   # all checked, then written
+
+
+def merge_records(db: Database, records, *, verified: bool = False) -> tuple[int, int]:
+    """`merge` of records already read; returns (new records, records already present)."""
     new = seen = 0
-    for record in read_any(path):
+    for record in records:
         if db.record_any(record if verified else replace(record, unverified=True)) is None:
             seen += 1
         else:

@@ -19,6 +19,7 @@ from gemmgen import backends, dsl
 from gemmgen.backends.base import BackendError
 from gemmgen.backends.build import build_many, cache_root, default_jobs
 from gemmgen.errors import GemmgenError
+from gemmgen.files import read_text
 from gemmgen.measure.shapes import read_shapes
 
 
@@ -59,7 +60,7 @@ def programs_from_files(paths: list[str], backend: str) -> list:
 
     out = []
     for path in _program_files(paths):
-        program = dsl.parse(path.read_text(), filename=str(path))
+        program = dsl.parse(read_text(path, "a DSL program (.gemm)"), filename=str(path))
         if program.backend != backend:
             program = replace(program, backend=backend)
         out.append(backends.validate(program, filename=str(path)))
@@ -79,10 +80,19 @@ def programs_from_space(space: str, shapes_csv: str, backend: str, top: int) -> 
 
 def run_build(args: argparse.Namespace) -> int:
     backends.get(args.backend)                 # an unknown or missing backend is refused first
+    if args.jobs is not None and args.jobs < 1:
+        raise GemmgenError(f"-j {args.jobs}: give at least 1 parallel build (or leave it out: all CPU cores)")
     if args.space:
         if not args.shapes:
             raise GemmgenError("--space needs --shapes CSV (the shapes to enumerate candidates for)")
+        if args.top < 1:
+            raise GemmgenError(f"--top {args.top}: give the number of candidates per shape, 1 or more")
+        backends.get(args.space)
         programs = programs_from_space(args.space, args.shapes, args.backend, args.top)
+        if not programs:
+            raise GemmgenError(f"backend {args.space}'s space holds no program that backend {args.backend} can "
+                               f"build at the shapes of {args.shapes} (each is re-targeted to --backend; "
+                               f"use --space {args.backend}, or other shapes)")
     else:
         programs = programs_from_files(args.programs, args.backend)
     sources = [backends.lower(p) for p in programs]

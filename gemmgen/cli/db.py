@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from gemmgen.backends import registry as backend_registry
 from gemmgen.compile import ShapeError, as_problem, parse_shape
 from gemmgen.compile import compile as compile_kernel
 from gemmgen.errors import GemmgenError
 from gemmgen.tuning_db import DEFAULT_DEVICE_NAME, Database, default_db_path, shipped_database
-from gemmgen.tuning_db.exchange import export, merge
+from gemmgen.tuning_db.exchange import export, export_lines, merge_records, read_any
 
 #: Rows `gemmgen db list` prints unless --limit says otherwise.
 LIST_LIMIT = 50
@@ -71,7 +72,7 @@ def register(subparsers) -> None:
     show.set_defaults(func=_show)
 
     export = sub.add_parser("export", parents=[common], help="write sorted JSON lines, one trial each (diff-friendly)")
-    export.add_argument("file")
+    export.add_argument("file", help="the file to write (.gz: gzip-compressed); - writes to standard output")
     export.add_argument("--winners-only", action="store_true",
                         help="only each problem's winning trial per GPU (what gemmgen.compile reads)")
     export.set_defaults(func=_export)
@@ -199,14 +200,21 @@ def _show_dynamic(args) -> int:
 
 def _export(args) -> int:
     with _open(args) as db:
+        if args.file == "-":
+            sys.stdout.writelines(line + "\n" for line in export_lines(db, winners_only=args.winners_only))
+            return 0
         count = export(db, args.file, winners_only=args.winners_only)
     print(f"wrote {count} records to {args.file}")
     return 0
 
 
 def _merge(args) -> int:
+    source = Path(args.file)
+    if source.is_dir():
+        raise GemmgenError(f"{source} is a folder; give an export file or a database file")
+    records = list(read_any(source))   # every record checked before the database is opened (or made)
     with _open(args, write=True) as db:
-        new, seen = merge(db, args.file)
+        new, seen = merge_records(db, records)
         path = db.name
     print(f"merged {args.file} into {path}: {new} new records, {seen} already present; the new ones are "
           "unverified (their times were measured elsewhere) and serve only once `gemmgen tune` measures "
@@ -218,8 +226,11 @@ def _list(args) -> int:
     wanted = _filters(args)
     with _open(args) as db:
         rows = [row for row in db.tuned_summary(args.device) if all(keep(row) for keep in wanted)]
+        devices = db.device_names()
     if not rows:
         print("no tuned problems match")
+        if args.device is not None and args.device not in devices:
+            print(f"(no records name a GPU {args.device!r}; they name {', '.join(map(repr, devices)) or 'none'})")
         return 0
     shown = rows if args.limit <= 0 else rows[:args.limit]
     print(f"{'shape':<20} {'majors':<6} {'epilogue':<22} {'gpu':<16} {'serves':<16} {'trials':>6}")
@@ -247,6 +258,9 @@ def _filters(args) -> list:
         wanted.append(lambda row, dim=dim, low=low, high=high:
                       low <= getattr(row.problem, dim) and (high is None or getattr(row.problem, dim) <= high))
     if args.backend:
+        known = tuple(backend_registry.NAMES) + ("library", "baseline")
+        if args.backend not in known:
+            raise GemmgenError(f"--backend {args.backend}: choose one of {', '.join(known)}")
         wanted.append(lambda row: row.serves.split()[0] == args.backend)
     if args.winners_only:
         wanted.append(lambda row: bool(row.winner_backend or row.library_speedup))

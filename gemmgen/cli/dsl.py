@@ -14,6 +14,7 @@ from typing import Optional
 
 from gemmgen import backends
 from gemmgen.backends import diagnose, fact_rows
+from gemmgen.files import read_text
 from gemmgen.compile import parse_shape
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.parser import parse, parse_with_comments
@@ -25,13 +26,13 @@ def register(subparsers) -> None:
     check = subparsers.add_parser("check", help="parse and validate kernel programs (.gemm files)",
                                   description="Parse and validate each FILE; print file:line:col: message "
                                               "for the first error of each; exit 1 if any file has one.")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="DSL programs, or folders of .gemm files")
     check.add_argument("--shape", metavar="MxNxK", help="bind generic programs to this shape before checking")
     check.set_defaults(func=run_check)
 
     fmt = subparsers.add_parser("fmt", help="print kernel programs in canonical form",
                                 description="Print the canonical text of each FILE.")
-    fmt.add_argument("files", nargs="+", metavar="FILE")
+    fmt.add_argument("files", nargs="+", metavar="FILE", help="DSL programs, or folders of .gemm files")
     fmt.add_argument("--check", action="store_true", help="print nothing; exit 1 listing files not canonical")
     fmt.add_argument("--write", action="store_true", help="rewrite each FILE in place in canonical form")
     fmt.set_defaults(func=run_fmt)
@@ -63,13 +64,17 @@ class CommandError(GemmgenError):
 
 
 def _read(path: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise CommandError(f"{path}: no such file")
-    try:
-        return p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CommandError(f"{path}: cannot read it ({exc.__class__.__name__})") from None
+    return read_text(path, "a DSL program (.gemm)", CommandError)
+
+
+def _files(paths: list[str]) -> list[str]:
+    """The paths given, each folder replaced by its .gemm files (a folder without one stays, to
+    be reported)."""
+    out = []
+    for path in paths:
+        found = sorted(Path(path).glob("*.gemm")) if Path(path).is_dir() else []
+        out += [str(f) for f in found] or [path]
+    return out
 
 
 def _shape(text: Optional[str]) -> Optional[tuple[int, int, int]]:
@@ -90,7 +95,8 @@ def _load(path: str, shape: Optional[tuple[int, int, int]]):
 def run_check(args: argparse.Namespace) -> int:
     bad = 0
     shape = _shape(args.shape)
-    for path in args.files:
+    files = _files(args.files)
+    for path in files:
         try:
             program = _load(path, shape)
             problems = diagnose(program)
@@ -105,7 +111,7 @@ def run_check(args: argparse.Namespace) -> int:
         if problems:
             print(problems[0].format(path))
             bad += 1
-    total = len(args.files)
+    total = len(files)
     if bad:
         print(f"{bad} of {total} file(s) have errors", file=sys.stderr)
         return 1
@@ -115,7 +121,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_fmt(args: argparse.Namespace) -> int:
     failed, not_canonical = 0, []
-    for path in args.files:
+    files = _files(args.files)
+    for path in files:
         try:
             text = _read(path)
             canonical = to_text_with_comments(*parse_with_comments(text, filename=path))
@@ -131,7 +138,7 @@ def run_fmt(args: argparse.Namespace) -> int:
                 Path(path).write_text(canonical)
                 print(f"rewrote {path}")
         else:
-            if len(args.files) > 1:
+            if len(files) > 1:
                 print(f"# {path}")
             sys.stdout.write(canonical)
     if args.check and not_canonical:

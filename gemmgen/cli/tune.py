@@ -15,7 +15,7 @@ from gemmgen.tune import AUTO_BACKENDS, LIBRARY_MIN_GFLOP, LIBRARY_MIN_M, parse_
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
 from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
 from gemmgen.tune.neighbours import NEIGHBOURS, with_neighbours
-from gemmgen.tuning_db import Database, default_db_path, problem_from_key
+from gemmgen.tuning_db import Database, default_db_path, open_layers, problem_from_key
 
 
 def register(subparsers) -> None:
@@ -168,6 +168,9 @@ def _tune_distributed(args, rank, problems, proposer, library, baselines, db_pat
 
 
 def _compile(args) -> int:
+    if args.db and not Path(args.db).exists():
+        raise GemmgenError(f"--db {args.db}: no tuning database there (`gemmgen tune --db` creates one); "
+                           "without --db the shipped records and your default database are read")
     kernel = compile(parse_shape(args.shape), a_major=args.a_major, b_major=args.b_major,
                      epilogue=args.epilogue, device=args.device, db=args.db,
                      deterministic=True if args.deterministic else None)
@@ -177,6 +180,10 @@ def _compile(args) -> int:
         print(f"(no GPU here: these are the records for {kernel.provenance.gpu}; --device names another GPU model)")
     if kernel.provenance.how == "baseline":
         print("(`gemmgen db list` shows the tuned shapes; `gemmgen tune` tunes more)")
+        if args.device is not None:
+            known = sorted({name for _, layer in open_layers(args.db) for name in layer.device_names()})
+            if args.device not in known:
+                print(f"(no records at all name a GPU {args.device!r}; they name {', '.join(map(repr, known))})")
     if not args.no_source:
         print(f"\nsource ({kernel.backend}):")
         print(kernel.source.rstrip())

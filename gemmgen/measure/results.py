@@ -25,6 +25,7 @@ import gzip
 import json
 import math
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -172,12 +173,19 @@ def load(path: str | Path) -> dict:
             doc = json.loads(gzip.decompress(p.read_bytes()))
         else:
             doc = json.loads(p.read_text())
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        raise MeasureError(f"{p} is a damaged or truncated gzip file") from None
     except OSError as exc:
         raise MeasureError(f"cannot read {p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise MeasureError(f"{p} is not UTF-8 text: give a gemmgen bench results.json") from None
     except json.JSONDecodeError as exc:
         raise MeasureError(f"{p} is not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "rows" not in doc or not isinstance(doc["rows"], list):
         raise MeasureError(f"{p} is not a gemmgen results file (no 'rows' list)")
+    bad = next((i for i, row in enumerate(doc["rows"]) if not isinstance(row, dict) or "name" not in row), None)
+    if bad is not None:
+        raise MeasureError(f"{p}: row {bad} is not a result row (an object with a 'name'); was the file edited?")
     return doc
 
 

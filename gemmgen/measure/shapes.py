@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from gemmgen.dsl.ir import Problem
+from gemmgen.files import read_text
 from gemmgen.measure.errors import ShapesError
 
 LETTERS = {"n": "row", "t": "col"}
@@ -134,11 +135,7 @@ def parse_shapes(lines: list[str], source: str = "<shapes>") -> list[Shape]:
 
 def read_lines(path: str | Path) -> list[str]:
     """A shapes file's lines; one that cannot be read is a ShapesError naming it."""
-    p = Path(path)
-    try:
-        return p.read_text().splitlines()
-    except OSError as exc:
-        raise ShapesError(f"cannot read shapes file {p}: {exc.strerror}") from None
+    return read_text(path, "a shapes CSV (M,N,K[,layout,...] rows)", ShapesError).splitlines()
 
 
 #: Which rows of a shapes file to read: all, or one side of its `# held_out:` split.
