@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from gemmgen.backends.base import Artifact, Launcher, Source
 from gemmgen.backends.registry import get
+from gemmgen.backends.support import validate
 from gemmgen.dsl.ir import Program
 
 
 def lower(program: Program) -> Source:
-    """The source of the kernel that computes `program`."""
+    """The source of the kernel that computes `program`; a program the language or its backend
+    refuses raises `ProgramError` with the first finding, located, before any text is made."""
+    validate(program)
     computed = program.computed
     return get(computed.backend).lower(computed)
 

@@ -172,3 +172,19 @@ def test_parse_says_it_takes_text():
 
     with pytest.raises(TypeError, match="takes a program's text"):
         parse(b"gemm 1x1x1")
+
+
+def test_lowering_refuses_what_the_language_refuses():
+    from dataclasses import replace
+
+    from gemmgen.backends import lower
+    from gemmgen.dsl import ProgramError
+    from gemmgen.dsl.ir import Tile
+    from tuning_fakes import triton_program
+
+    program = triton_program(Problem(256, 256, 256), (64, 64, 64), 3)
+    assert lower(program).text
+    with pytest.raises(ProgramError, match="zero size"):
+        lower(replace(program, tile=Tile(0, 64, 64)))
+    with pytest.raises(ProgramError, match="f16 inputs"):
+        lower(replace(program, problem=replace(program.problem, in_dtype="bf16")))
