@@ -7,7 +7,8 @@ where compute counts whole waves of CTAs on the SMs (fractional for stream-K, th
 that splits a tile's K loop across SMs) at the tensor-core peak per SM, DRAM moves the
 problem's bytes at the peak rate or at what the SMs its CTAs occupy can pull (a grid of 16
 CTAs streams through 16 SMs), and L2 feeds every CTA its A and B panels; summing split-K's
-partials costs what the backend's way of summing them was measured to cost, and a persistent
+partials costs what the backend's way of summing them was measured to cost (a cluster's sum,
+not yet measured, as much as the arrival-order one), and a persistent
 or stream-K kernel adds its start-up. A ranking aid, not a prediction: `benchmarks/prior_fit.py`
 scores it against the shipped records. Within one backend, its
 search space orders its own programs with the cost model of its family (each backend's
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import Program
+from gemmgen.dsl.ir import CLUSTER_REDUCE, Program
 from gemmgen.dsl.resources import b_tiles
 
 SMS = SM90A.sms
@@ -72,7 +73,7 @@ def estimated_seconds(program: Program, *, sm_load_bytes_per_s: float = SM_LOAD_
     if split > 1:
         partial_bytes = split * p.m * p.n * 4
         summing = split_reduce_s.get((program.backend, program.split_k_reduce), REDUCE_LAUNCH_S)
-        passes = {"workspace": 2, "cluster": 0}.get(program.split_k_reduce, 1)   # the cluster's stay on chip
+        passes = {"workspace": 2, CLUSTER_REDUCE: 0}.get(program.split_k_reduce, 1)   # the cluster's stay on chip
         reduce = summing + passes * partial_bytes / PEAK_BYTES_PER_S
     start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
     return max(compute, dram, l2) + reduce + LAUNCH_S + start

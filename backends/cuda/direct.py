@@ -6,8 +6,8 @@ No shared memory ring: each thread keeps `stages` k tiles of 16-byte loads in fl
 registers, and K is split over `split_k` CTAs whose fp32 partials are summed in one launch:
 in arrival order through an fp32 workspace (`unordered`: the tile's last CTA applies the
 epilogue), or, with `split_k S cluster`, by the S CTAs of one thread-block cluster through
-distributed shared memory, in slice order (deterministic, no workspace). Both operands must be K-contiguous. The
-output may be stored transposed (c=col), which is what `swap_ab` computes.
+distributed shared memory, in slice order (deterministic, no workspace). Both operands must be
+K-contiguous. The output may be stored transposed (c=col), which is what `swap_ab` computes.
 
 `rules` says what the family refuses, `defines` fixes the program's decisions for
 templates/direct.cu, `DirectLauncher` launches it.

@@ -182,8 +182,8 @@ def direct_programs(problem: Problem) -> list[Program]:
             if not direct.rules(prog.bind(p).computed):
                 out.append(prog)
     # the two ways of summing the K slices take turns (the cluster's is not yet measured)
-    by_way = [sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster), key=lambda q: direct_rank(q, p))
-              for cluster in (False, True)]
+    by_way = [sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster),
+                     key=lambda q: direct_rank(q, p)) for cluster in (False, True)]
     return [q for rank in range(max(map(len, by_way))) for q in (w[rank] for w in by_way if rank < len(w))]
 
 

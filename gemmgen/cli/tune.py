@@ -181,7 +181,11 @@ def _compile(args) -> int:
     if kernel.provenance.how == "baseline":
         print("(`gemmgen db list` shows the tuned shapes; `gemmgen tune` tunes more)")
         if args.device is not None:
-            known = sorted({name for _, layer in open_layers(args.db) for name in layer.device_names()})
+            layers = open_layers(args.db)
+            known = sorted({name for _, layer in layers for name in layer.device_names()})
+            for label, layer in layers:
+                if label == "user":      # the shipped layer is shared by the process
+                    layer.close()
             if args.device not in known:
                 print(f"(no records at all name a GPU {args.device!r}; they name {', '.join(map(repr, known))})")
     if not args.no_source:
