@@ -365,6 +365,9 @@ def _db_token(db):
         return ("path", str(default_db_path()))
     if isinstance(db, (str, Path)):
         return ("path", str(db))
+    if not isinstance(db, Database):
+        raise CompileError(f"db must be a path to a tuning database (str or Path) or a Database, "
+                           f"not {type(db).__name__}")
     return ("object", id(db))
 
 

@@ -188,3 +188,15 @@ def test_lowering_refuses_what_the_language_refuses():
         lower(replace(program, tile=Tile(0, 64, 64)))
     with pytest.raises(ProgramError, match="f16 inputs"):
         lower(replace(program, problem=replace(program.problem, in_dtype="bf16")))
+
+
+def test_compile_and_the_torch_backend_name_a_bad_database(tmp_path):
+    import gemmgen
+    from gemmgen.torch_compile.backend import TorchBackendError, pass_options
+
+    with pytest.raises(CompileError, match="db must be a path"):
+        gemmgen.compile((64, 64, 64), db=123)
+    (tmp_path / "bad.sqlite").write_bytes(GARBAGE)
+    with pytest.raises(TorchBackendError, match="is not a gemmgen tuning database"):
+        pass_options(db=tmp_path / "bad.sqlite")
+    assert pass_options(db=tmp_path / "new.sqlite").db == str(tmp_path / "new.sqlite")   # made when tuning

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from gemmgen.errors import GemmgenError, finite_number
@@ -45,6 +46,7 @@ from gemmgen.torch_compile import ops as torch_ops
 from gemmgen.torch_compile.counts import missing_keys, reset_stats, stats
 from gemmgen.torch_compile.graph_pass import OP_KINDS, GemmgenPass, PassOptions
 from gemmgen.torch_compile.tuning import tune_keys
+from gemmgen.tuning_db import Database
 
 __all__ = ["TorchBackendError", "gemmgen_backend", "make_backend", "missing_keys", "reset_stats", "stats",
            "tune_keys"]
@@ -83,6 +85,11 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
         raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
     if not isinstance(join_siblings, bool):
         raise TorchBackendError(f"join_siblings must be True or False, got {join_siblings!r}")
+    if db is not None and Path(db).exists():   # a file that is not a tuning database: said now, not skipped later
+        try:
+            Database(db, readonly=True).close()
+        except GemmgenError as exc:
+            raise TorchBackendError(f"db={str(db)!r}: {exc}") from None
     return PassOptions(ops=ops, devices=devices, tune_missing=bool(tune_missing), tune_budget=tune_budget,
                        db=None if db is None else str(db), baseline=baseline,
                        min_gain_us=None if min_gain_us is None else float(min_gain_us),
