@@ -127,20 +127,29 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
   }
 
   // Accumulator (i, j, v): row g (+8 for v >= 2) of block i, column 2q (+1 for odd v) of block j.
+#if SPLIT_K > 1
+  // This CTA computed K slice blockIdx.z of its tile. With CLUSTER_SPLIT that is its rank in the
+  // tile's cluster: it parks its partial tile in its shared memory, and after the cluster's
+  // barrier each CTA sums a 1/SPLIT_K share of the tile's elements over every slice, in slice
+  // order, and stores them through the epilogue. Otherwise it adds its partials into the
+  // workspace, and the tile's last CTA to arrive finishes them below.
 #if CLUSTER_SPLIT
-  // This CTA is K slice blockIdx.z = its rank in the tile's cluster. It parks its partial tile in
-  // its shared memory; after the cluster's barrier each CTA sums a 1/SPLIT_K share of the tile's
-  // elements over every slice, in slice order, and stores them through the epilogue.
   __shared__ float partial[BM * BN];
+#endif
 #pragma unroll
   for (int i = 0; i < MMA_M_TILES; ++i)
 #pragma unroll
     for (int j = 0; j < MMA_N_TILES; ++j)
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
-        const int r = row0 - tm * BM + 16 * i + g + 8 * (v >> 1), c = col0 - tn * BN + 8 * j + 2 * q + (v & 1);
-        partial[r * BN + c] = acc[i][j][v];
+        const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
+#if CLUSTER_SPLIT
+        partial[(r - tm * BM) * BN + c - tn * BN] = acc[i][j][v];
+#else
+        if (r < M && c < N) atomicAdd(args.workspace + (long long)r * N + c, acc[i][j][v]);
+#endif
       }
+#if CLUSTER_SPLIT
   cluster_sync();
   for (int e = (int)cluster_rank() * THREADS + threadIdx.x; e < BM * BN; e += SPLIT_K * THREADS) {
     float sum = 0.f;
@@ -151,17 +160,9 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
   }
   cluster_sync();   // no CTA leaves while a peer may still read its shared memory
   return;
-#elif ARRIVAL_SPLIT
-#pragma unroll
-  for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-    for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
-        if (r < M && c < N) atomicAdd(args.workspace + (long long)r * N + c, acc[i][j][v]);
-      }
+#else
   if (!last_to_arrive(args.counters + blockIdx.x, SPLIT_K)) return;
+#endif
 #endif
 #pragma unroll
   for (int i = 0; i < MMA_M_TILES; ++i)
