@@ -13,7 +13,9 @@ program first spends the tuning budget on it. Over the checked trials of the shi
   over the best's (top-1) and of the best of its first 4 (top-4), geomean over problems, for
   the prior as shipped and for the prior without the per-SM streaming cap and summing table;
 - the same for the heuristic proposer's order (the spaces' programs the records hold, in the
-  order it proposes them), with each prior.
+  order it proposes them), with each prior;
+- the prior's top-1 with other per-SM streaming rates in place of the hardware model's estimate
+  (`SM90A.sm_load_bytes_per_s`), to show how much the order leans on that number.
 
 Problems are split in two halves by a hash of their key: the implied costs come from the first,
 the order is scored on the second, so the scored half did not set the constants it is scored
@@ -47,6 +49,8 @@ from gemmgen.tuning_db.store import SHIPPED_FILES
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_db" / "shipped" / SHIPPED_FILES[0]
 SMALL_S = 12e-6
+#: per-SM streaming rates to score the prior with (bytes/s), around the hardware model's 150 GB/s
+SM_RATES = (60e9, 100e9, 150e9, 250e9, 500e9)
 #: the prior before the per-SM cap and the summing table: a second launch for every split
 #: except the register ring's last-CTA sum
 PLAIN = {"sm_load_bytes_per_s": math.inf,
@@ -171,6 +175,8 @@ def main(argv=None) -> int:
     for name, order_of in tqdm(orders, desc="orders", unit="order"):
         result["order"][name] = {"all": order_score(groups, halves[1], order_of),
                                  "min(M, N) <= 128": order_score(groups, halves[1], order_of, small_only=True)}
+    result["sm_rate_top1"] = {f"{rate / 1e9:g} GB/s": order_score(groups, halves[1], by_prior(sm_load_bytes_per_s=rate))["top1"]
+                              for rate in SM_RATES}
     print(f"{len(groups)} problems with >= 3 measured programs; implied summing costs from "
           f"{len(halves[0])}, order scored on {len(halves[1])}")
     print("family (best program under 12 us)            median measured - estimated  problems")
@@ -186,6 +192,8 @@ def main(argv=None) -> int:
                 print(f"  {name:17s} {subset:18s} no problem with 3 of its programs measured")
                 continue
             print(f"  {name:17s} {subset:18s} top-1 {row['top1']:.3f}  top-4 {row['top4']:.3f}  ({row['problems']} problems)")
+    print("prior top-1 by per-SM streaming rate: " + ", ".join(f"{rate} {top1:.3f}"
+                                                               for rate, top1 in result["sm_rate_top1"].items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
