@@ -105,7 +105,7 @@ def test_a_cluster_split_compiles_to_cluster_barriers_and_no_atomics():
 @pytest.mark.parametrize("change, words", [
     (dict(split=16), "a cluster holds at most 8 CTAs"),
     (dict(cluster=(2, 1)), "write `cluster 1x1`"),
-    (dict(mainloop="multistage", swap_ab=False, tile=Tile(64, 64, 64), warps=(2, 2), stages=3, c_row=True),
+    (dict(mainloop="multistage", swap_ab=False, tile=Tile(64, 64, 64), warps=(2, 2), stages=3),
      "in mainloop direct only"),
     (dict(backend="triton", mainloop="multistage", tile=Tile(64, 64, 64), warps=(2, 2), stages=3, instr=None),
      "cannot reduce split-K by cluster"),
@@ -113,8 +113,6 @@ def test_a_cluster_split_compiles_to_cluster_barriers_and_no_atomics():
 def test_a_cluster_split_is_refused_where_it_cannot_run(change, words):
     change = dict(change)
     program = _program(reduce="cluster", split=change.pop("split", 4), swap=change.pop("swap_ab", True))
-    if change.pop("c_row", False):
-        program = replace(program, swap_ab=False)
     found = [d for d in diagnose(replace(program, **change)) if words in d.message]
     assert found and found[0].statement == "split_k", diagnose(replace(program, **change))
 
