@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from gemmgen.errors import GemmgenError
 from gemmgen.measure import plots, results
 from gemmgen.measure.bench import layout_letters
 from gemmgen.measure.numerics import bucket_of, tflops
@@ -71,7 +73,14 @@ def main(argv=None) -> int:
     ap.add_argument("trials", help="a tuning export (JSON lines), e.g. benchmarks/results/tune_h200/trials.jsonl.gz")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    trials = [t for t in read_jsonl(args.trials) if isinstance(t, Trial)]   # library lines aside
+    if not Path(args.trials).is_file():
+        ap.error(f"{args.trials}: no such file (give a tuning export, e.g. `gemmgen db export FILE`)")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a file; give a folder for the report")
+    try:
+        trials = [t for t in read_jsonl(args.trials) if isinstance(t, Trial)]   # library lines aside
+    except GemmgenError as exc:
+        ap.error(str(exc))
     rows = best_rows(trials)
     meta = {"command": " ".join(["python", "benchmarks/backend_report.py"] + (argv or sys.argv[1:])),
             "source": str(args.trials), "mode": "offline", "gpu": trials[0].device.name if trials else None,

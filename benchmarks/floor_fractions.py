@@ -32,8 +32,12 @@ def read_trials(paths: list[str]) -> list[dict]:
     out = []
     for path in paths:
         opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            out += [json.loads(line) for line in f if line.strip()]
+        try:
+            with opener(path, "rt") as f:
+                out += [json.loads(line) for line in f if line.strip()]
+        except (json.JSONDecodeError, UnicodeDecodeError, EOFError, OSError) as exc:
+            raise SystemExit(f"floor_fractions: {path} is not a readable trials export "
+                             f"({exc.__class__.__name__}: {exc})") from None
     return out
 
 

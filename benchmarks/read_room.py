@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ceiling", required=True, help="read_ceiling.py's JSON")
     ap.add_argument("--out", default=None, help="write the table here too")
     args = ap.parse_args(argv)
+    if args.out and Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a folder; give the table's file name, e.g. {Path(args.out) / 'table.txt'}")
 
     try:
         ceiling = json.loads(Path(args.ceiling).read_text())

@@ -200,3 +200,17 @@ def test_compile_and_the_torch_backend_name_a_bad_database(tmp_path):
     with pytest.raises(TorchBackendError, match="is not a gemmgen tuning database"):
         pass_options(db=tmp_path / "bad.sqlite")
     assert pass_options(db=tmp_path / "new.sqlite").db == str(tmp_path / "new.sqlite")   # made when tuning
+
+
+@pytest.mark.parametrize("script, argv, words", [
+    ("backend_report", ["{tmp}/absent.jsonl", "--out", "{tmp}/r"], "no such file"),
+    ("backend_report", ["{tmp}/bin", "--out", "{tmp}/r"], "not UTF-8 text"),
+    ("floor_fractions", ["{tmp}/bin"], "is not a readable trials export"),
+    ("read_room", ["{tmp}", "--ceiling", "{tmp}/c.json", "--out", "{tmp}"], "is a folder"),
+])
+def test_the_report_scripts_name_a_bad_input(tmp_path, capsys, script, argv, words):
+    (tmp_path / "bin").write_bytes(GARBAGE)
+    with pytest.raises(SystemExit) as exit_:
+        load_script(script).main([a.format(tmp=tmp_path) for a in argv])
+    message = str(exit_.value.code) if isinstance(exit_.value.code, str) else capsys.readouterr().err
+    assert words in message and "Traceback" not in message
