@@ -567,3 +567,14 @@ def test_a_symbolic_m_is_taken_where_some_batch_size_has_a_winner(tmp_path, monk
     key = lambda m: (m, 48, 32, "row", "col", False, False, "none", 1.0, 0.0, 0, False, "none")  # noqa: E731
     assert [serve(key(m)).provenance.how for m in (8, 12, 16, 40)] == ["exact", "range", "exact", "baseline"]
     assert serve(key(8)) is resolve(key(8), str(db))      # at a measured M: exactly what compile serves
+
+
+def test_tuning_missing_shapes_without_a_gpu_says_it_tunes_nothing(fresh):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU to tune on")
+    model = torch.nn.Linear(16, 32)
+    compiled = torch.compile(model, backend="gemmgen", options={**CPU, "tune_missing": True})
+    x = torch.randn(4, 16)
+    with pytest.warns(UserWarning, match="tune_missing=True needs a CUDA GPU"):
+        out = compiled(x)
+    assert torch.allclose(out, model(x), atol=1e-5)

@@ -35,6 +35,7 @@ later. Options come from `torch.compile(..., options={...})` or `make_backend(..
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -136,6 +137,9 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: str | N
     from torch._inductor.compile_fx import compile_fx
 
     torch_ops.set_lookup_db(options.db)
+    if options.tune_missing and not torch.cuda.is_available():
+        warnings.warn("gemmgen backend: tune_missing=True needs a CUDA GPU to measure on; this compile "
+                      "tunes nothing", stacklevel=2)
     patches: dict = {}
     if mode and mode != "default":
         patches.update(torch._inductor.list_mode_options(mode))
