@@ -17,6 +17,7 @@ search space orders its own programs with the cost model of its family (each bac
 from __future__ import annotations
 
 import math
+from typing import Optional, Sequence
 
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import CLUSTER_REDUCE, Program
@@ -77,6 +78,24 @@ def estimated_seconds(program: Program, *, sm_load_bytes_per_s: float = SM_LOAD_
         reduce = summing + passes * partial_bytes / PEAK_BYTES_PER_S
     start = PERSISTENT_START_S if program.scheduler in ("persistent", "stream_k") else 0.0
     return max(compute, dram, l2) + reduce + LAUNCH_S + start
+
+
+def take_turns(lists: Sequence[Sequence]) -> list:
+    """The first of each list, then the second of each, and so on."""
+    return [items[rank] for rank in range(max((len(items) for items in lists), default=0))
+            for items in lists if rank < len(items)]
+
+
+def near_first(groups: Sequence[Sequence], firsts: Sequence[float], factor: float,
+               best: Optional[float] = None) -> list:
+    """`groups` (each best first) taking turns: those whose first estimate (`firsts`) is within
+    `factor` of `best` (default: the least of `firsts`), then the others, also taking turns."""
+    if not groups:
+        return []
+    best = min(firsts) if best is None else best
+    near = [g for g, first in zip(groups, firsts) if first <= factor * best]
+    far = [g for g, first in zip(groups, firsts) if first > factor * best]
+    return take_turns(near) + take_turns(far)
 
 
 def bucket(seconds: float) -> int:

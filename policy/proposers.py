@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 from gemmgen.backends import registry, validate
-from gemmgen.backends.ranking import bucket, estimated_seconds
+from gemmgen.backends.ranking import bucket, estimated_seconds, near_first, take_turns
 from gemmgen.dsl import parse
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import (
@@ -71,12 +71,6 @@ def _validate(program: Program) -> bool:
     return True
 
 
-def _take_turns(lists: Sequence[Sequence]) -> list:
-    """The first of each list, then the second of each, and so on."""
-    return [items[rank] for rank in range(max((len(items) for items in lists), default=0))
-            for items in lists if rank < len(items)]
-
-
 def _dedupe(programs: Iterable[Program]) -> list[Program]:
     seen, out = set(), []
     for program in programs:
@@ -109,18 +103,15 @@ class HeuristicProposer:
         families: dict[str, list[int]] = {}
         for i in order:
             families.setdefault(space[i].mainloop, []).append(i)
-        if not families:
-            return []
-        best = min(estimates)
-        near = [f for f in families.values() if estimates[f[0]] <= FAMILY_NEAR * best]
-        far = [f for f in families.values() if estimates[f[0]] > FAMILY_NEAR * best]
-        return [space[i] for tier in (near, far) for i in _take_turns(tier)]
+        return near_first([[space[i] for i in f] for f in families.values()],
+                          [estimates[f[0]] for f in families.values()], FAMILY_NEAR,
+                          best=min(estimates, default=None))
 
     def ranked(self, problem: Problem) -> list[Program]:
         per_backend = [progs for progs in (self.backend_order(problem, module)
                                            for module in present_backends(self.backends)) if progs]
         per_backend.sort(key=lambda progs: self.estimate(progs[0]))
-        return _take_turns(per_backend)
+        return take_turns(per_backend)
 
     def propose(self, problem: Problem, k: int, *, seed: Optional[int] = None) -> list[Program]:
         return self.ranked(problem)[:k]

@@ -14,6 +14,7 @@ from dataclasses import replace
 from gemmgen.backends.cuda import direct
 from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.multistage import stream_k_grid
+from gemmgen.backends.ranking import near_first, take_turns
 from gemmgen.dsl.checks import check_alignment
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import CLUSTER_REDUCE, Instr, Problem, Program, Tile
@@ -182,9 +183,8 @@ def direct_programs(problem: Problem) -> list[Program]:
             if not direct.rules(prog.bind(p).computed):
                 out.append(prog)
     # the two ways of summing the K slices take turns (the cluster's is not yet measured)
-    by_way = [sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster),
-                     key=lambda q: direct_rank(q, p)) for cluster in (False, True)]
-    return [q for rank in range(max(map(len, by_way))) for q in (w[rank] for w in by_way if rank < len(w))]
+    return take_turns([sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster),
+                              key=lambda q: direct_rank(q, p)) for cluster in (False, True)])
 
 
 def direct_rank(program: Program, problem: Problem) -> tuple:
@@ -298,16 +298,7 @@ def _round_robin(programs: list[Program], problem: Problem) -> list[Program]:
     for est, q in scored:
         key = (q.mainloop, q.instr.kind if q.instr else None, q.scheduler, q.tile.m, q.tile.n, q.split_k, q.cluster)
         groups.setdefault(key, []).append((est, q))
-    if not groups:
-        return []
-    best = min(g[0][0] for g in groups.values())
-    near = [[q for _, q in g] for g in groups.values() if g[0][0] <= NEAR_BEST * best]
-    far = [[q for _, q in g] for g in groups.values() if g[0][0] > NEAR_BEST * best]
-    out = []
-    for ordered in (near, far):
-        for depth in range(max((len(g) for g in ordered), default=0)):
-            out += [g[depth] for g in ordered if depth < len(g)]
-    return out
+    return near_first([[q for _, q in g] for g in groups.values()], [g[0][0] for g in groups.values()], NEAR_BEST)
 
 
 def _percent_bin(seconds: float) -> int:
