@@ -126,8 +126,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
                                 announce=print)
     finally:
         getattr(runner, "close", lambda: None)()
-    # this run's problems only: the working database also holds every shipped record
-    written = export(db, out / TRIALS, problems=keys)
+        # this run's problems only (the working database also holds every shipped record);
+        # exported even when the loop failed, so that nothing it measured is lost
+        written = export(db, out / TRIALS, problems=keys)
     if args.ship:
         shipped = export(db, args.ship)
     clear_cache()

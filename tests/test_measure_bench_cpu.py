@@ -84,6 +84,18 @@ def _rows():
     return rows
 
 
+def test_release_frees_each_baseline_s_plan_once_the_problem_is_timed():
+    """A cuBLASLt baseline holds a plan, a workspace and its operands; tuning and the bench free
+    them after every problem, not at a later garbage collection."""
+    from gemmgen.dsl.ir import Problem
+
+    freed = []
+    kernels = [baselines.Kernel("lt_heuristic", print, Problem(8, 8, 8), close=lambda: freed.append("lt")),
+               baselines.Kernel("torch", print, Problem(8, 8, 8))]
+    baselines.release(kernels)
+    assert freed == ["lt"] and kernels == []
+
+
 def test_row_schema_and_floor_fraction():
     row = _row("torch", 8192, 8192, 8192, 0.2)
     for key in ("name", "m", "n", "k", "layout", "device_ms", "host_ms", "spread", "tflops", "floor_ms",

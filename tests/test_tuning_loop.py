@@ -72,6 +72,27 @@ def test_the_report_says_where_the_time_went(tmp_path):
     assert re.search(r" s \(.*baselines 0\.[3-9]", report.summary())     # parts under 0.05 s are left out
 
 
+def test_a_problem_whose_baselines_cannot_be_timed_is_a_failure_and_the_loop_goes_on(tmp_path):
+    """Out of GPU memory at one problem (an LM head's baselines) is reported for that problem;
+    its trials are not measured against fewer baselines, and the next problems are tuned."""
+    from gemmgen.measure.errors import MeasureError
+
+    class OutOfMemoryAtOne(FakeRunner):
+        def baselines(self, problem):
+            if problem == PROBLEMS[1]:
+                raise MeasureError(f"{problem.key}: out of GPU memory while timing the baselines")
+            return super().baselines(problem)
+
+    db = Database(tmp_path / "t.sqlite")
+    report, runner = _run(db, runner=OutOfMemoryAtOne())
+    assert [key for key, _ in report.failures] == [PROBLEMS[1].key]
+    assert "out of GPU memory" in report.summary()
+    assert not [t for t in db.trials(PROBLEMS[1].key) if t.status == "ok"]
+    assert all(runner_p.problem != PROBLEMS[1] for runner_p in runner.measured)
+    assert [t for t in db.trials(PROBLEMS[2].key) if t.status == "ok"]
+    assert report.shapes_done == 2
+
+
 def test_a_runner_that_starts_workers_is_waited_for_before_the_baselines(tmp_path):
     import time
 

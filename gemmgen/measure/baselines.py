@@ -27,6 +27,7 @@ The calls themselves live in `gemmgen.runtime` (torch_call, cublaslt), which ser
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional
 
@@ -46,6 +47,7 @@ class Kernel:
     fn: Callable
     problem: Problem
     notes: Mapping[str, Any] = field(default_factory=dict)
+    close: Optional[Callable[[], None]] = None     # frees what the kernel holds (a cuBLASLt plan)
 
 
 def make_torch(problem: Problem, **_) -> Kernel:
@@ -67,7 +69,7 @@ def make_cublas_tn(problem: Problem, **_) -> Kernel:
 
 def make_lt_heuristic(problem: Problem, **_) -> Kernel:
     lt = LtMatmul(problem, limit=1)
-    return Kernel("lt_heuristic", lt.fn(), problem, lt.notes())
+    return Kernel("lt_heuristic", lt.fn(), problem, lt.notes(), close=lt.free)
 
 
 def autotune_lt(problem: Problem, timing_options=None) -> tuple[LtMatmul, list, int, dict]:
@@ -96,7 +98,7 @@ def make_lt_autotune(problem: Problem, *, timing_options=None, **_) -> Kernel:
         "selection_device_ms": {n: round(t.device_ms, 6) for n, t in ok.items()},
         "selection_timer": "cupti, offline, cold L2",
     })
-    return Kernel("lt_autotune", lt.fn(algos[index]), problem, notes)
+    return Kernel("lt_autotune", lt.fn(algos[index]), problem, notes, close=lt.free)
 
 
 BASELINES: dict[str, Callable[..., Kernel]] = {
@@ -144,7 +146,24 @@ def make(name: str, problem: Problem, **kwargs) -> Kernel:
     product = factory(product_problem(problem), **kwargs)
     gated = replace(problem, b_major=product.problem.b_major)
     return Kernel(name, with_gate_tail(product.fn, gated), gated,
-                  {**product.notes, "gate_tail": "; ".join(in_place_source(problem.epilogue))})
+                  {**product.notes, "gate_tail": "; ".join(in_place_source(problem.epilogue))},
+                  close=product.close)
+
+
+def release(kernels: list[Kernel]) -> None:
+    """Free the kernels' plans and hand their GPU memory back: a caller timing problem after
+    problem (tuning, the bench) calls this after each, so that nothing one problem allocated
+    is still held at the next."""
+    # Deferred: torch (optional, heavy to import).
+    import torch
+
+    for kernel in kernels:
+        if kernel.close is not None:
+            kernel.close()
+    kernels.clear()
+    gc.collect()          # a plan's objects can sit in reference cycles that hold GPU tensors
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def better_of(timings: Mapping[str, Optional[float]], parts: tuple[str, ...]) -> Optional[str]:

@@ -140,7 +140,10 @@ def _baseline_rows(shape: Shape, problem: Problem, cases, cfg: BenchConfig, meas
         except Exception as exc:  # noqa: BLE001 - one broken baseline must not stop the others
             rows.append(make_row(name, "baseline", shape, problem, status="error",
                                  message=f"{type(exc).__name__}: {exc}"))
-    rows.extend(_measure_kernels(kernels, shape, cases, cfg, "baseline"))
+    try:
+        rows.extend(_measure_kernels(kernels, shape, cases, cfg, "baseline"))
+    finally:
+        baseline_registry.release(kernels)
     order = {n: i for i, n in enumerate(measured)}
     rows.sort(key=lambda r: order.get(r["name"], len(order)))
     return rows

@@ -65,6 +65,15 @@ class LtMatmul:
 
         return call
 
+    def free(self) -> None:
+        """Release the plan, its workspace and every tensor it holds now, not at some later
+        garbage collection: a tuning run plans two of these at every problem, and at an LM
+        head's size their memory, kept, ran an 80 GB GPU out (`fn` must not be used after)."""
+        if self.mm is not None:
+            self.mm.free()
+        self.mm = None
+        self._keep = self.bound = None
+
     def drop_operands(self) -> None:
         """Release the tensors planning used (a caller that passes its own pointers to
         cublasLtMatmul keeps only the descriptors); `fn` must not be used afterwards."""

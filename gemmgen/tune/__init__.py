@@ -39,6 +39,7 @@ from gemmgen.backends.base import BackendError
 from gemmgen.dsl import to_text
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dsl.ir import Problem, Program
+from gemmgen.errors import GemmgenError
 from gemmgen.measure.comparison import speedup_lower_bound
 from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
 from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
@@ -238,7 +239,12 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
             if free_wait_s is None:
                 free_wait_s = report.phase_s["starting workers"]
         with report.timed("baselines"):
-            baselines = dict(runner.baselines(problem)) if built else {}
+            try:
+                baselines = dict(runner.baselines(problem)) if built else {}
+            except GemmgenError as exc:   # this problem cannot be measured here; the others can
+                report.failures.append((problem.key, str(exc)))
+                bar.update(len(built))
+                return True
         confirmed_best = None     # speedup of this run's best confirmed winner at the problem
         for outcome in built:
             if out_of_time():

@@ -13,6 +13,7 @@ from gemmgen.dsl import to_text
 from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.measure import Runner, TimingOptions, time_many
+from gemmgen.measure.errors import MeasureError
 from gemmgen.measure.env import gpu_record, package_versions
 from gemmgen.measure.worker import Job, load_backend
 from gemmgen.tune import BuildOutcome, Measurement
@@ -118,20 +119,35 @@ class WorkerRunner:
         self._runner.ready(standby=True)
 
     def baselines(self, problem: Problem) -> Mapping[str, BaselineTime]:
+        """Each baseline timed at the problem. Out of GPU memory is a MeasureError naming the
+        problem (the loop records it and goes on), never a baseline silently left out: a trial
+        must not win against fewer baselines than it should."""
         # Deferred: torch (optional, heavy to import).
+        import torch
+
         from gemmgen.measure import baselines as registry
 
         kernels = []
-        for name in self.baseline_names:
-            try:
-                kernels.append(registry.make(name, problem, timing_options=self.timing))
-            except Exception:  # noqa: BLE001 - a baseline that cannot run here is left out, not fatal
-                continue
-        entries = [(k.name, k.fn, k.problem) for k in kernels]
-        offline = time_many(entries, "offline", options=self.timing) if entries else {}
-        server = time_many(entries, "server", options=self.timing) if entries and self.mode == "both" else {}
+        try:
+            for name in self.baseline_names:
+                try:
+                    kernels.append(registry.make(name, problem, timing_options=self.timing))
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception:  # noqa: BLE001 - a baseline that cannot run here is left out, not fatal
+                    continue
+            entries = [(k.name, k.fn, k.problem) for k in kernels]
+            offline = time_many(entries, "offline", options=self.timing) if entries else {}
+            server = time_many(entries, "server", options=self.timing) if entries and self.mode == "both" else {}
+        except torch.OutOfMemoryError as exc:
+            raise MeasureError(f"{problem.key}: out of GPU memory while timing the baselines "
+                               f"({str(exc).splitlines()[0]})") from None
+        finally:
+            registry.release(kernels)
         out = {}
         for name, timing in offline.items():
+            if isinstance(timing, torch.OutOfMemoryError):
+                raise MeasureError(f"{problem.key}: out of GPU memory while timing the baseline {name}")
             if isinstance(timing, Exception):
                 continue
             srv = server.get(name)
