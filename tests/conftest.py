@@ -76,3 +76,18 @@ def _no_on_demand_workers_left():
     from gemmgen.tune.on_demand import release_workers
 
     release_workers()
+
+
+@pytest.fixture(scope="session")
+def shipped_gpu():
+    """For GPU tests of what the shipped records serve: skips on a GPU model they hold no
+    record of (those tests' kernels serve only where they were measured)."""
+    import torch
+
+    from gemmgen.tuning_db import shipped_database
+
+    name = torch.cuda.get_device_name()
+    if name not in shipped_database().device_names():
+        pytest.skip(f"the shipped records hold no measurement on {name}")
+    return name
+

@@ -151,7 +151,7 @@ def test_a_shape_generic_direct_program_serves_every_m():
         assert result.passed, (m, result.failures)
 
 
-def test_compile_serves_the_shipped_direct_winner_and_it_is_right():
+def test_compile_serves_the_shipped_direct_winner_and_it_is_right(shipped_gpu):
     """gemmgen.compile reads the shipped record of 1x1024x4096 (a k/v projection of Llama-3-8B
     at one token): a swap_ab direct program, measured faster than every library call."""
     import torch

@@ -25,7 +25,7 @@ def test_every_m_is_served_by_a_checked_kernel(dynamic, m):
     assert result.passed, (m, kernel.provenance.summary, result.failures)
 
 
-def test_a_call_takes_m_from_its_operand(dynamic):
+def test_a_call_takes_m_from_its_operand(dynamic, shipped_gpu):
     import torch
 
     w = torch.randn(N, K, device="cuda", dtype=torch.float16)
