@@ -6,7 +6,8 @@
 Resumable across GPU sessions: OUT/trials.jsonl.gz (every trial of the run's shapes, the export
 format) is merged into the working database first, tuning skips every (problem, program) pair
 already measured on this GPU, and the script ends by writing OUT/trials.jsonl.gz again and
-every trial into tuning_db/shipped/h200.jsonl.gz (merged with what is there): winners are a
+every trial into the shipped file of this GPU model (tuning_db/shipped/h200.jsonl.gz on the H200,
+h100.jsonl.gz on an H100 80GB HBM3; merged with what is there): winners are a
 query, and a problem tuned without a winner must be known as such, so that gemmgen.compile
 serves the baseline there rather than a neighbour's program. `--backends` may name `cublaslt`:
 cuBLASLt's algorithms are searched first (`gemmgen.tune.tune_library`) and the choices travel
@@ -35,6 +36,21 @@ def _shown(path: Path) -> str:
         return path.name
 
 
+def _ship_file(ship: str | None, gpu: str) -> Path | None:
+    """The records file this run merges and rewrites: the one given, else this GPU model's
+    shipped file; None for '' or a model gemmgen ships no records for (said, not guessed)."""
+    from gemmgen.tuning_db.store import SHIPPED_FILE_OF_GPU
+
+    if ship is not None:
+        return Path(ship) if ship else None
+    name = SHIPPED_FILE_OF_GPU.get(gpu)
+    if name is None:
+        print(f"no shipped records file for {gpu}: the trials stay in the run's export "
+              f"(give --ship PATH to keep them elsewhere)")
+        return None
+    return REPO / "tuning_db" / "shipped" / name
+
+
 def main(argv=None, *, make_runner=None, builder=None) -> int:
     """`make_runner(mode=, timeout_s=, baselines=)` and `builder` default to the GPU worker and
     the build pool; the tests pass fakes."""
@@ -46,8 +62,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     ap.add_argument("--db", default=None,
                     help="working database (default: tune_h200.sqlite in GEMMGEN_CACHE_DIR or ~/.cache/gemmgen; "
                          "OUT/trials.jsonl.gz is the record that travels)")
-    ap.add_argument("--ship", default=str(REPO / "tuning_db/shipped/h200.jsonl.gz"),
-                    help="winners file to merge into and rewrite ('' to skip)")
+    ap.add_argument("--ship", default=None,
+                    help="records file to merge into and rewrite with this GPU's records ('' to skip; "
+                         "default: this GPU model's file in tuning_db/shipped/)")
     ap.add_argument("--time-budget", type=float, default=420.0, metavar="S",
                     help="seconds for the tuning loop (export and summary come after)")
     ap.add_argument("--budget", type=int, default=6, help="trials per shape")
@@ -98,15 +115,16 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     db_path = Path(args.db) if args.db else default_db_path().with_name("tune_h200.sqlite")
     start = time.monotonic()
     db = Database(db_path)
-    resumed = {}
-    for source in (out / TRIALS, Path(args.ship) if args.ship else None):
-        if source is not None and source.is_file():
-            # The run's own export and the project's shipped records: measured by this script.
-            resumed[_shown(source)] = merge(db, source, verified=True)[0]
     backends = tuple(b for b in args.backends.split(",") if b)
     make_runner = make_runner or WorkerRunner
     runner = make_runner(mode=args.mode, timeout_s=args.worker_timeout,
                          baselines=tuple(b for b in args.baselines.split(",") if b))
+    ship = _ship_file(args.ship, runner.device.name)
+    resumed = {}
+    for source in (out / TRIALS, ship):
+        if source is not None and source.is_file():
+            # The run's own export and the project's shipped records: measured by this script.
+            resumed[_shown(source)] = merge(db, source, verified=True)[0]
     keys = {p.key for p in problems}
     last_export = time.monotonic()
 
@@ -129,8 +147,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         # this run's problems only (the working database also holds every shipped record);
         # exported even when the loop failed, so that nothing it measured is lost
         written = export(db, out / TRIALS, problems=keys)
-    if args.ship:
-        shipped = export(db, args.ship)
+    if ship is not None:
+        shipped = export(db, ship, devices={device.name})
     clear_cache()
 
     rows = []
@@ -158,7 +176,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         "shard": args.shard, "budget": args.budget, "proposer": f"{proposer.name} {proposer.version}" if proposer else None,
         "backends": backends, "resumed_trials": resumed,
         "report": reports_summary(reports, empty=""),
-        "trials_exported": written, "shipped_trials": shipped if args.ship else None,
+        "trials_exported": written, "shipped_trials": shipped if ship is not None else None,
         "elapsed_s": round(time.monotonic() - start, 1), "by_bucket": by_bucket,
         "geomean_speedup_over_best_baseline": _geomean(r["speedup_over_best_baseline"] for r in rows),
         "note": "speedup_over_best_baseline is what serves, as measured: a program winner over its run's best "

@@ -37,6 +37,42 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
     clear_cache()
 
 
+def test_tune_h200_ships_only_this_gpu_s_records_into_its_model_s_file(tmp_path, capsys, monkeypatch):
+    """A run on one GPU model whose working database also holds another model's records (a
+    resumed export) writes only its own model's records to the shipped file, and picks that
+    file by the GPU's name; a model without a shipped file is said, and nothing is shipped."""
+    from dataclasses import replace as dc_replace
+
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.tuning_db.exchange import export
+    from tuning_fakes import TEST_GPU, trial
+
+    script = load_script("tune_h200")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n1024,1024,1024\n")
+    out = tmp_path / "out"
+    other = Database(tmp_path / "other.sqlite")
+    other.record(trial(Problem(1024, 1024, 1024), device=dc_replace(TEST_GPU, name="Other GPU")))
+    out.mkdir()
+    export(other, out / script.TRIALS)
+    ship = tmp_path / "test.jsonl"
+    monkeypatch.setattr("gemmgen.tuning_db.store.SHIPPED_FILE_OF_GPU", {TEST_GPU.name: "test.jsonl"})
+    monkeypatch.setattr(script, "REPO", tmp_path / "repo")
+    (tmp_path / "repo" / "tuning_db" / "shipped").mkdir(parents=True)
+    args = ["--shapes", str(shapes), "--out", str(out), "--db", str(tmp_path / "w.sqlite"),
+            "--budget", "2", "--backends", "triton", "--time-budget", "600"]
+    assert script.main(args, make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder()) == 0
+    shipped = list(read_jsonl(tmp_path / "repo" / "tuning_db" / "shipped" / "test.jsonl"))
+    assert len(shipped) == 2 and {t.device.name for t in shipped} == {TEST_GPU.name}
+    assert {t.device.name for t in read_jsonl(out / script.TRIALS)} == {TEST_GPU.name, "Other GPU"}
+    monkeypatch.setattr("gemmgen.tuning_db.store.SHIPPED_FILE_OF_GPU", {})
+    assert script.main(args, make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder()) == 0
+    assert "no shipped records file for Test GPU" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["shipped_trials"] is None
+    assert not ship.exists()
+    clear_cache()
+
+
 def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
     """--max-m keeps a layer set's decode and small-batch rows: nothing above it is measured;
     --min-m cuts the band from below."""

@@ -29,13 +29,16 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def export_lines(db: Database, *, winners_only: bool = False, problems=None) -> list[str]:
-    """`problems`: problem keys to keep (None: every problem)."""
+def export_lines(db: Database, *, winners_only: bool = False, problems=None, devices=None) -> list[str]:
+    """`problems`: problem keys to keep; `devices`: GPU names to keep (None: every one)."""
     trials = db.trials()
     library = db.library_choices()
     if problems is not None:
         trials = [t for t in trials if t.problem.key in problems]
         library = [c for c in library if c.problem.key in problems]
+    if devices is not None:
+        trials = [t for t in trials if t.device.name in devices]
+        library = [c for c in library if c.device.name in devices]
     if winners_only:
         ids = {row[0] for row in db.conn.execute("SELECT id FROM winners")}
         trials = [t for t in trials if t.id in ids]
@@ -46,15 +49,16 @@ def export_lines(db: Database, *, winners_only: bool = False, problems=None) -> 
             for r in sorted(records, key=export_sort_key)]
 
 
-def export(db: Database, path: str | Path, *, winners_only: bool = False, problems=None) -> int:
+def export(db: Database, path: str | Path, *, winners_only: bool = False, problems=None, devices=None) -> int:
     """Write the database (or only what serves each problem per GPU; or only the problems whose
-    keys `problems` holds) as sorted JSON lines; returns the number of records written."""
+    keys `problems` holds; or only the GPUs `devices` names) as sorted JSON lines; returns the
+    number of records written."""
     target = Path(path)
     if target.is_dir():
         raise RecordError(f"{target} is a folder: give a file name for the export, e.g. {target / 'records.jsonl.gz'}")
     if db.path != ":memory:" and target.exists() and target.resolve() == Path(db.path).resolve():
         raise RecordError(f"{target} is the database being exported: give another file name")
-    lines = export_lines(db, winners_only=winners_only, problems=problems)
+    lines = export_lines(db, winners_only=winners_only, problems=problems, devices=devices)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
     data = "".join(line + "\n" for line in lines).encode("utf-8")

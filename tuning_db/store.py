@@ -32,7 +32,10 @@ from gemmgen.tuning_db.database import SCHEMA_VERSION, Database, DatabaseAccessE
 from gemmgen.tuning_db.exchange import read_jsonl
 from gemmgen.tuning_db.records import Device, LibraryChoice, Trial
 
-SHIPPED_FILES = ("h200.jsonl.gz",)
+#: The shipped records, one file for each GPU model they were measured on (a record serves only
+#: on its own model, so a file never mixes them).
+SHIPPED_FILE_OF_GPU = {"NVIDIA H200": "h200.jsonl.gz", "NVIDIA H100 80GB HBM3": "h100.jsonl.gz"}
+SHIPPED_FILES = tuple(SHIPPED_FILE_OF_GPU.values())
 #: How messages and `gemmgen db stats` name the shipped layer (it lives in memory).
 SHIPPED_LABEL = "the shipped records (" + ", ".join(SHIPPED_FILES) + ")"
 
