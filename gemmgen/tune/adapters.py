@@ -124,7 +124,6 @@ class WorkerRunner:
         must not win against fewer baselines than it should."""
         # Deferred: torch (optional, heavy to import).
         import torch
-
         from gemmgen.measure import baselines as registry
 
         kernels = []
