@@ -148,7 +148,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         # exported even when the loop failed, so that nothing it measured is lost
         written = export(db, out / TRIALS, problems=keys)
     if ship is not None:
-        shipped = export(db, ship, devices={device.name})
+        # this GPU model's own file holds its records only; a file named by --ship keeps them all
+        shipped = export(db, ship, devices=None if args.ship else {device.name})
     clear_cache()
 
     rows = []

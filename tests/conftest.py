@@ -90,4 +90,3 @@ def shipped_gpu():
     if name not in shipped_database().device_names():
         pytest.skip(f"the shipped records hold no measurement on {name}")
     return name
-

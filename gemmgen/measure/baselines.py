@@ -82,7 +82,12 @@ def autotune_lt(problem: Problem, timing_options=None) -> tuple[LtMatmul, list, 
                       "offline", options=timing_options)
     ok = {name: t for name, t in timed.items() if not isinstance(t, Exception)}
     if not ok:
+        # Deferred: torch (optional, heavy to import).
+        import torch
+
         first = next(iter(timed.values()))
+        if isinstance(first, torch.OutOfMemoryError):
+            raise first           # the caller says the problem did not fit, never drops the baseline
         raise MeasureError(f"lt_autotune: no cuBLASLt candidate could be timed ({first})")
     best = min(ok, key=lambda name: ok[name].device_ms)
     return lt, algos, int(best[len("algo"):]), ok
