@@ -33,16 +33,16 @@ BACKENDS: tuple[str, ...] = ("triton", "cutlass", "cuda")
 MAINLOOPS: tuple[str, ...] = ("multistage", "ws_cooperative", "ws_pingpong", "direct")
 SCHEDULERS: tuple[str, ...] = ("tile", "persistent", "stream_k")
 ACTIVATIONS: tuple[str, ...] = ("relu", "gelu", "silu")
-SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered", "cluster")
+#: The split-K reduction whose K slices run as one thread-block cluster and sum their partials
+#: through distributed shared memory, in slice order, in the same launch.
+CLUSTER_REDUCE = "cluster"
+SPLIT_K_REDUCES: tuple[str, ...] = ("workspace", "atomic", "unordered", CLUSTER_REDUCE)
 #: How a gated epilogue's two halves lie in the joined B: `stacked`, the gate's N columns then
 #: the up projection's (for x @ W.T: W = cat([W_gate, W_up]), 2N x K).
 HALVES: tuple[str, ...] = ("stacked",)
 #: Split-K reductions that add partials in arrival order (not bit-reproducible run to run):
 #: `atomic` into the output itself, `unordered` into an fp32 buffer the epilogue then reads.
 ARRIVAL_ORDER_REDUCES = frozenset({"atomic", "unordered"})
-#: The split-K reduction whose K slices run as one thread-block cluster and sum their partials
-#: through distributed shared memory, in slice order, in the same launch.
-CLUSTER_REDUCE = "cluster"
 DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4}
 
 
