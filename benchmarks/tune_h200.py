@@ -127,11 +127,14 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     keys = {p.key for p in problems}
     last_export = time.monotonic()
+    held_gib = []
 
-    def export_as_it_goes(_problem) -> None:
-        """Export the run's trials every EXPORT_EVERY_S, so that a run killed from outside (a
-        machine's time limit) still leaves what it measured."""
+    def after_problem(_problem) -> None:
+        """Note the GPU memory this process still holds (it should not grow from problem to
+        problem), and export the run's trials every EXPORT_EVERY_S, so that a run killed from
+        outside (a machine's time limit) still leaves what it measured."""
         nonlocal last_export
+        held_gib.append(_gpu_memory_held_gib())
         if time.monotonic() - last_export >= EXPORT_EVERY_S:
             export(db, out / TRIALS, problems=keys)
             last_export = time.monotonic()
@@ -140,7 +143,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         device = runner.device
         reports = tune_backends(problems, library=library, proposer=proposer,
                                 builder=builder or PoolBuilder(jobs=args.jobs), runner=runner, db=db,
-                                budget=args.budget, time_budget_s=args.time_budget, on_shape=export_as_it_goes,
+                                budget=args.budget, time_budget_s=args.time_budget, on_shape=after_problem,
                                 announce=print)
     finally:
         getattr(runner, "close", lambda: None)()
@@ -179,6 +182,8 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         "report": reports_summary(reports, empty=""),
         "trials_exported": written, "shipped_trials": shipped if ship is not None else None,
         "elapsed_s": round(time.monotonic() - start, 1), "by_bucket": by_bucket,
+        "gpu_memory_held_gib": {"after_each_problem_max": max((g for g in held_gib if g is not None), default=None),
+                                "after_last_problem": held_gib[-1] if held_gib else None},
         "geomean_speedup_over_best_baseline": _geomean(r["speedup_over_best_baseline"] for r in rows),
         "note": "speedup_over_best_baseline is what serves, as measured: a program winner over its run's best "
                 "baseline, a cuBLASLt choice over torch.matmul in its session; other shapes count as 1.0 "
@@ -195,6 +200,14 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     print(f"{'all':>14} {len(rows):6d} {sum(r['measured_here'] for r in rows):5d} "
           f"{summary['geomean_speedup_over_best_baseline']:25.3f}")
     return 0
+
+
+def _gpu_memory_held_gib() -> float | None:
+    """The GPU memory torch holds in tensors in this process, in GiB (None without a GPU)."""
+    # Deferred: torch (optional, heavy to import).
+    import torch
+
+    return round(torch.cuda.memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
 
 
 def _geomean(values) -> float:
