@@ -11,7 +11,7 @@ from gemmgen.dsl.diagnostics import Diagnostic, ProgramError
 from gemmgen.dsl.facts import Facts, facts
 from gemmgen.dsl.hardware import SM90A, Hardware
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
-from gemmgen.dsl.parser import parse
+from gemmgen.dsl.parser import parse, parse_epilogue
 from gemmgen.dsl.printer import to_text
 from gemmgen.dsl.validate import diagnose, validate
 
@@ -24,4 +24,4 @@ def examples() -> dict:
 
 
 __all__ = ["SM90A", "Diagnostic", "Epilogue", "Facts", "Hardware", "Instr", "Problem", "Program",
-           "ProgramError", "Tile", "diagnose", "examples", "facts", "parse", "to_text", "validate"]
+           "ProgramError", "Tile", "diagnose", "examples", "facts", "parse", "parse_epilogue", "to_text", "validate"]

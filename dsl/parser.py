@@ -259,6 +259,29 @@ def parse_with_comments(text: str, filename: Optional[str] = None) -> tuple[ir.P
     return _parse(lark, text, filename), comments
 
 
+@functools.lru_cache(maxsize=1)
+def _epilogue_lark() -> Lark:
+    return _new_lark(start="epilogue")
+
+
+def parse_epilogue(items: str) -> ir.Epilogue:
+    """An epilogue statement's items alone ('bias=n gelu out=f16', any order) -> Epilogue; raises
+    `ProgramError` like `parse` (column 1 is the statement's word `epilogue`)."""
+    if not isinstance(items, str):
+        raise TypeError(f"parse_epilogue takes the items' text (str), not {type(items).__name__}")
+    statement = f"epilogue {items}"
+    try:
+        tree = _epilogue_lark().parse(statement)
+    except UnexpectedInput as exc:
+        raise _parse_error(exc, statement, None) from None
+    try:
+        return _ToIR(None).transform(tree)[2]
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, ProgramError):
+            raise exc.orig_exc from None
+        raise
+
+
 def _parse(lark: Lark, text: str, filename: Optional[str]) -> ir.Program:
     if not isinstance(text, str):
         raise TypeError(f"parse takes a program's text (str), not {type(text).__name__}: "

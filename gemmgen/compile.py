@@ -45,6 +45,7 @@ from typing import Optional, Union
 from gemmgen import backends
 from gemmgen.backends.base import INT32_LIMIT
 from gemmgen.dsl import parse
+from gemmgen.dsl import parse_epilogue as dsl_parse_epilogue
 from gemmgen.dsl.diagnostics import ProgramError
 from gemmgen.dispatch import DispatchKernel, Row, table
 from gemmgen.dsl.ir import Epilogue, Problem
@@ -307,35 +308,11 @@ def as_problem(problem, *, a_major="row", b_major="row", epilogue=None) -> Probl
 
 def parse_epilogue(text: str) -> Epilogue:
     """'bias=n gelu residual out=f16' or 'gate=silu halves=stacked' (the DSL's epilogue items, in any
-    order) -> Epilogue."""
-    fields: dict = {}
-    for item in text.replace(",", " ").split():
-        name, eq, value = item.partition("=")
-        try:
-            if name in ("alpha", "beta") and eq:
-                field, setting = name, float(value)
-            elif name == "bias" and value in ("m", "n"):
-                field, setting = "bias", value
-            elif name == "out" and value in ("f16", "bf16", "f32"):
-                field, setting = "out_dtype", value
-            elif not eq and name in ("relu", "gelu", "silu"):
-                field, setting = "activation", name
-            elif not eq and name == "residual":
-                field, setting = "residual", True
-            elif name == "gate" and value in ("relu", "gelu", "silu"):
-                field, setting = "gate", value
-            elif name == "halves" and value == "stacked":
-                field, setting = "halves", value
-            else:
-                raise ValueError
-        except ValueError:
-            raise CompileError(f"epilogue item {item!r} not understood; use alpha=F beta=F bias=m|n "
-                               "relu|gelu|silu residual out=f16|bf16|f32, or gate=relu|gelu|silu "
-                               "halves=stacked") from None
-        if field in fields:
-            raise CompileError(f"epilogue {text!r} gives its {field} twice ({fields[field]} and {setting}); keep one")
-        fields[field] = setting
-    return Epilogue(**fields)
+    order, commas allowed between them) -> Epilogue."""
+    try:
+        return dsl_parse_epilogue(text.replace(",", " "))
+    except ProgramError as exc:
+        raise CompileError(f"epilogue {text!r}: {exc.message}") from None
 
 
 def device_name(device=None) -> str:

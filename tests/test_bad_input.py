@@ -93,10 +93,18 @@ def test_an_export_never_overwrites_its_database_or_writes_into_a_folder(tmp_pat
     assert json.loads(capsys.readouterr().out.splitlines()[0])["problem"] == P.key
 
 
-@pytest.mark.parametrize("text, field", [("relu gelu", "activation"), ("bias=n bias=m", "bias"),
-                                         ("out=f32 out=f16", "out_dtype")])
+@pytest.mark.parametrize("text, field", [("relu gelu", "an activation"), ("bias=n bias=m", "`bias=`"),
+                                         ("out=f32 out=f16", "`out=`")])
 def test_an_epilogue_item_given_twice_is_refused(text, field):
-    with pytest.raises(CompileError, match=f"gives its {field} twice"):
+    with pytest.raises(CompileError, match=f"gives {field} twice .*; keep one"):
+        parse_epilogue(text)
+
+
+@pytest.mark.parametrize("text, said", [("bias=k", "expected 'm' or 'n', found 'k'"),
+                                        ("gate=tanh", "expected one of 'relu', 'gelu', 'silu', found 'tanh'"),
+                                        ("alpha=x", "expected a number, found 'x'")])
+def test_an_unknown_epilogue_item_says_what_it_expected(text, said):
+    with pytest.raises(CompileError, match=f"epilogue '{text}': in `epilogue`: {said}; write `epilogue "):
         parse_epilogue(text)
 
 

@@ -202,7 +202,7 @@ def test_argument_errors():
         gemmgen.compile((0, 4, 4))
     with pytest.raises(CompileError, match="a_major"):
         gemmgen.compile((4, 4, 4), a_major="diagonal")
-    with pytest.raises(CompileError, match="epilogue item"):
+    with pytest.raises(CompileError, match="epilogue 'bias=k': in `epilogue`: expected 'm' or 'n'"):
         gemmgen.compile((4, 4, 4), epilogue="bias=k")
     with pytest.raises(CompileError, match="shape-generic; give N and K"):
         gemmgen.compile(Problem(None, None, 4))

@@ -299,3 +299,15 @@ def test_every_backend_reads_the_inputs_the_language_accepts():
         assert registry.get(name).SUPPORT.in_dtypes == frozenset(ir.INPUT_DTYPES), name
     found = diagnose(parse(text().replace("in=f16", "in=bf16")))
     assert found and {d.statement for d in found} == {"gemm"} and any("write in=f16" in d.message for d in found)
+
+
+def test_an_epilogue_alone_parses_as_its_statement_does():
+    from gemmgen.dsl import parse_epilogue
+
+    program = parse("\n".join({**BASE, "epilogue": "epilogue gelu bias=n out=bf16 residual"}.values()))
+    assert parse_epilogue("gelu bias=n out=bf16 residual") == program.problem.epilogue
+    assert parse_epilogue("gate=silu halves=stacked") == ir.Epilogue(gate="silu", halves="stacked")
+    with pytest.raises(ProgramError, match=r"<program>:1:\d+: in `epilogue`: expected 'm' or 'n', found 'k'"):
+        parse_epilogue("bias=k")
+    with pytest.raises(ProgramError, match="gives an activation twice"):
+        parse_epilogue("relu gelu")
