@@ -310,7 +310,7 @@ def parse_epilogue(text: str) -> Epilogue:
     """'bias=n gelu residual out=f16' or 'gate=silu halves=stacked' (the DSL's epilogue items, in any
     order, commas allowed between them) -> Epilogue."""
     try:
-        return dsl_parse_epilogue(text.replace(",", " "))
+        return dsl_parse_epilogue(" ".join(text.replace(",", " ").split()))
     except ProgramError as exc:
         raise CompileError(f"epilogue {text!r}: {exc.message}") from None
 
