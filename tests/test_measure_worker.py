@@ -235,3 +235,17 @@ def test_a_worker_whose_parent_is_gone_leaves_quietly(fail_on, error, capsys):
     _serve_jobs(pipe)                  # returns: no traceback, no exception
     assert capsys.readouterr().err == ""
     assert [r.status for r, _ in pipe.sent] == (["ok"] if fail_on == "recv" else [])
+
+
+@pytest.mark.parametrize("reserved, emptied", [(3 << 30, True), (1 << 30, False)])
+def test_a_worker_hands_back_a_large_jobs_cached_memory(monkeypatch, reserved, emptied):
+    from types import SimpleNamespace
+
+    from gemmgen.measure import worker
+
+    calls = []
+    cuda = SimpleNamespace(is_initialized=lambda: True, memory_reserved=lambda: reserved,
+                           empty_cache=lambda: calls.append("empty_cache"))
+    monkeypatch.setitem(worker.sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    worker.hand_back_cached_memory()
+    assert calls == (["empty_cache"] if emptied else [])

@@ -106,6 +106,22 @@ def test_checked_rounds_include_every_kernels_last_and_are_seeded():
     assert rounds == checked_rounds([30, 30, 200], seed=3) != checked_rounds([30, 30, 200], seed=4)
 
 
+def test_a_one_off_calls_reference_is_not_kept_but_its_check_is_read():
+    """The checked rounds' references stay for every kernel; a call outside the loop (one seed)
+    gets its own, dropped after its numbers are queued: kept, those held 67 GB at an LM head."""
+    rotation = Rotation(P, 99, "cpu")
+    planned = rotation.round_seed(0)
+    rotation.case(planned)
+    zeros = lambda a, b, out, **kw: out.zero_()       # noqa: E731
+    for seed, fn, fails in ((planned, honest(P), False), (rotation.untimed_seed(), honest(P), False),
+                            (rotation.untimed_seed(), zeros, True)):
+        (a, b, out), kw = rotation.prepare(seed)
+        fn(a, b, out, **kw)
+        stats = rotation.stats(out, seed)
+        assert bool(rotation.failures(stats, seed)) == fails
+    assert list(rotation._cases) == [planned]
+
+
 # ---- the elementwise bound ------------------------------------------------------------------
 
 def test_forty_zeroed_elements_of_a_4096x4096x64_output_fail():

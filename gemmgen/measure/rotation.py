@@ -27,7 +27,7 @@ import torch
 
 from gemmgen.dsl.ir import Problem
 from gemmgen.measure.cases import Case, a_scale, case_from
-from gemmgen.measure.checking import out_stats, stat_failures
+from gemmgen.measure.checking import Reading, out_stats, stat_failures
 from gemmgen.runtime.tensors import TORCH_DTYPES, empty_laid_out
 
 ROTATION_SETS = 3
@@ -87,6 +87,7 @@ class Rotation:
     untimed: int = 0              # calls made outside the timed loop so far
     _turn: int = 0
     _cases: dict = field(default_factory=dict)
+    _readings: dict = field(default_factory=dict)     # seed -> checking.Reading, for every case built
 
     def __post_init__(self):
         self.sets = [_new_set(self.problem, self.device) for _ in range(ROTATION_SETS)]
@@ -108,20 +109,28 @@ class Rotation:
         return self.seed + _UNTIMED_SEED_OFFSET + self.untimed
 
     def case(self, seed: int) -> Case:
-        """The reference of the inputs `seed` fills (cached: kernels of a session share rounds)."""
+        """The reference of the inputs `seed` fills, kept: the checked rounds of the timed loop,
+        which every kernel of the session shares, are built before the loop (timing.plan_checks)."""
         if seed not in self._cases:
-            s = _new_set(self.problem, self.device)
-            _fill(s, seed, self.device, a_scale(self.problem, "timed"))
-            self._cases[seed] = case_from(self.problem, "timed", seed, s.a, s.b, bias=s.extras.get("bias"),
-                                          residual=s.extras.get("residual"), c=s.extras.get("c"))
+            self._cases[seed] = self._build(seed)
         return self._cases[seed]
 
+    def _build(self, seed: int) -> Case:
+        s = _new_set(self.problem, self.device)
+        _fill(s, seed, self.device, a_scale(self.problem, "timed"))
+        case = case_from(self.problem, "timed", seed, s.a, s.b, bias=s.extras.get("bias"),
+                         residual=s.extras.get("residual"), c=s.extras.get("c"))
+        self._readings[seed] = Reading.of(case)
+        return case
+
     def stats(self, out: torch.Tensor, seed: int) -> torch.Tensor:
-        """The check's numbers of one call's output (on the device; nothing waits for them)."""
-        return out_stats(out, self.case(seed))
+        """The check's numbers of one call's output (on the device; nothing waits for them). The
+        reference of a call outside the timed loop (one seed, one call) is built for it and not
+        kept: at an LM head's size each holds gigabytes, and a session checks one per kernel."""
+        return out_stats(out, self._cases.get(seed) or self._build(seed))
 
     def failures(self, stats: torch.Tensor, seed: int) -> list[str]:
-        return stat_failures(stats, self.case(seed), self.problem)[0]
+        return stat_failures(stats, self._readings[seed], self.problem)[0]
 
 
 def checked_rounds(reps: list[int], seed: int, count: int = CHECKED_CALLS) -> set[int]:

@@ -26,6 +26,7 @@ group of kernels inside one such job).
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -44,6 +45,8 @@ from gemmgen.measure.errors import MeasureError
 from gemmgen.measure.timing import TimingOptions, time_many
 
 STATUSES = ("ok", "failed_check", "timeout", "crash", "error")
+#: GPU memory an idle worker may keep in torch's cache between jobs (more is handed back)
+KEEP_CACHED_BYTES = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,18 @@ def _serve_jobs(conn) -> None:
             return
         if not healthy:
             return          # retire: the parent starts a fresh worker for the next job
+        hand_back_cached_memory()
+
+
+def hand_back_cached_memory() -> None:
+    """Return what torch's allocator still caches from the last job, when that is much: an idle
+    worker holding an LM head's peak (tens of GB) left the parent too little to time baselines."""
+    torch = sys.modules.get("torch")        # a CPU worker never imported it
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    if torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
+        gc.collect()        # the job's kernel and tensors can sit in reference cycles
+        torch.cuda.empty_cache()
 
 
 # ---- the parent side ----------------------------------------------------------------------
