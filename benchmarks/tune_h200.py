@@ -127,14 +127,15 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
     keys = {p.key for p in problems}
     last_export = time.monotonic()
-    held_gib = []
+    memory_gib = []       # per problem: (held after it, peak during it), GiB
 
     def after_problem(_problem) -> None:
-        """Note the GPU memory this process still holds (it should not grow from problem to
-        problem), and export the run's trials every EXPORT_EVERY_S, so that a run killed from
-        outside (a machine's time limit) still leaves what it measured."""
+        """Note the GPU memory this process held at most during the problem and still holds
+        after it (that should not grow from problem to problem), and export the run's trials
+        every EXPORT_EVERY_S, so that a run killed from outside (a machine's time limit) still
+        leaves what it measured."""
         nonlocal last_export
-        held_gib.append(_gpu_memory_held_gib())
+        memory_gib.append(_gpu_memory_gib())
         if time.monotonic() - last_export >= EXPORT_EVERY_S:
             export(db, out / TRIALS, problems=keys)
             last_export = time.monotonic()
@@ -182,8 +183,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         "report": reports_summary(reports, empty=""),
         "trials_exported": written, "shipped_trials": shipped if ship is not None else None,
         "elapsed_s": round(time.monotonic() - start, 1), "by_bucket": by_bucket,
-        "gpu_memory_held_gib": {"after_each_problem_max": max((g for g in held_gib if g is not None), default=None),
-                                "after_last_problem": held_gib[-1] if held_gib else None},
+        "gpu_memory_gib": _memory_summary(memory_gib),
         "geomean_speedup_over_best_baseline": _geomean(r["speedup_over_best_baseline"] for r in rows),
         "note": "speedup_over_best_baseline is what serves, as measured: a program winner over its run's best "
                 "baseline, a cuBLASLt choice over torch.matmul in its session; other shapes count as 1.0 "
@@ -202,12 +202,26 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     return 0
 
 
-def _gpu_memory_held_gib() -> float | None:
-    """The GPU memory torch holds in tensors in this process, in GiB (None without a GPU)."""
+def _gpu_memory_gib() -> tuple[float, float] | None:
+    """GiB of live torch tensors in this process now, and at most since the last call (None
+    without a GPU); the measuring workers are processes of their own."""
     # Deferred: torch (optional, heavy to import).
     import torch
 
-    return round(torch.cuda.memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    now, peak = torch.cuda.memory_allocated() / 2**30, torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return round(now, 3), round(peak, 3)
+
+
+def _memory_summary(per_problem: list) -> dict | None:
+    measured = [m for m in per_problem if m is not None]
+    if not measured:
+        return None
+    return {"held_after_a_problem_max": max(now for now, _ in measured),
+            "held_after_the_last": measured[-1][0],
+            "peak_in_a_problem_max": max(peak for _, peak in measured)}
 
 
 def _geomean(values) -> float:

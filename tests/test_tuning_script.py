@@ -27,6 +27,9 @@ def test_tune_h200_script_resumes_and_ships(tmp_path, capsys):
     assert 0 < len({t.problem.key for t in winners}) <= 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["trials_exported"] == 6 and set(summary["by_bucket"]) <= {r["bucket"] for r in summary["rows"]}
+    assert summary["gpu_memory_gib"] is None                            # no GPU here
+    assert script._memory_summary([(0.5, 9.0), None, (0.25, 12.5)]) == {
+        "held_after_a_problem_max": 0.5, "held_after_the_last": 0.25, "peak_in_a_problem_max": 12.5}
     # a fresh machine: a new working database resumes from OUT/trials.jsonl.gz, measures nothing again
     fresh = FakeRunner()
     assert script.main(args + ["--db", str(tmp_path / "w2.sqlite")],   # the last --db counts
