@@ -180,12 +180,11 @@ class Reading:
         return cls(case.name, case.bound, float(torch.linalg.vector_norm(case.ref, dtype=torch.float64)))
 
 
-def stat_failures(stats: torch.Tensor, case: Case | Reading, problem: Problem) -> tuple[list[str], float]:
+def stat_failures(stats: torch.Tensor, reading: Reading, problem: Problem) -> tuple[list[str], float]:
     """The failures `out_stats` shows, and the relative error (nan if unwritten)."""
     unwritten, err_sq, over = (float(x) for x in stats.cpu())
     if unwritten:
         return [f"{int(unwritten)} of {problem.m * problem.n} output elements not written (still NaN)"], math.nan
-    reading = case if isinstance(case, Reading) else Reading.of(case)
     rel_err = math.sqrt(err_sq) / reading.norm_ref if reading.norm_ref > 0 else math.inf
     if not math.isfinite(rel_err):
         return ["output holds inf: overflow or garbage"], rel_err
@@ -203,7 +202,7 @@ def stat_failures(stats: torch.Tensor, case: Case | Reading, problem: Problem) -
 def judge_out(out: torch.Tensor, case: Case, problem: Problem) -> tuple[list[str], float]:
     """Unwritten elements, the normwise error against the reference (nan if unwritten) and
     the elements past the elementwise bound (with the worst of them)."""
-    failures, rel_err = stat_failures(out_stats(out, case), case, problem)
+    failures, rel_err = stat_failures(out_stats(out, case), Reading.of(case), problem)
     if case.tol is not None and any("elementwise" in f for f in failures):
         excess = (out.float() - case.ref).abs() - case.tol
         i, j = divmod(int(torch.argmax(excess)), problem.n)
