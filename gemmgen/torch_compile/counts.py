@@ -8,7 +8,7 @@ from gemmgen.torch_compile import ops as torch_ops
 
 log = logging.getLogger("gemmgen.torch")
 
-_COUNTERS = ("replaced", "patterns", "skipped", "problems", "missing", "joins", "gated")
+_COUNTERS = ("replaced", "patterns", "skipped", "problems", "missing", "joins", "gated", "masks")
 _STATS: dict = {**{name: Counter() for name in _COUNTERS}, "graphs": 0, "from_cache": 0}
 _MISSING_KEYS: dict = {}     # op key -> None, in first-seen order: what tuning would serve
 
@@ -27,6 +27,8 @@ def stats() -> dict:
       unmeasured, not_served, no_winner, gain_below_overhead, weights_not_constant); `joins` also counts
       the weights inductor's freezing joined that the pass laid out column-major again
       (inductor_join_column_major);
+    - `masks`: attention calls with a mask, by outcome: `causal` (the mask was proven causal and
+      became `is_causal=True`; causal_mask.py) or why it stayed (mask_from_inputs, not_causal, ...);
     - `graphs`: graphs the pass ran on; `from_cache`: graphs served from inductor's compile
       caches (FX graph, AOTAutograd), on which the pass did not run, so their rewrites (made when
       the cache was filled) are not in the counts."""
@@ -67,6 +69,12 @@ def add_graph(replaced: Counter, patterns: Counter, skipped: Counter, problems: 
         log.info("gemmgen: graph %d: replaced %d matmuls (%s) by %d ops (%s); left %d to inductor (%s)",
                  _STATS["graphs"], sum(replaced.values()), _fmt(replaced), sum(patterns.values()),
                  _fmt(patterns), sum(skipped.values()), _fmt(skipped))
+
+
+def note_masks(outcomes: Counter) -> None:
+    _STATS["masks"].update(outcomes)
+    if outcomes:
+        log.info("gemmgen: attention masks: %s", _fmt(outcomes))
 
 
 def note_outcome(what: str, outcome: str) -> None:

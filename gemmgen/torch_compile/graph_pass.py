@@ -78,6 +78,7 @@ class PassOptions:
     baseline: str = "stock"
     min_gain_us: float | None = None
     join_siblings: bool = False
+    causal_masks: bool = True
     graphs: bool = False
 
     @property
