@@ -578,3 +578,23 @@ def test_tuning_missing_shapes_without_a_gpu_says_it_tunes_nothing(fresh):
     with pytest.warns(UserWarning, match="tune_missing=True needs a CUDA GPU"):
         out = compiled(x)
     assert torch.allclose(out, model(x), atol=1e-5)
+
+
+def test_the_cpu_example_of_the_docs_prints_what_its_comments_say(fresh, capsys):
+    """docs/torch_compile.md's CPU example: each printed dict is the one its comment shows, and
+    the logits stay within fp16 noise of eager's."""
+    import ast
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "torch_compile.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "LlamaConfig" in b]
+    exec(compile(example, "docs/torch_compile.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    comments = [line.split("#", 1)[1] for line in example.splitlines() if line.startswith("print(")]
+    assert len(printed) == len(comments) == 5
+    for out, comment in zip(printed, comments):
+        if "{" in comment:            # e.g. "{'causal': 2}: each layer's mask proven causal"
+            assert ast.literal_eval(out) == ast.literal_eval(comment[comment.index("{"):comment.index("}") + 1])
+        else:                          # "about 5e-4": the largest difference from eager
+            assert float(out) < 1e-2
