@@ -9,8 +9,9 @@ the H200 (docs/model_benchmark.md).
 This pass runs on dynamo's graph, before AOTAutograd. For each SDPA call with a mask it
 proves, or leaves alone:
 
-- the mask is a constant of the graph: none of its inputs is a graph input or attribute, and
-  no op among them draws random numbers or reads uninitialized memory;
+- the mask is a constant of the graph: none of its inputs is a graph input or attribute, no op
+  among them draws random numbers or reads uninitialized memory, and no op outside them writes
+  into them in place;
 - its value, computed once now, is the causal mask: q and kv of one length, and every
   (batch, head) slice equal to tril(ones) (bool), or 0 on and below the diagonal and -inf above
   (float).
@@ -27,8 +28,8 @@ import torch
 from torch import fx
 
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
-#: SDPA's parameters after (query, key, value), in order: positional arguments are named by them
-SDPA_PARAMS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+#: SDPA's parameters in order: positional arguments are named by them
+SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 #: ops whose value is not a function of their inputs: a mask computed with them is no constant
 UNSTABLE_WORDS = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "poisson", "exponential",
                   "cauchy", "geometric", "empty", "seed")
@@ -46,7 +47,7 @@ def make_masks_causal(gm: fx.GraphModule, device_types: tuple) -> Counter:
         mask = params.get("attn_mask")
         if not isinstance(mask, fx.Node) or params.get("is_causal"):
             continue
-        query, key = _example(node.args[0]), _example(node.args[1])
+        query, key = _example(params.get("query")), _example(params.get("key"))
         if query is None or key is None:
             outcomes["shapes_unknown"] += 1
             continue
@@ -57,7 +58,9 @@ def make_masks_causal(gm: fx.GraphModule, device_types: tuple) -> Counter:
         outcomes[verdicts[mask]] += 1
         if verdicts[mask] == "causal":
             params.update(attn_mask=None, is_causal=True)
-            node.args, node.kwargs = tuple(node.args[:3]), params
+            leading = tuple(node.args[:3])         # query, key, value stay where they were
+            node.args = leading
+            node.kwargs = {k: v for k, v in params.items() if k not in SDPA_PARAMS[:len(leading)]}
     if outcomes["causal"]:
         _drop_dead(gm.graph, list(verdicts))
         gm.recompile()
@@ -79,7 +82,8 @@ def is_causal_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
 
 
 def _sdpa_params(node: fx.Node) -> dict:
-    params = dict(zip(SDPA_PARAMS, node.args[3:]))
+    """The call's arguments by name, however it passed them."""
+    params = dict(zip(SDPA_PARAMS, node.args))
     params.update(node.kwargs)
     return params
 
@@ -96,7 +100,7 @@ def _verdict(gm: fx.GraphModule, mask: fx.Node, q_len, kv_len) -> str:
     ancestors = _ancestors(mask)
     if any(n.op in ("placeholder", "get_attr") for n in ancestors):
         return "mask_from_inputs"
-    if any(_unstable(n) or _mutated(n, ancestors) for n in ancestors):
+    if any(_unstable(n) for n in ancestors) or _written(ancestors):
         return "mask_not_constant"
     try:
         value = _evaluate(gm, ancestors, mask)
@@ -126,13 +130,18 @@ def _unstable(node: fx.Node) -> bool:
     return any(word in _name(node).lower() for word in UNSTABLE_WORDS)
 
 
-def _mutated(node: fx.Node, ancestors: list) -> bool:
-    """Whether an op outside the mask's computation writes into `node` in place (`x.tril_()`,
-    `x[i] = v`): the mask's inputs alone would not give its value then."""
-    def writes(user):
-        name = _name(user)
-        return name == "setitem" or (name.endswith("_") and not name.endswith("__"))
-    return any(writes(user) for user in node.users if user not in ancestors)
+def _written(ancestors: list) -> bool:
+    """Whether an op outside the mask's computation writes in place (`x.tril_()`, `x[i] = v`)
+    into a tensor made from one of its nodes, through views or not: the mask's nodes alone
+    would not give its value then. Conservative: any such write refuses the proof."""
+    inside = set(ancestors)
+    for node in ancestors[0].graph.nodes:
+        name = _name(node)
+        writes = name == "setitem" or (name.endswith("_") and not name.endswith("__"))
+        target = node.args[0] if node.args else None
+        if writes and node not in inside and isinstance(target, fx.Node) and inside & set(_ancestors(target)):
+            return True
+    return False
 
 
 def _evaluate(gm: fx.GraphModule, ancestors: list, mask: fx.Node):
@@ -151,5 +160,5 @@ def _drop_dead(graph: fx.Graph, masks: list) -> None:
     inductor's to judge)."""
     for mask in masks:
         for n in reversed(_ancestors(mask)):
-            if not n.users and not _unstable(n):
+            if not n.users:
                 graph.erase_node(n)
