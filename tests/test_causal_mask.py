@@ -91,6 +91,21 @@ def test_arguments_passed_by_name_are_read_and_kept():
     torch.testing.assert_close(out, ref)
 
 
+def test_a_shared_mask_is_judged_at_each_calls_lengths():
+    """A (1, 1) mask is causal for one query over one key, and broadcasts to one query over many,
+    where is_causal=True would keep only the first key."""
+    def fn(q, k, v, k_long, v_long):
+        keep = torch.ones(1, 1, dtype=torch.bool)
+        return attend(q, k, v, keep) + attend(q, k_long, v_long, keep)
+
+    q, k, v = (t[:, :, :1] for t in qkv())
+    _, k_long, v_long = qkv()
+    outcomes, calls, out, ref = rewritten(fn, q, k, v, k_long, v_long)
+    assert outcomes == {"causal": 1, "not_causal": 1}
+    assert calls[1]["attn_mask"] is not None
+    torch.testing.assert_close(out, ref)
+
+
 def test_a_mask_from_the_inputs_is_left_alone():
     def fn(q, k, v, keep):
         return attend(q, k, v, tril() & keep[:, None, None, :])

@@ -39,7 +39,7 @@ def make_masks_causal(gm: fx.GraphModule, device_types: tuple) -> Counter:
     """Rewrite the SDPA calls of `gm` (on `device_types`) whose masks are proven causal; the
     outcome of every masked call, counted: `causal` (rewritten) or why not."""
     outcomes: Counter = Counter()
-    verdicts: dict = {}                   # one evaluation per mask node: layers share it
+    verdicts: dict = {}     # (mask node, q length, kv length) -> verdict: layers share a mask
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in SDPA_TARGETS:
             continue
@@ -53,16 +53,22 @@ def make_masks_causal(gm: fx.GraphModule, device_types: tuple) -> Counter:
             continue
         if query.device.type not in device_types:
             continue
-        if mask not in verdicts:
-            verdicts[mask] = _verdict(gm, mask, query.shape[-2], key.shape[-2])
-        outcomes[verdicts[mask]] += 1
-        if verdicts[mask] == "causal":
+        q_len, kv_len = query.shape[-2], key.shape[-2]
+        if not (isinstance(q_len, int) and isinstance(kv_len, int)):
+            outcomes["symbolic_lengths"] += 1
+            continue
+        # keyed by the lengths too: a (1, 1) mask broadcasts to any (q, kv) and is causal at one only
+        seen = (mask, q_len, kv_len)
+        if seen not in verdicts:
+            verdicts[seen] = _verdict(gm, *seen)
+        outcomes[verdicts[seen]] += 1
+        if verdicts[seen] == "causal":
             params.update(attn_mask=None, is_causal=True)
             leading = tuple(node.args[:3])         # query, key, value stay where they were
             node.args = leading
             node.kwargs = {k: v for k, v in params.items() if k not in SDPA_PARAMS[:len(leading)]}
     if outcomes["causal"]:
-        _drop_dead(gm.graph, list(verdicts))
+        _drop_dead(gm.graph, list(dict.fromkeys(mask for mask, _, _ in verdicts)))
         gm.recompile()
     return outcomes
 
@@ -94,9 +100,7 @@ def _example(arg):
     return value if isinstance(value, torch.Tensor) else None
 
 
-def _verdict(gm: fx.GraphModule, mask: fx.Node, q_len, kv_len) -> str:
-    if not all(isinstance(n, int) for n in (q_len, kv_len)):
-        return "symbolic_lengths"
+def _verdict(gm: fx.GraphModule, mask: fx.Node, q_len: int, kv_len: int) -> str:
     ancestors = _ancestors(mask)
     if any(n.op in ("placeholder", "get_attr") for n in ancestors):
         return "mask_from_inputs"
