@@ -312,3 +312,29 @@ def test_prefill_masks_proven_causal_run_the_causal_kernel_and_match_eager(fresh
             out = compiled(ids, use_cache=False).logits
     assert torch_backend.stats()["masks"] == {"causal": LAYERS}
     assert rel_err(out, ref) < 5e-3
+
+
+def test_gate_up_inductor_joined_splits_where_the_parts_are_faster_and_matches_eager(fresh, tmp_path):
+    """Under freezing inductor joins gate and up into one product; with made-up records where the
+    two parts apart beat it (plumbing, not speed), the pass splits it back, each part runs its
+    recorded kernel, and the logits stay eager's."""
+    import torch._inductor.config as inductor_config
+
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.torch_compile.ops import clear_kernels
+
+    clear_cache(), clear_kernels()
+    model = tiny_llama().eval()
+    db = str(tmp_path / "user.sqlite")
+    ids = torch.randint(0, 256, (2, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    m, inter, hidden = ids.numel(), model.config.intermediate_size, model.config.hidden_size
+    record_triton_winners(db, [Problem(m, 2 * inter, hidden, "row", "col")], device_ms=0.010)
+    record_triton_winners(db, [Problem(m, inter, hidden, "row", "col")], device_ms=0.001)
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        ref = model(ids).logits
+        out = torch.compile(model, backend="gemmgen", dynamic=False, options={"db": db})(ids).logits
+    stats = torch_backend.stats()
+    assert stats["joins"].get("inductor_join_split") == LAYERS, stats
+    assert stats["problems"].get(f"{m}x{inter}x{hidden}:rcr:f16:f32:f16") == 2 * LAYERS, stats
+    assert rel_err(out, ref) < 1e-2

@@ -208,3 +208,121 @@ def test_gate_up_is_taken_only_where_the_gated_kernel_beats_two_matmuls_and_the_
     assert bool(nodes(gm.graph, torch.ops.gemmgen.gemm_gated.default)) == ("gated" in expected)
     # only a gated problem never tuned is listed for tuning
     assert (f"{M}x{N}x{K}:rcr:f16:f32:gate_silu_stacked+f16" in stats["missing"]) == (gated_ms == "never tuned")
+
+
+# -- products inductor's freezing joined itself: split back where the parts apart are faster --------
+
+
+def inductor_joined_mlp(w_cat, sizes):
+    """silu(gate) * up over one product of a row-major K x 2N constant cut by a split, the form
+    inductor's freezing (concat-linear) leaves; `sizes`: an int (aten.split) or a list
+    (aten.split_with_sizes)."""
+    def mlp(x):
+        parts = torch.mm(x.view(M, K), w_cat).split(sizes, dim=1)
+        if len(parts) != 2:
+            return parts
+        return torch.nn.functional.silu(parts[0]) * parts[1]
+    return mlp
+
+
+def traced_inductor_join(device, sizes=N):
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    decomposed = dict(decomposition_table=select_decomp_table())
+    wg, wu = weights()[2:]
+    if device == "cpu":
+        w_cat = torch.cat([wg.t(), wu.t()], dim=1)
+        gm = make_fx(inductor_joined_mlp(w_cat, sizes), **decomposed)(activation())
+        gm.graph.eliminate_dead_code()     # the decomposition's unused reads of the constant
+        return gm, (wg, wu)
+    with FakeTensorMode():
+        w_cat = torch.empty(K, 2 * N, dtype=torch.float16, device="cuda")       # row-major
+        x = torch.empty(2, M // 2, K, dtype=torch.float16, device="cuda")
+        return make_fx(inductor_joined_mlp(w_cat, sizes), **decomposed)(x), None
+
+
+@pytest.mark.parametrize("sizes", [N, [N, N]])
+def test_a_product_inductor_joined_splits_into_its_parts_with_the_models_weights(clean, sizes):
+    """The rewrite alone, on CPU: one mm a part over its own (N, K) weight read transposed (the
+    layout the model had), copied out of the joined constant, which leaves the graph."""
+    from gemmgen.torch_compile import rewrite
+    from gemmgen.torch_compile.inductor_joins import inductor_joins
+
+    gm, (wg, wu) = traced_inductor_join("cpu", sizes)
+    x = activation()
+    ref = gm(x)
+    (join,) = inductor_joins(gm.graph, ("cpu",))
+    assert join.sizes == (N, N)
+    joined_name = join.node.args[1].target
+    parts = rewrite.split_join(gm.graph, join)
+    gm.graph.lint()
+    gm.recompile()
+    assert len(parts) == 2 and not nodes(gm.graph, torch.ops.aten.split.Tensor)
+    assert not nodes(gm.graph, torch.ops.aten.split_with_sizes.default)
+    for part, w in zip(parts, (wg, wu)):
+        const = getattr(gm, part.args[1].args[0].target)            # B = permute(get_attr (N, K))
+        assert const.is_contiguous() and torch.equal(const, w)
+    assert not hasattr(gm, joined_name)
+    assert torch.equal(gm(x), ref)        # the same products, now apart
+
+
+def test_the_parts_of_a_join_are_read_off_its_split():
+    from gemmgen.torch_compile.inductor_joins import inductor_joins
+
+    gm, _ = traced_inductor_join("cpu", [N, N // 2, N // 2])
+    (join,) = inductor_joins(gm.graph, ("cpu",))
+    assert join.sizes == (N, N // 2, N // 2)
+    assert join.keys() is None                      # a CPU product: never decided by CUDA records
+    assert inductor_joins(gm.graph, ("cuda",)) == []
+
+
+@pytest.mark.parametrize("apart_ms, joined_ms, graphs, expected", [
+    (0.100, 0.250, False, "inductor_join_split"),          # 200 us apart against 250 joined
+    (0.100, 0.190, False, "inductor_join_column_major"),   # the joined product is faster: kept
+    (0.100, 0.203, False, "inductor_join_column_major"),   # 3 us saved: under the host's 5 us
+    (0.100, 0.203, True, "inductor_join_split"),           # under CUDA graphs: taken
+    (None, 0.250, False, "inductor_join_column_major"),    # the parts never measured: kept, listed
+])
+def test_a_product_inductor_joined_is_split_only_where_its_parts_measured_faster(
+        clean, tmp_path, apart_ms, joined_ms, graphs, expected):
+    from gemmgen.dsl.ir import Problem
+
+    db = tmp_path / "tuning.sqlite"
+    # Losing trials: each problem's time is its torch.matmul baseline.
+    record_winner(db, Problem(M, 2 * N, K, "row", "col"), device_ms=1.2 * joined_ms, baseline_ms=joined_ms)
+    if apart_ms:
+        record_winner(db, Problem(M, N, K, "row", "col"), device_ms=1.2 * apart_ms, baseline_ms=apart_ms)
+    gm, _ = traced_inductor_join("cuda")
+    GemmgenPass(PassOptions(db=str(db), graphs=graphs))(gm.graph)
+    gm.graph.lint()
+    stats = torch_backend.stats()
+    assert stats["joins"] == {expected: 1}
+    mms = nodes(gm.graph, torch.ops.aten.mm.default)
+    if expected == "inductor_join_split":
+        assert [tuple(mm.meta["val"].shape) for mm in mms] == [(M, N), (M, N)]
+    else:
+        (mm,) = mms
+        assert mm.args[1].meta["val"].stride() == (1, K)    # K x 2N, laid out column-major again
+    if apart_ms is None:                                     # listed for tuning
+        assert f"{M}x{N}x{K}:rcr:f16:f32:f16" in stats["missing"]
+
+
+def test_a_split_gate_and_up_compete_as_two_matmuls_for_the_gated_kernel(clean, tmp_path, monkeypatch):
+    """Split back, gate and up are the two-matmul form of a gated MLP: the gated kernel's
+    reference is then their times apart (200 us + the pointwise), not the joined product's."""
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.torch_compile import ops as torch_ops
+
+    db = tmp_path / "tuning.sqlite"
+    record_winner(db, Problem(M, 2 * N, K, "row", "col"), device_ms=0.3, baseline_ms=0.250)
+    record_winner(db, Problem(M, N, K, "row", "col"), device_ms=0.12, baseline_ms=0.100)
+    real = torch_ops.resolve
+    monkeypatch.setattr(torch_ops, "resolve",
+                        lambda key, db=None: fake_gated_kernel(0.150) if key[-1] == "silu" else real(key, db))
+    gm, _ = traced_inductor_join("cuda")
+    GemmgenPass(PassOptions(db=str(db), join_siblings=True))(gm.graph)
+    stats = torch_backend.stats()
+    assert stats["joins"] == {"inductor_join_split": 1} and stats["gated"] == {"gated": 1}
+    assert nodes(gm.graph, torch.ops.gemmgen.gemm_gated.default)

@@ -10,8 +10,10 @@ decompositions and before inductor's own post-grad patterns. Its three roles liv
 - rewriting (rewrite.py): the gemmgen ops, and weights joined at compile time as constants of
   the graph.
 
-Weights inductor's freezing joined itself (row-major, `cat([W_1^T, W_2^T], dim=1)`) are laid
-out column-major again first, the layout of the model's own weights, which cuBLAS ran faster.
+Products inductor's freezing joined itself (row-major, `cat([W_1^T, W_2^T], dim=1)`) come
+first: split back into their parts where the measured times favour the parts, else laid out
+column-major again, the layout of the model's own weights, which cuBLAS ran faster
+(inductor_joins.py).
 
 With `join_siblings`, gate/up pairs become one gated GEMM and other siblings one wider GEMM
 where the weights are constants of the graph (inductor's freezing, on while the model is first
@@ -48,6 +50,7 @@ from gemmgen.torch_compile.counts import (  # noqa: F401
     stats,
 )
 from gemmgen.torch_compile.decide import estimated_gain_us, in_graph_gain_us  # noqa: F401
+from gemmgen.torch_compile.inductor_joins import InductorJoin, inductor_joins
 from gemmgen.torch_compile.patterns import (  # noqa: F401
     BATCHED,
     MATMULS,
@@ -118,9 +121,8 @@ class GemmgenPass(CustomGraphPass):
     def __call__(self, graph: fx.Graph) -> None:
         opts = self.options
         replaced, found, skipped, problems = Counter(), Counter(), Counter(), Counter()
-        for node, index in patterns.row_major_joins(graph, opts.devices):
-            rewrite.relay_column_major(graph, node, index)
-            counts.note_outcome("joins", "inductor_join_column_major")
+        for join in inductor_joins(graph, opts.devices):
+            self._split_or_relay(graph, join)
         candidates = []
         for node in graph.nodes:
             if node.op != "call_function":
@@ -188,6 +190,26 @@ class GemmgenPass(CustomGraphPass):
             tune_keys(lacking, opts.db, opts.tune_budget, opts.tune_seconds, found=len(keys))
             kernels = lookup()
         return kernels
+
+    def _split_or_relay(self, graph: fx.Graph, join: InductorJoin) -> None:
+        """A product inductor's freezing joined: split back into its parts where the database's
+        times say so (decide.decide_split; tuning the unmeasured keys first if asked), else laid
+        out column-major again (inductor_joins.py)."""
+        keys = join.keys()
+        if keys is not None:
+            joined, parts = keys
+            kernels = self._kernels({joined, *parts}, lambda kern: decide.time_ms(kern) is None)
+            outcome = decide.decide_split(joined, parts, kernels, self.options.gain_threshold_us)
+            if outcome == "split":
+                rewrite.split_join(graph, join)
+                counts.note_outcome("joins", "inductor_join_split")
+                return
+            if outcome == "unmeasured":
+                for key in (joined, *parts):
+                    if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
+                        counts.note_missing(key)
+        rewrite.relay_column_major(graph, join.node, join.index)
+        counts.note_outcome("joins", "inductor_join_column_major")
 
     def _choose_gated(self, candidates: list) -> list:
         """The gate/up pairs worth one gated GEMM: on CUDA, those decide.decide_gated takes; on

@@ -446,32 +446,9 @@ def siblings_of_inputs(candidates: list) -> int:
                if len(members) > 1 and any(weight_constant(c) is None for c in members))
 
 
-def _split_dim(split: fx.Node):
+def split_dim(split: fx.Node):
     """The dim argument of an aten split node (0 where not given)."""
     return split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-
-
-def row_major_joins(graph: fx.Graph, devices) -> list:
-    """(matmul node, index of its B) for each fp16 mm or addmm on one of `devices` ("cuda",
-    "cpu") over a row-major constant B that only splits along N read: weights inductor's
-    freezing joined (concat_linear) as `cat([W_1^T, W_2^T], dim=1)`, where the model read each
-    (N_i, K) weight transposed. cuBLAS runs the joined product in that layout about 5 % slower
-    than the unjoined ones in theirs (a Qwen2.5-7B-shaped prefill, 4096 x 37888 x 3584: 1.58 ms
-    against 2 x 0.76 ms on the H200)."""
-    splits = (aten.split.Tensor, aten.split_with_sizes.default)
-    found = []
-    for node in graph.nodes:
-        if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
-            continue
-        index = 2 if node.target is aten.addmm.default else 1
-        value = constant_of(node.args[index])
-        if (value is None or value.dim() != 2 or value.dtype != torch.float16 or min(value.shape) < 2
-                or value.device.type not in devices or major_of(tuple(value.shape), value.stride()) != "row"):
-            continue
-        if node.users and all(u.op == "call_function" and u.target in splits and _split_dim(u) in (1, -1)
-                              for u in node.users):
-            found.append((node, index))
-    return found
 
 
 # -- gated MLPs: silu(x W_gate^T) * (x W_up^T) ----------------------------------------------------
@@ -569,7 +546,7 @@ def _prejoined(candidates: list) -> list:
         halves = {aten.split_with_sizes.default: [n2 // 2] * 2, aten.split.Tensor: n2 // 2}
         if split.target not in halves or n2 % 2 or _as_list(split.args[1]) != halves[split.target]:
             continue
-        if _split_dim(split) not in (1, -1):
+        if split_dim(split) not in (1, -1):
             continue
         items = {u.args[1]: u for u in split.users if u.target is operator.getitem}
         if set(items) != {0, 1} or len(split.users) != 2:

@@ -136,15 +136,47 @@ def _joined_weight(graph: fx.Graph, weights: list, like: fx.Node) -> fx.Node:
     return _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
 
 
+def _nk_copy(b: torch.Tensor) -> torch.Tensor:
+    """A contiguous (N, K) copy of a K x N B (`clone`, which fake tensors also take)."""
+    return b.t().clone(memory_format=torch.contiguous_format)
+
+
 def relay_column_major(graph: fx.Graph, node: fx.Node, index: int) -> None:
     """The matmul's constant B (`node.args[index]`, K x N row-major) replaced by a column-major
-    copy, made now: the layout the model's own weights had (`patterns.row_major_joins`)."""
+    copy, made now: the layout the model's own weights had (`inductor_joins`)."""
     old = node.args[index]
     value = constant_of(old)
     with graph.inserting_before(node):
-        new = add_constant(graph, _real(lambda: value.t().contiguous().t()), node)
+        new = add_constant(graph, _real(lambda: _nk_copy(value).t()), node)
     node.replace_input_with(old, new)
     drop_unused(graph, [old])
+
+
+def split_join(graph: fx.Graph, join) -> list:
+    """Inductor's joined product (`inductor_joins.InductorJoin`) as one `mm` a part, each over its
+    own (N_i, K) weight read transposed (copied now out of the joined constant): the products the
+    model had before freezing joined them. Returns the new matmul nodes."""
+    node, sizes = join.node, join.sizes
+    (split,) = node.users
+    a, old = node.args[0], node.args[join.index]
+    value = constant_of(old)
+    parts, start = [], 0
+    with graph.inserting_before(node):
+        for n in sizes:
+            weight = _real(lambda s=start, n=n: _nk_copy(value.narrow(1, s, n)))
+            const = add_constant(graph, weight, node)
+            b = _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
+            part = _call(graph, aten.mm.default, (a, b), a.meta["val"].new_empty((a.meta["val"].shape[0], n)))
+            _copy_meta(part, node)
+            parts.append(part)
+            start += n
+    for item in list(split.users):
+        item.replace_all_uses_with(parts[item.args[1]])
+        graph.erase_node(item)
+    graph.erase_node(split)
+    graph.erase_node(node)
+    drop_unused(graph, [old])
+    return parts
 
 
 def rewrite_siblings(graph: fx.Graph, join: Siblings) -> fx.Node:
