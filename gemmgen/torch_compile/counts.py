@@ -25,9 +25,9 @@ def stats() -> dict:
     - `problems` / `missing`: the gemmgen problem keys rewritten / left for want of a tuned kernel;
     - `joins` and `gated`: sibling groups and gate/up pairs found, by outcome (joined or gated,
       unmeasured, not_served, no_winner, gain_below_overhead, weights_not_constant); `joins` also counts
-      the products inductor's freezing joined that the pass split back into their parts, which
-      measured faster (inductor_join_split), or kept and laid out column-major again
-      (inductor_join_column_major; where a time was missing, its keys are in `missing`);
+      the products inductor's freezing joined that the pass split back into their parts
+      (inductor_join_split: the join had not measured faster, or a time was missing, whose keys
+      are then in `missing`) or kept and laid out column-major again (inductor_join_column_major);
     - `masks`: attention calls with a mask, by outcome: `causal` (the mask was proven causal and
       became `is_causal=True`; causal_mask.py) or why it stayed (mask_from_inputs, not_causal, ...);
     - `graphs`: graphs the pass ran on; `from_cache`: graphs served from inductor's compile

@@ -10,9 +10,8 @@ baseline, measured at the same M, N, K and majors.
 
 Joins and gated products compete with what inductor runs in their place:
 
-- a product inductor's freezing joined itself (inductor_joins.py): its measured time against
-  its parts' apart, which is what inductor runs without freezing;
-
+- a product inductor's freezing joined itself (inductor_joins.py): kept only where it measured
+  faster than its parts apart, which is what inductor runs without freezing;
 - siblings (q, k, v): the members' own times (their tuned kernels or baselines) added up,
   against the joined problem's time;
 - gate and up: the two matmuls' times added up (or, where inductor's freezing already joined
@@ -143,13 +142,15 @@ def decide_join(join: Siblings, kernels: dict, min_gain_us: float) -> str:
 
 
 def decide_split(joined_key: tuple, part_keys: tuple, kernels: dict, min_gain_us: float) -> str:
-    """split (inductor's joined product costs at least min_gain_us more than its parts apart),
-    kept, or unmeasured (a time is missing; the product is kept)."""
+    """kept (inductor's joined product measured at least min_gain_us faster than its parts
+    apart), else split: the parts are what inductor runs without the freezing the pass asked
+    for, so the join has to earn its place as any rewrite does; unmeasured where a time is
+    missing (split too)."""
     joined = time_ms(kernels[joined_key])
     apart = [time_ms(kernels[key]) for key in part_keys]
     if joined is None or None in apart:
         return "unmeasured"
-    return "split" if (joined - sum(apart)) * 1e3 >= min_gain_us else "kept"
+    return "kept" if (sum(apart) - joined) * 1e3 >= min_gain_us else "split"
 
 
 def gated_keys(pair: Gated) -> list:

@@ -11,9 +11,9 @@ decompositions and before inductor's own post-grad patterns. Its three roles liv
   the graph.
 
 Products inductor's freezing joined itself (row-major, `cat([W_1^T, W_2^T], dim=1)`) come
-first: split back into their parts where the measured times favour the parts, else laid out
-column-major again, the layout of the model's own weights, which cuBLAS ran faster
-(inductor_joins.py).
+first: kept where the measured times favour the join, and laid out column-major again, the
+layout of the model's own weights, which cuBLAS ran faster; split back into their parts
+elsewhere (inductor_joins.py).
 
 With `join_siblings`, gate/up pairs become one gated GEMM and other siblings one wider GEMM
 where the weights are constants of the graph (inductor's freezing, on while the model is first
@@ -192,22 +192,23 @@ class GemmgenPass(CustomGraphPass):
         return kernels
 
     def _split_or_relay(self, graph: fx.Graph, join: InductorJoin) -> None:
-        """A product inductor's freezing joined: split back into its parts where the database's
-        times say so (decide.decide_split; tuning the unmeasured keys first if asked), else laid
-        out column-major again (inductor_joins.py)."""
+        """A product inductor's freezing joined: on CUDA kept only where the database's times
+        say it beats its parts apart (decide.decide_split; tuning the unmeasured keys first if
+        asked), else split back into them; a kept one, and any the pass cannot split, laid out
+        column-major again (inductor_joins.py)."""
         keys = join.keys()
         if keys is not None:
             joined, parts = keys
             kernels = self._kernels({joined, *parts}, lambda kern: decide.time_ms(kern) is None)
             outcome = decide.decide_split(joined, parts, kernels, self.options.gain_threshold_us)
-            if outcome == "split":
-                rewrite.split_join(graph, join)
-                counts.note_outcome("joins", "inductor_join_split")
-                return
             if outcome == "unmeasured":
                 for key in (joined, *parts):
                     if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
                         counts.note_missing(key)
+            if outcome != "kept":
+                rewrite.split_join(graph, join)
+                counts.note_outcome("joins", "inductor_join_split")
+                return
         rewrite.relay_column_major(graph, join.node, join.index)
         counts.note_outcome("joins", "inductor_join_column_major")
 

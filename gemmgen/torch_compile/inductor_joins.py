@@ -3,10 +3,10 @@ matmuls of one activation by constant weights of one K become one `mm` (or `addm
 `cat([W_1^T, W_2^T, ...], dim=1)`, a row-major K x sum(N) constant, whose output a split cuts
 back into the members' parts. Llama's gate and up are joined so.
 
-The pass then either lays that weight out column-major again, the layout the model's own
-weights had (cuBLAS ran the row-major one about 5 % slower: a Qwen2.5-7B-shaped prefill,
-4096 x 37888 x 3584, 1.58 ms against 2 x 0.76 ms on the H200), or, where the database's times
-say the parts apart are faster than the joined product, splits it back into one matmul a part:
+The pass keeps such a product only where the database's times say it beats its parts apart,
+and then lays its weight out column-major again, the layout the model's own weights had (cuBLAS
+ran the row-major one about 5 % slower: a Qwen2.5-7B-shaped prefill, 4096 x 37888 x 3584,
+1.58 ms against 2 x 0.76 ms on the H200). Elsewhere it splits it back into one matmul a part,
 what inductor runs without freezing (decide.decide_split).
 """
 from __future__ import annotations

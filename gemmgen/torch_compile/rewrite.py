@@ -15,6 +15,7 @@ from torch import fx
 from torch._guards import detect_fake_mode
 
 from gemmgen.torch_compile import ops as torch_ops
+from gemmgen.torch_compile.inductor_joins import InductorJoin
 from gemmgen.torch_compile.patterns import (
     Candidate,
     Gated,
@@ -152,10 +153,10 @@ def relay_column_major(graph: fx.Graph, node: fx.Node, index: int) -> None:
     drop_unused(graph, [old])
 
 
-def split_join(graph: fx.Graph, join) -> list:
-    """Inductor's joined product (`inductor_joins.InductorJoin`) as one `mm` a part, each over its
-    own (N_i, K) weight read transposed (copied now out of the joined constant): the products the
-    model had before freezing joined them. Returns the new matmul nodes."""
+def split_join(graph: fx.Graph, join: InductorJoin) -> list:
+    """Inductor's joined product as one `mm` a part, each over its own (N_i, K) weight read
+    transposed (copied now out of the joined constant): the products the model had before
+    freezing joined them. Returns the new matmul nodes."""
     node, sizes = join.node, join.sizes
     (split,) = node.users
     a, old = node.args[0], node.args[join.index]
