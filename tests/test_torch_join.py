@@ -210,7 +210,7 @@ def test_gate_up_is_taken_only_where_the_gated_kernel_beats_two_matmuls_and_the_
     assert (f"{M}x{N}x{K}:rcr:f16:f32:gate_silu_stacked+f16" in stats["missing"]) == (gated_ms == "never tuned")
 
 
-# -- products inductor's freezing joined itself: split back where the parts apart are faster --------
+# -- products inductor's freezing joined itself: kept only where measured faster than the parts ----
 
 
 def inductor_joined_mlp(w_cat, sizes):
