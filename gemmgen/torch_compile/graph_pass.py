@@ -202,9 +202,7 @@ class GemmgenPass(CustomGraphPass):
             kernels = self._kernels({joined, *parts}, lambda kern: decide.time_ms(kern) is None)
             outcome = decide.decide_split(joined, parts, kernels, self.options.gain_threshold_us)
             if outcome == "unmeasured":
-                for key in (joined, *parts):
-                    if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
-                        counts.note_missing(key)
+                _note_untimed((joined, *parts), kernels)
             if outcome != "kept":
                 rewrite.split_join(graph, join)
                 counts.note_outcome("joins", "inductor_join_split")
@@ -243,9 +241,7 @@ class GemmgenPass(CustomGraphPass):
                 continue
             counts.note_outcome(kind, outcome)
             if outcome == "unmeasured":
-                for key in keys_of(group):
-                    if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
-                        counts.note_missing(key)
+                _note_untimed(keys_of(group), kernels)
         for _ in chosen:
             counts.note_outcome(kind, taken)
         return chosen
@@ -265,6 +261,13 @@ class GemmgenPass(CustomGraphPass):
                                 and kern.provenance.baseline_ms_here is None)
         for cand in cuda:
             decide.choose_single(cand, kernels, opts.gain_threshold_us, opts.baseline, skipped)
+
+
+def _note_untimed(keys, kernels: dict) -> None:
+    """List for tuning each of the keys gemmgen serves with no measured time."""
+    for key in keys:
+        if kernels[key] is not None and decide.time_ms(kernels[key]) is None:
+            counts.note_missing(key)
 
 
 def _database_state(db) -> tuple:
