@@ -592,7 +592,7 @@ def test_the_cpu_example_of_the_docs_prints_what_its_comments_say(fresh, capsys)
     exec(compile(example, "docs/torch_compile.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     comments = [line.split("#", 1)[1] for line in example.splitlines() if line.startswith("print(")]
-    assert len(printed) == len(comments) == 5
+    assert len(printed) == len(comments) == 6
     for out, comment in zip(printed, comments):
         if "{" in comment:            # e.g. "{'causal': 2}: each layer's mask proven causal"
             assert ast.literal_eval(out) == ast.literal_eval(comment[comment.index("{"):comment.index("}") + 1])

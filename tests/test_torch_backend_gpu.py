@@ -298,10 +298,11 @@ def test_a_dynamic_batch_runs_kernels_served_per_m(fresh, tmp_path):
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["plain", "cuda_graphs"])
-def test_prefill_masks_proven_causal_run_the_causal_kernel_and_match_eager(fresh, tmp_path, graphs):
+def test_prefill_masks_proven_causal_and_grouped_kv_heads_match_eager(fresh, tmp_path, graphs):
     """The mask transformers materializes under tracing becomes is_causal=True on the GPU too,
-    with and without CUDA graphs, and the logits stay eager's (a causal kernel that skipped
-    wrongly, or a mask dropped that was not causal, would move them far past fp16 noise)."""
+    and the repeated KV heads enable_gqa, with and without CUDA graphs, and the logits stay
+    eager's (a causal kernel that skipped wrongly, a mask dropped that was not causal, or KV
+    heads matched to the wrong query heads would move them far past fp16 noise)."""
     model = tiny_llama().eval()
     options = {"db": str(tmp_path / "none.sqlite"), "mode": "reduce-overhead" if graphs else None}
     ids = torch.randint(0, 256, (2, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -311,6 +312,7 @@ def test_prefill_masks_proven_causal_run_the_causal_kernel_and_match_eager(fresh
         for _ in range(3):      # CUDA graph trees record on the second call and replay after
             out = compiled(ids, use_cache=False).logits
     assert torch_backend.stats()["masks"] == {"causal": LAYERS}
+    assert torch_backend.stats()["kv_heads"] == {"grouped": LAYERS}
     assert rel_err(out, ref) < 5e-3
 
 

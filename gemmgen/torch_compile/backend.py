@@ -4,7 +4,8 @@ The backend is inductor's own compiler (`compile_fx`) with one post-grad graph p
 added (graph_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because the pass is
 given to inductor as a config patch, it applies to the forward graph and to the backward graph inductor compiles
 later. Before inductor sees dynamo's graph, attention masks proven causal become
-`is_causal=True` (causal_mask.py). Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
+`is_causal=True` (causal_mask.py), and K and V heads repeated per query group are handed to
+SDPA once, with `enable_gqa=True` (grouped_kv.py). Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
 
     ops           which matmuls to take and which epilogues to fuse (subset of "mm", "addmm",
                   "relu", "gelu", "silu", "residual", "gated"; default all)
@@ -30,6 +31,9 @@ later. Before inductor sees dynamo's graph, attention masks proven causal become
     causal_masks  give SDPA `is_causal=True` in place of a mask proven at compile time to be the
                   causal mask (transformers materializes it under tracing, and the kernel then
                   computes the blocks the causal form skips; causal_mask.py). Default True
+    grouped_kv    give SDPA `enable_gqa=True` and the KV heads once, in place of K and V proven
+                  to be their heads repeated per query group (transformers' repeat_kv), on calls
+                  with no mask (grouped_kv.py). Default True
     db            tuning database path (default: GEMMGEN_DB or ~/.cache/gemmgen/tuning.sqlite)
     mode          an inductor mode ("reduce-overhead": CUDA graphs; "max-autotune", ...) for
                   backend="gemmgen" with options= (torch.compile takes mode= or options=, not both)
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gemmgen.errors import GemmgenError, finite_number
-from gemmgen.torch_compile import causal_mask, counts
+from gemmgen.torch_compile import causal_mask, counts, grouped_kv
 from gemmgen.torch_compile import graph_pass as torch_pass
 from gemmgen.torch_compile import ops as torch_ops
 from gemmgen.torch_compile.counts import missing_keys, reset_stats, stats
@@ -62,7 +66,7 @@ _BASELINES = ("stock", "op")
 #: Where the pass goes in inductor's config (the first of the post-grad passes).
 PASS_SLOT = "post_grad_custom_pre_pass"
 _OPTION_NAMES = ("ops", "devices", "baseline", "tune_missing", "tune_budget", "tune_seconds", "min_gain_us",
-                 "join_siblings", "causal_masks", "db", "inductor", "mode")
+                 "join_siblings", "causal_masks", "grouped_kv", "db", "inductor", "mode")
 
 
 class TorchBackendError(GemmgenError):
@@ -72,7 +76,7 @@ class TorchBackendError(GemmgenError):
 def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
                  tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float | None = None,
                  db=None, join_siblings: bool = False, tune_seconds: float | None = None,
-                 causal_masks: bool = True) -> PassOptions:
+                 causal_masks: bool = True, grouped_kv: bool = True) -> PassOptions:
     """Validated PassOptions from user values."""
     ops = (ops,) if isinstance(ops, str) else tuple(ops)
     devices = (devices,) if isinstance(devices, str) else tuple(devices)
@@ -90,7 +94,8 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
         raise TorchBackendError(f"tune_seconds must be a positive number of seconds, got {tune_seconds!r}")
     if min_gain_us is not None and not (finite_number(min_gain_us) and min_gain_us >= 0):
         raise TorchBackendError(f"min_gain_us must be a number >= 0, got {min_gain_us!r}")
-    for name, value in (("join_siblings", join_siblings), ("causal_masks", causal_masks)):
+    for name, value in (("join_siblings", join_siblings), ("causal_masks", causal_masks),
+                        ("grouped_kv", grouped_kv)):
         if not isinstance(value, bool):
             raise TorchBackendError(f"{name} must be True or False, got {value!r}")
     if db is not None and Path(db).exists():   # a file that is not a tuning database: said now, not skipped later
@@ -101,17 +106,17 @@ def pass_options(ops: Iterable[str] = OP_KINDS, devices: Iterable[str] = ("cuda"
     return PassOptions(ops=ops, devices=devices, tune_missing=bool(tune_missing), tune_budget=tune_budget,
                        db=None if db is None else str(db), baseline=baseline,
                        min_gain_us=None if min_gain_us is None else float(min_gain_us),
-                       join_siblings=join_siblings, causal_masks=causal_masks,
+                       join_siblings=join_siblings, causal_masks=causal_masks, grouped_kv=grouped_kv,
                        tune_seconds=None if tune_seconds is None else float(tune_seconds))
 
 
 def make_backend(ops: Iterable[str] = OP_KINDS, *, devices: Iterable[str] = ("cuda",), baseline: str = "stock",
                  tune_missing: bool = False, tune_budget: int = 8, min_gain_us: float | None = None, db=None,
                  join_siblings: bool = False, inductor: Mapping[str, Any] | None = None,
-                 tune_seconds: float | None = None, causal_masks: bool = True):
+                 tune_seconds: float | None = None, causal_masks: bool = True, grouped_kv: bool = True):
     """A torch.compile backend with these options: torch.compile(m, backend=make_backend(...))."""
     chosen = pass_options(ops, devices, baseline, tune_missing, tune_budget, min_gain_us, db, join_siblings,
-                          tune_seconds, causal_masks)
+                          tune_seconds, causal_masks, grouped_kv)
     patches = dict(inductor or {})
 
     def backend(gm, example_inputs, mode: str | None = None, options: dict | None = None):
@@ -138,7 +143,7 @@ def gemmgen_backend(gm, example_inputs, mode: str | None = None, options: dict |
 def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: str | None = None,
                       inductor: Mapping[str, Any] | None = None):
     """Inductor's compile_fx with the gemmgen pass patched in (forward and backward graphs),
-    after the causal-mask rewrite of dynamo's graph."""
+    after the causal-mask and grouped-KV rewrites of dynamo's graph."""
     # Deferred: torch (optional, heavy to import).
     import torch._inductor
     import torch._inductor.config as inductor_config
@@ -147,6 +152,8 @@ def compile_with_pass(gm, example_inputs, options: PassOptions, *, mode: str | N
     torch_ops.set_lookup_db(options.db)
     if options.causal_masks:
         counts.note_masks(causal_mask.make_masks_causal(gm, options.devices))
+    if options.grouped_kv:       # after the masks: only calls left with none are grouped
+        counts.note_kv_heads(grouped_kv.group_kv_heads(gm, options.devices))
     if options.tune_missing and not torch.cuda.is_available():
         warnings.warn("gemmgen backend: tune_missing=True needs a CUDA GPU to measure on; this compile "
                       "tunes nothing", stacklevel=2)

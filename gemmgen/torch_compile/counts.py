@@ -8,7 +8,7 @@ from gemmgen.torch_compile import ops as torch_ops
 
 log = logging.getLogger("gemmgen.torch")
 
-_COUNTERS = ("replaced", "patterns", "skipped", "problems", "missing", "joins", "gated", "masks")
+_COUNTERS = ("replaced", "patterns", "skipped", "problems", "missing", "joins", "gated", "masks", "kv_heads")
 _STATS: dict = {**{name: Counter() for name in _COUNTERS}, "graphs": 0, "from_cache": 0}
 _MISSING_KEYS: dict = {}     # op key -> None, in first-seen order: what tuning would serve
 
@@ -30,6 +30,9 @@ def stats() -> dict:
       are then in `missing`) or kept and laid out column-major again (inductor_join_column_major);
     - `masks`: attention calls with a mask, by outcome: `causal` (the mask was proven causal and
       became `is_causal=True`; causal_mask.py) or why it stayed (mask_from_inputs, not_causal, ...);
+    - `kv_heads`: attention calls whose K and V repeat their heads per query group, by outcome:
+      `grouped` (SDPA reads the heads once, `enable_gqa=True`; grouped_kv.py) or why not
+      (`masked`: the call kept a mask, ...);
     - `graphs`: graphs the pass ran on; `from_cache`: graphs served from inductor's compile
       caches (FX graph, AOTAutograd), on which the pass did not run, so their rewrites (made when
       the cache was filled) are not in the counts."""
@@ -76,6 +79,12 @@ def note_masks(outcomes: Counter) -> None:
     _STATS["masks"].update(outcomes)
     if outcomes:
         log.info("gemmgen: attention masks: %s", _fmt(outcomes))
+
+
+def note_kv_heads(outcomes: Counter) -> None:
+    _STATS["kv_heads"].update(outcomes)
+    if outcomes:
+        log.info("gemmgen: repeated KV heads: %s", _fmt(outcomes))
 
 
 def note_outcome(what: str, outcome: str) -> None:

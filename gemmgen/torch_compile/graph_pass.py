@@ -82,6 +82,7 @@ class PassOptions:
     min_gain_us: float | None = None
     join_siblings: bool = False
     causal_masks: bool = True
+    grouped_kv: bool = True
     graphs: bool = False
 
     @property
