@@ -35,12 +35,14 @@ def tile_kv(x, groups):
 
 
 def rewritten(fn, *inputs):
-    """(outcomes, SDPA calls as (args, kwargs) after the rewrite, compiled output, eager output)."""
+    """(outcomes, SDPA calls as (args, kwargs) after the rewrite, compiled output, eager output);
+    the graph's op targets after the rewrite in `rewritten.targets`."""
     seen = {}
 
     def backend(gm, example_inputs):
         seen["outcomes"] = group_kv_heads(gm, ("cpu",))
         seen["calls"] = [(n.args, n.kwargs) for n in gm.graph.nodes if n.target in SDPA_TARGETS]
+        rewritten.targets = [n.target for n in gm.graph.nodes]
         return gm.forward
 
     torch._dynamo.reset()
@@ -63,6 +65,7 @@ def test_repeated_heads_are_handed_once_with_enable_gqa_and_compute_the_same():
     (args, kwargs), = calls
     assert kwargs["enable_gqa"] is True and kwargs["is_causal"] is True
     assert [a.meta["example_value"].shape[1] for a in args[1:]] == [KV_HEADS, KV_HEADS]   # the sources
+    assert "expand" not in rewritten.targets and "reshape" not in rewritten.targets     # the repeats dropped
     torch.testing.assert_close(out, ref)
 
 
@@ -71,7 +74,7 @@ def test_heads_tiled_in_the_other_order_are_not_sdpas_grouping_and_stay():
         return F.scaled_dot_product_attention(q, tile_kv(k, 2), tile_kv(v, 2), is_causal=True)
 
     outcomes, calls, out, ref = rewritten(fn, *qkv())
-    assert outcomes == {}
+    assert outcomes == {"repeat_not_proven": 1}
     assert "enable_gqa" not in calls[0][1]
     torch.testing.assert_close(out, ref)
 
@@ -89,6 +92,18 @@ def test_a_call_with_a_mask_or_one_repeated_operand_is_left_alone():
     torch.testing.assert_close(out, ref)
     outcomes, calls, out, ref = rewritten(one_repeated, q, k, v)
     assert outcomes == {"kv_not_both_repeated": 1} and "enable_gqa" not in calls[0][1]
+    torch.testing.assert_close(out, ref)
+
+
+def test_a_repeat_too_large_to_prove_is_left_alone_and_counted(monkeypatch):
+    monkeypatch.setattr("gemmgen.torch_compile.grouped_kv.MAX_PROOF_ELEMENTS", B * HEADS * L * D - 1)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), is_causal=True)
+
+    outcomes, calls, out, ref = rewritten(fn, *qkv())
+    assert outcomes == {"repeat_too_large_to_prove": 1} and "enable_gqa" not in calls[0][1]
+    assert rewritten.targets.count("expand") == 2
     torch.testing.assert_close(out, ref)
 
 

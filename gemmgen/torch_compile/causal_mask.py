@@ -43,11 +43,11 @@ def make_masks_causal(gm: fx.GraphModule, device_types: tuple) -> Counter:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in SDPA_TARGETS:
             continue
-        params = _sdpa_params(node)
+        params = sdpa_params(node)
         mask = params.get("attn_mask")
         if not isinstance(mask, fx.Node) or params.get("is_causal"):
             continue
-        query, key = _example(params.get("query")), _example(params.get("key"))
+        query, key = example_value(params.get("query")), example_value(params.get("key"))
         if query is None or key is None:
             outcomes["shapes_unknown"] += 1
             continue
@@ -87,14 +87,14 @@ def is_causal_mask(mask: torch.Tensor, q_len: int, kv_len: int) -> bool:
     return torch.equal(mask.float(), additive.expand_as(mask))
 
 
-def _sdpa_params(node: fx.Node) -> dict:
+def sdpa_params(node: fx.Node) -> dict:
     """The call's arguments by name, however it passed them."""
     params = dict(zip(SDPA_PARAMS, node.args))
     params.update(node.kwargs)
     return params
 
 
-def _example(arg):
+def example_value(arg):
     """The fake tensor dynamo recorded for a node, if any."""
     value = arg.meta.get("example_value") if isinstance(arg, fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None

@@ -32,7 +32,7 @@ def stats() -> dict:
       became `is_causal=True`; causal_mask.py) or why it stayed (mask_from_inputs, not_causal, ...);
     - `kv_heads`: attention calls whose K and V repeat their heads per query group, by outcome:
       `grouped` (SDPA reads the heads once, `enable_gqa=True`; grouped_kv.py) or why not
-      (`masked`: the call kept a mask, ...);
+      (`masked`: the call kept a mask; `repeat_not_proven`, `repeat_too_large_to_prove`, ...);
     - `graphs`: graphs the pass ran on; `from_cache`: graphs served from inductor's compile
       caches (FX graph, AOTAutograd), on which the pass did not run, so their rewrites (made when
       the cache was filled) are not in the counts."""
