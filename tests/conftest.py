@@ -90,3 +90,17 @@ def shipped_gpu():
     if name not in shipped_database().device_names():
         pytest.skip(f"the shipped records hold no measurement on {name}")
     return name
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A clean dynamo and empty torch-backend stats before the test; dynamo reset after it."""
+    # Deferred: torch, only for the tests that compile.
+    import torch
+
+    from gemmgen.torch_compile import backend as torch_backend
+
+    torch._dynamo.reset()
+    torch_backend.reset_stats()
+    yield
+    torch._dynamo.reset()

@@ -6,19 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from gemmgen.torch_compile import backend as torch_backend
-from gemmgen.torch_compile.causal_mask import SDPA_TARGETS, is_causal_mask, make_masks_causal
+from gemmgen.torch_compile.causal_mask import is_causal_mask, make_masks_causal
+from dynamo_rewrite import run_rewrite
 
 transformers = pytest.importorskip("transformers")
 
 L = 8
-
-
-@pytest.fixture
-def fresh():
-    torch._dynamo.reset()
-    torch_backend.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 def tril(n=L, m=L):
@@ -47,16 +40,8 @@ def test_anything_else_is_not_causal(mask, why):
 
 def rewritten(fn, *inputs):
     """(outcomes, SDPA kwargs after the rewrite, compiled output, eager output) of `fn`."""
-    seen = {}
-
-    def backend(gm, example_inputs):
-        seen["outcomes"] = make_masks_causal(gm, ("cpu",))
-        seen["calls"] = [n.kwargs for n in gm.graph.nodes if n.target in SDPA_TARGETS]
-        return gm.forward
-
-    torch._dynamo.reset()
-    out = torch.compile(fn, backend=backend, dynamic=False)(*inputs)
-    return seen["outcomes"], seen["calls"], out, fn(*inputs)
+    outcomes, calls, _, out, ref = run_rewrite(fn, lambda gm: make_masks_causal(gm, ("cpu",)), *inputs)
+    return outcomes, [kwargs for _, kwargs in calls], out, ref
 
 
 def qkv():
@@ -170,7 +155,7 @@ def tiny(family: str):
 
 
 @pytest.mark.parametrize("family", ["Llama", "Qwen2", "Mistral"])
-def test_decoder_prefill_masks_become_causal_and_logits_match_eager(fresh, family):
+def test_decoder_prefill_masks_become_causal_and_logits_match_eager(fresh_dynamo, family):
     model = tiny(family)
     ids = torch.randint(0, 128, (2, L), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -181,7 +166,7 @@ def test_decoder_prefill_masks_become_causal_and_logits_match_eager(fresh, famil
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
 
 
-def test_padding_keeps_the_mask_and_the_option_turns_the_rewrite_off(fresh):
+def test_padding_keeps_the_mask_and_the_option_turns_the_rewrite_off(fresh_dynamo):
     model = tiny("Llama")
     ids = torch.randint(0, 128, (2, L), generator=torch.Generator().manual_seed(1))
     padded = torch.ones(2, L, dtype=torch.long)

@@ -6,20 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from gemmgen.torch_compile import backend as torch_backend
-from gemmgen.torch_compile.causal_mask import SDPA_TARGETS
 from gemmgen.torch_compile.grouped_kv import group_kv_heads
+from dynamo_rewrite import run_rewrite
 
 transformers = pytest.importorskip("transformers")
 
 B, HEADS, KV_HEADS, L, D = 2, 4, 2, 8, 16
-
-
-@pytest.fixture
-def fresh():
-    torch._dynamo.reset()
-    torch_backend.reset_stats()
-    yield
-    torch._dynamo.reset()
 
 
 def repeat_kv(x, groups):
@@ -37,17 +29,8 @@ def tile_kv(x, groups):
 def rewritten(fn, *inputs):
     """(outcomes, SDPA calls as (args, kwargs) after the rewrite, compiled output, eager output);
     the graph's op targets after the rewrite in `rewritten.targets`."""
-    seen = {}
-
-    def backend(gm, example_inputs):
-        seen["outcomes"] = group_kv_heads(gm, ("cpu",))
-        seen["calls"] = [(n.args, n.kwargs) for n in gm.graph.nodes if n.target in SDPA_TARGETS]
-        rewritten.targets = [n.target for n in gm.graph.nodes]
-        return gm.forward
-
-    torch._dynamo.reset()
-    out = torch.compile(fn, backend=backend, dynamic=False)(*inputs)
-    return seen["outcomes"], seen["calls"], out, fn(*inputs)
+    outcomes, calls, rewritten.targets, out, ref = run_rewrite(fn, lambda gm: group_kv_heads(gm, ("cpu",)), *inputs)
+    return outcomes, calls, out, ref
 
 
 def qkv():
@@ -119,7 +102,7 @@ CPU = {"devices": ("cuda", "cpu"), "ops": ()}
 
 
 @pytest.mark.parametrize("family", ["Llama", "Qwen2", "Mistral"])
-def test_decoder_prefill_groups_its_kv_heads_after_the_mask_is_proven_causal(fresh, family):
+def test_decoder_prefill_groups_its_kv_heads_after_the_mask_is_proven_causal(fresh_dynamo, family):
     model = tiny(family, kv_heads=2)
     ids = torch.randint(0, 128, (2, L), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -129,7 +112,7 @@ def test_decoder_prefill_groups_its_kv_heads_after_the_mask_is_proven_causal(fre
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-3, rtol=2e-3)
 
 
-def test_padding_keeps_the_repeat_the_option_turns_it_off_and_full_heads_have_none(fresh):
+def test_padding_keeps_the_repeat_the_option_turns_it_off_and_full_heads_have_none(fresh_dynamo):
     ids = torch.randint(0, 128, (2, L), generator=torch.Generator().manual_seed(1))
     padded = torch.ones(2, L, dtype=torch.long)
     padded[1, :3] = 0
