@@ -52,6 +52,18 @@ def test_repeated_heads_are_handed_once_with_enable_gqa_and_compute_the_same():
     torch.testing.assert_close(out, ref)
 
 
+def test_one_repeat_used_as_key_and_value_is_grouped_once():
+    def fn(q, k):
+        kv = repeat_kv(k, 2)
+        return F.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+
+    q, k, _ = qkv()
+    outcomes, calls, out, ref = rewritten(fn, q, k)
+    assert outcomes == {"grouped": 1} and calls[0][0][1] is calls[0][0][2]
+    assert "expand" not in rewritten.targets
+    torch.testing.assert_close(out, ref)
+
+
 def test_heads_tiled_in_the_other_order_are_not_sdpas_grouping_and_stay():
     def fn(q, k, v):
         return F.scaled_dot_product_attention(q, tile_kv(k, 2), tile_kv(v, 2), is_causal=True)

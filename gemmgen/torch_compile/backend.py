@@ -5,7 +5,8 @@ added (graph_pass.py; a CustomGraphPass in `post_grad_custom_pre_pass`). Because
 given to inductor as a config patch, it applies to the forward graph and to the backward graph inductor compiles
 later. Before inductor sees dynamo's graph, attention masks proven causal become
 `is_causal=True` (causal_mask.py), and K and V heads repeated per query group are handed to
-SDPA once, with `enable_gqa=True` (grouped_kv.py). Options come from `torch.compile(..., options={...})` or `make_backend(...)`:
+SDPA once, with `enable_gqa=True` (grouped_kv.py). Options come from
+`torch.compile(..., options={...})` or `make_backend(...)`:
 
     ops           which matmuls to take and which epilogues to fuse (subset of "mm", "addmm",
                   "relu", "gelu", "silu", "residual", "gated"; default all)

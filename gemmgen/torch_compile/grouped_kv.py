@@ -65,10 +65,11 @@ def group_kv_heads(gm: fx.GraphModule, device_types: tuple) -> Counter:
             node.args = (params.pop("query"), params.pop("key"), params.pop("value"))
             node.kwargs = params
     if outcomes["grouped"]:
-        for last in dropped:       # only the repeats: other dead code is inductor's to judge
-            for n in reversed(_view_chain(last)):
-                if not n.users:
-                    gm.graph.erase_node(n)
+        # only the repeats, users before what they use: other dead code is inductor's to judge
+        repeats = {n for last in dropped for n in _view_chain(last)}
+        for n in reversed([n for n in gm.graph.nodes if n in repeats]):
+            if not n.users:
+                gm.graph.erase_node(n)
         gm.recompile()
     return outcomes
 
