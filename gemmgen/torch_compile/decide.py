@@ -147,15 +147,21 @@ def join_keys(join: Siblings) -> list:
     return [join.key(), *(c.key(fused=False) for c in join.members)]
 
 
+def _join_pays(joined_key: tuple, part_keys, kernels: dict, min_gain_us: float) -> bool | None:
+    """Whether the joined product's time beats its parts' added up by `required_gain_us`; None
+    where a time is missing."""
+    joined = time_ms(kernels[joined_key])
+    apart = [time_ms(kernels[key]) for key in part_keys]
+    if joined is None or None in apart:
+        return None
+    return (sum(apart) - joined) * 1e3 >= required_gain_us(sum(apart) * 1e3, min_gain_us)
+
+
 def decide_join(join: Siblings, kernels: dict, min_gain_us: float) -> str:
     """joined, or why not: unmeasured (a time is missing), gain_below_overhead (it saves under
     `required_gain_us`). The members' reference keeps their bias (cuBLAS applies it in the matmul)."""
-    apart = [time_ms(kernels[c.key(fused=False)]) for c in join.members]
-    joined = time_ms(kernels[join.key()])
-    if joined is None or None in apart:
-        return "unmeasured"
-    gain = (sum(apart) - joined) * 1e3
-    return "joined" if gain >= required_gain_us(sum(apart) * 1e3, min_gain_us) else "gain_below_overhead"
+    pays = _join_pays(join.key(), [c.key(fused=False) for c in join.members], kernels, min_gain_us)
+    return "unmeasured" if pays is None else "joined" if pays else "gain_below_overhead"
 
 
 def decide_split(joined_key: tuple, part_keys: tuple, kernels: dict, min_gain_us: float) -> str:
@@ -163,12 +169,8 @@ def decide_split(joined_key: tuple, part_keys: tuple, kernels: dict, min_gain_us
     apart), else split: the parts are what inductor runs without the freezing the pass asked
     for, so the join has to earn its place as any rewrite does; unmeasured where a time is
     missing (split too)."""
-    joined = time_ms(kernels[joined_key])
-    apart = [time_ms(kernels[key]) for key in part_keys]
-    if joined is None or None in apart:
-        return "unmeasured"
-    gain = (sum(apart) - joined) * 1e3
-    return "kept" if gain >= required_gain_us(sum(apart) * 1e3, min_gain_us) else "split"
+    pays = _join_pays(joined_key, part_keys, kernels, min_gain_us)
+    return "unmeasured" if pays is None else "kept" if pays else "split"
 
 
 def gated_keys(pair: Gated) -> list:

@@ -132,8 +132,13 @@ def _chain(node: fx.Node) -> list:
 def _joined_weight(graph: fx.Graph, weights: list, like: fx.Node) -> fx.Node:
     """K x sum(N) column-major B over the (N_i, K) weights, joined now: the get_attr of the joined
     (sum N, K) row-major constant, and its transpose."""
-    joined = _real(lambda: torch.cat([w.contiguous() for w in weights]).contiguous())
-    const = add_constant(graph, joined, like)
+    return _read_transposed(graph, _real(lambda: torch.cat([w.contiguous() for w in weights]).contiguous()), like)
+
+
+def _read_transposed(graph: fx.Graph, weight: torch.Tensor, like: fx.Node) -> fx.Node:
+    """A (N, K) row-major weight as a new constant of the graph, and its transpose: a K x N
+    column-major B."""
+    const = add_constant(graph, weight, like)
     return _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
 
 
@@ -164,9 +169,7 @@ def split_join(graph: fx.Graph, join: InductorJoin) -> list:
     parts, start = [], 0
     with graph.inserting_before(node):
         for n in sizes:
-            weight = _real(lambda s=start, n=n: _nk_copy(value.narrow(1, s, n)))
-            const = add_constant(graph, weight, node)
-            b = _call(graph, aten.permute.default, (const, [1, 0]), const.meta["val"].permute(1, 0))
+            b = _read_transposed(graph, _real(lambda s=start, n=n: _nk_copy(value.narrow(1, s, n))), node)
             part = _call(graph, aten.mm.default, (a, b), a.meta["val"].new_empty((a.meta["val"].shape[0], n)))
             _copy_meta(part, node)
             parts.append(part)
