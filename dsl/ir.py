@@ -150,6 +150,13 @@ class Problem:
         return None if self.n is None else self.n * (2 if self.epilogue.gate else 1)
 
     @property
+    def linear_bias(self) -> bool:
+        """Whether the bias is nn.Linear's, `x @ W.T + b`: over N, with no C, on operands of the
+        output's dtype. Libraries add such a bias inside the product (`torch.addmm`)."""
+        e = self.epilogue
+        return e.bias == "n" and e.beta == 0.0 and self.in_dtype == e.out_dtype
+
+    @property
     def flops(self) -> int:
         m, n, k = self._shape()
         return 2 * m * self.b_cols * k

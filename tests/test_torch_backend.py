@@ -352,6 +352,23 @@ def test_a_tuned_winner_is_taken(tmp_path):
     assert not [n for n in graph.nodes if n.target is torch.ops.aten.relu.default]
 
 
+def test_a_linear_bias_kernel_competes_with_its_own_baseline(tmp_path):
+    """The baseline adds nn.Linear's bias inside the product, as inductor's addmm does, so a
+    tuned addmm needs no bare matmul's time to be judged: its own baseline is the reference."""
+    from gemmgen.compile import clear_cache
+    from gemmgen.dsl.ir import Epilogue, Problem
+    from gemmgen.torch_compile.ops import clear_kernels
+
+    db = tmp_path / "tuning.sqlite"
+    record_winner(db, Problem(64, 48, 32, "row", "col", epilogue=Epilogue(bias="n")),
+                  device_ms=0.010, baseline_ms=0.020)
+    clear_cache(), clear_kernels(), torch_backend.reset_stats()
+    GemmgenPass(PassOptions(db=str(db)))(cuda_graph())
+    stats = torch_backend.stats()
+    assert stats["replaced"] == {"addmm": 1} and stats["skipped"] == {"no_tuned_kernel": 1}
+    assert "64x48x32:rcr:f16:f32:f16" not in stats["missing"]
+
+
 def test_a_winner_that_saves_less_than_the_op_costs_is_not_taken(tmp_path):
     from gemmgen.compile import clear_cache
     from gemmgen.dsl.ir import Epilogue, Problem

@@ -34,7 +34,8 @@ APPLICATION_ID = 0x47454D4D
 MIGRATIONS = ("migration_001_initial.sql", "migration_002_server_mode.sql",
               "migration_003_same_session.sql", "migration_004_library.sql",
               "migration_005_speedup_noise.sql", "migration_006_trial_noise.sql",
-              "migration_007_superseded_arrival_order.sql", "migration_008_trust.sql")
+              "migration_007_superseded_arrival_order.sql", "migration_008_trust.sql",
+              "migration_009_bias_in_product.sql")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 BUSY_TIMEOUT_MS = 60_000

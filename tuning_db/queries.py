@@ -28,7 +28,8 @@ SELECT t.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms
 SELECT_TRIALS = _TRIAL_COLUMNS + """
 FROM trials t JOIN problems p ON p.id = t.problem_id JOIN devices d ON d.id = t.device_id"""
 
-# current_trials (migration 008): neither merged (unverified) nor superseded.
+# current_trials (migrations 008, 009): neither merged (unverified) nor superseded, nor timed
+# against a baseline since made faster.
 SELECT_TRIED_PROGRAMS = """
 SELECT DISTINCT t.program FROM current_trials t
 JOIN problems p ON p.id = t.problem_id JOIN devices d ON d.id = t.device_id
@@ -82,12 +83,13 @@ SELECT c.*, p.key AS problem_key, d.name AS d_name, d.cc AS d_cc, d.sms AS d_sms
 SELECT_LIBRARY = _LIBRARY_COLUMNS + """
 FROM library_choices c JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id"""
 
-# Problems whose library search ran on this kind of GPU, whether or not its choice serves, each
-# with torch.matmul's least time beside this database's own searches (NULL if none: a merged
-# record's times are not trusted).
+# Problems whose library search ran on this kind of GPU against the current baselines (migration
+# 009), whether or not its choice serves, each with torch.matmul's least time beside this
+# database's own searches (NULL if none: a merged record's times are not trusted).
 SELECT_LIBRARY_SEARCHED = """
 SELECT p.key, min(CASE WHEN c.torch_ms > 0 AND c.unverified = 0 THEN c.torch_ms END) FROM library_choices c
-JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id WHERE d.name = ?
+JOIN problems p ON p.id = c.problem_id JOIN devices d ON d.id = c.device_id
+WHERE d.name = ? AND (c.unverified = 1 OR c.id IN (SELECT id FROM current_library_choices))
 GROUP BY p.key"""
 
 SELECT_LIBRARY_WINNERS = _LIBRARY_COLUMNS + """
@@ -111,9 +113,9 @@ SELECT p.key AS problem_key, u.device_name,
        EXISTS (SELECT 1 FROM current_trials t JOIN devices d ON d.id = t.device_id
                WHERE t.problem_id = u.problem_id AND d.name = u.device_name AND t.status = 'ok'
                  AND t.check_passed = 1 AND t.best_baseline_ms > 0)
-       OR EXISTS (SELECT 1 FROM library_choices c JOIN devices d ON d.id = c.device_id
-                  WHERE c.problem_id = u.problem_id AND d.name = u.device_name AND c.check_passed = 1
-                    AND c.unverified = 0) AS passed
+       OR EXISTS (SELECT 1 FROM current_library_choices c JOIN devices d ON d.id = c.device_id
+                  WHERE c.problem_id = u.problem_id AND d.name = u.device_name
+                    AND c.check_passed = 1) AS passed
 FROM tuned u
 JOIN problems p ON p.id = u.problem_id
 LEFT JOIN winners w ON w.problem_id = u.problem_id AND w.device_name = u.device_name

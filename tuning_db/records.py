@@ -19,6 +19,11 @@ from gemmgen.errors import GemmgenError
 #: the next tuning run
 STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed", "superseded")
 
+#: From this instant the torch baselines add nn.Linear's bias inside the product
+#: (`Problem.linear_bias`); records of such problems made before it were timed against a product
+#: and an add after it, and are measured again (migration_009's views hold the same instant).
+BIAS_IN_PRODUCT_SINCE = "2026-12-05T16:00:00"
+
 #: The device gemmgen ships tuned records for, and the one compile() assumes without a GPU.
 DEFAULT_DEVICE_NAME = "NVIDIA H200"
 #: The baseline name a trial records for torch.matmul timed in its candidate's worker session
@@ -227,6 +232,12 @@ def toolchain_of(device: Device, backend: str) -> str:
     parts = [("driver", device.driver), ("cuda", device.cuda)]
     parts += [(name, device.libraries.get(name)) for name in TOOLCHAIN_PACKAGES.get(backend, ("torch",))]
     return ", ".join(f"{name} {value or '?'}" for name, value in parts)
+
+
+def baseline_superseded(problem: Problem, created: str) -> bool:
+    """Whether a record of `problem` made at `created` was timed against a baseline that has
+    since become faster (BIAS_IN_PRODUCT_SINCE): it neither serves nor counts as measured."""
+    return problem.linear_bias and created < BIAS_IN_PRODUCT_SINCE
 
 
 def now_utc() -> str:

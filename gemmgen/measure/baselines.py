@@ -3,7 +3,9 @@
 `make(name, problem)` returns a `Kernel`: the fn, the problem it actually runs (cuBLAS
 NN/TN change B's storage, the way a user stores a weight), and notes recorded with
 each result. Epilogues are done as a user would: after the product, with torch ops
-in place on `out`; alpha and beta go into the GEMM call itself (torch.addmm, cuBLASLt).
+in place on `out`; alpha and beta go into the GEMM call itself (torch.addmm, cuBLASLt),
+and so does a bias over N in the torch calls (`torch.addmm(bias, a, b)`, what nn.Linear
+runs; `Problem.linear_bias`). The cuBLASLt baselines add a bias after the product.
 
 - `torch`: torch.matmul(a, b, out=out) on the problem's own layout, with torch's own
   reduction setting (the user's baseline; gemmgen's served fallback sums in fp32).
@@ -54,7 +56,7 @@ def make_torch(problem: Problem, **_) -> Kernel:
     """torch.matmul as the user calls it: torch's own reduction setting, not the fp32 reduction
     gemmgen serves (gemmgen.runtime.torch_call); where it fails the check, the bench says so."""
     return Kernel("torch", torch_call(problem, fp32_reduction=False), problem,
-                  {"call": "torch.matmul / torch.addmm, epilogue as torch ops"})
+                  {"call": "torch.matmul / torch.addmm (a bias over N in addmm), epilogue as torch ops"})
 
 
 def make_cublas_nn(problem: Problem, **_) -> Kernel:

@@ -1,7 +1,9 @@
-"""torch.matmul (or addmm with alpha and beta) followed by the epilogue as torch ops: the
-baseline every program is measured against, and what gemmgen serves where nothing won."""
+"""torch.matmul (or addmm: with alpha and beta, or with a bias over N as nn.Linear calls it)
+followed by the rest of the epilogue as torch ops: the baseline every program is measured
+against, and what gemmgen serves where nothing won."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -24,11 +26,17 @@ def torch_call(problem: Problem, *, fp32_reduction: bool = True) -> Callable:
     ops (runtime.epilogue.with_gate_tail)."""
     if problem.epilogue.gate:
         return with_gate_tail(torch_call(product_problem(problem), fp32_reduction=fp32_reduction), problem)
-    plain = problem.epilogue.alpha == 1.0 and problem.epilogue.beta == 0.0
     epilogue = problem.epilogue
+    fused_bias = problem.linear_bias
+    after = replace(epilogue, bias=None) if fused_bias else epilogue
+    plain = epilogue.alpha == 1.0 and epilogue.beta == 0.0 and not fused_bias
 
-    def product(a, b, out, c, alpha, beta):
-        if plain:
+    def product(a, b, out, bias, c, alpha, beta):
+        # nn.Linear's bias inside the product: cuBLASLt adds it in fp32 in its epilogue; an add
+        # after it would cost a pass over M x N that no model pays.
+        if fused_bias:
+            torch.addmm(bias, a, b, alpha=alpha, out=out)
+        elif plain:
             torch.matmul(a, b, out=out)
         else:
             torch.addmm(c if beta != 0.0 else out, a, b, beta=beta, alpha=alpha, out=out)
@@ -36,14 +44,14 @@ def torch_call(problem: Problem, *, fp32_reduction: bool = True) -> Callable:
     def fn(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
         state = _get_reduction() if fp32_reduction else None
         if state is None or not _allowed(state):
-            product(a, b, out, c, alpha, beta)
+            product(a, b, out, bias, c, alpha, beta)
         else:
             _set_reduction(state, allowed=False)
             try:
-                product(a, b, out, c, alpha, beta)
+                product(a, b, out, bias, c, alpha, beta)
             finally:
                 _set_reduction(state)
-        apply_in_place(out, epilogue, bias, residual)
+        apply_in_place(out, after, bias, residual)
 
     return fn
 
@@ -70,6 +78,9 @@ def torch_call_source(problem: Problem) -> str:
     lines = ["# gemmgen baseline: cuBLAS through torch (fp16 in, fp32 accumulate), epilogue as torch ops"]
     if e.gate:
         lines.append("product = torch.matmul(a, b)")
+    elif problem.linear_bias:
+        lines.append("torch.addmm(bias, a, b, alpha=alpha, out=out)   # the bias in cuBLAS's epilogue")
+        e = replace(e, bias=None)
     elif e.alpha == 1.0 and e.beta == 0.0:
         lines.append("torch.matmul(a, b, out=out)")
     else:

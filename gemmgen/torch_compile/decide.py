@@ -1,12 +1,13 @@
 """Deciding: a pattern is replaced only where the database's times say the gemmgen kernel beats
 what inductor would run in its place, by at least `min_gain_us` per call.
 
-Tuning measured each problem against cuBLAS with the epilogue as separate torch passes; inside
-a graph those passes are mostly free: cuBLAS applies addmm's bias itself, and inductor fuses an
-activation or a residual add into the pointwise or reduction kernel that consumes it (Llama's
-silu(gate) * up; the RMSNorm after each residual add). So unless the epilogue's one item feeds
-nothing inductor can fuse into (a matmul, the graph's output), the reference is the bare matmul's
-baseline, measured at the same M, N, K and majors.
+Tuning measured each problem against cuBLAS with the bias inside the product (addmm, as in the
+graph) and the rest of the epilogue as separate torch passes; inside a graph those passes are
+mostly free: inductor fuses an activation or a residual add into the pointwise or reduction
+kernel that consumes it (Llama's silu(gate) * up; the RMSNorm after each residual add). So unless
+the epilogue's one item feeds nothing inductor can fuse into (a matmul, the graph's output), the
+reference is the baseline of the matmul with its bias alone, or of the bare matmul, measured at
+the same M, N, K and majors.
 
 Joins and gated products compete with what inductor runs in their place, on times from
 different tuning sessions, so they must also beat it by more than two sessions differ with
@@ -86,9 +87,12 @@ def required_gain_us(reference_us: float, min_gain_us: float) -> float:
 
 def _own_baseline_is_reference(cand: Candidate, key: tuple) -> bool:
     """Whether what inductor runs in the kernel's place is what tuning measured it against: a bare
-    matmul, or one epilogue item (an activation or a residual add) alone that inductor would run
-    as a kernel of its own."""
+    matmul, a matmul with nn.Linear's bias (both add it inside the product: inductor's addmm,
+    the baseline's `torch.addmm`), or one epilogue item (an activation or a residual add) alone
+    that inductor would run as a kernel of its own."""
     if key == cand.key(bare=True):
+        return True
+    if key == cand.key(False) and cand.bias is not None and cand.c is None:
         return True
     alone = cand.bias is None and cand.c is None and cand.alpha == 1.0
     one_item = (cand.activation != "none") != (cand.residual is not None)

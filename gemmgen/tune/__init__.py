@@ -42,7 +42,7 @@ from gemmgen.dsl.ir import Problem, Program
 from gemmgen.errors import GemmgenError
 from gemmgen.measure.comparison import speedup_lower_bound
 from gemmgen.tuning_db import BaselineTime, Database, Device, LibraryChoice, Trial
-from gemmgen.tuning_db.records import SAME_SESSION_BASELINE
+from gemmgen.tuning_db.records import SAME_SESSION_BASELINE, baseline_superseded
 
 
 @dataclass(frozen=True)
@@ -403,11 +403,13 @@ def tune_library(problems: Iterable[Problem], *, runner: Runner, db: Database,
 def searched(choices: Iterable[LibraryChoice]) -> bool:
     """Whether one of these choices came from the current search on this GPU model: its method,
     the noise of its speedup and, if it would serve, its server-mode time (older and merged,
-    unverified choices are searched again)."""
+    unverified choices, and those timed against a baseline since made faster, are searched
+    again)."""
     # Deferred: torch (optional, heavy to import).
     from gemmgen.measure.library import SEARCH
 
-    return any(not c.unverified and c.config.get("search") == SEARCH and c.noise is not None
+    return any(not c.unverified and not baseline_superseded(c.problem, c.created)
+               and c.config.get("search") == SEARCH and c.noise is not None
                and (c.server_ms is not None or not c.beats_torch()) for c in choices)
 
 
