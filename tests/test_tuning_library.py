@@ -7,7 +7,7 @@ import pytest
 
 import gemmgen
 from gemmgen.compile import clear_cache
-from gemmgen.dsl.ir import Problem
+from gemmgen.dsl.ir import Epilogue, Problem
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.kernel import library_source
 from gemmgen.measure.comparison import REPLICATE_NOISE
@@ -418,20 +418,30 @@ def test_direct_cublaslt_call_passes_the_operands_in_cublasLt_order():
         def data_ptr(self):
             return self.ptr
 
-    calls = []
-    lt = object.__new__(DirectLt)
-    lt.problem, lt._device = P, 0
-    lt._alpha, lt._beta = np.zeros(1, np.float32), np.zeros(1, np.float32)
-    lt._static = ("handle", "desc", "alpha*", "a_layout", "b_layout", "beta*", "c_layout", "d_layout",
-                  "algo*", "ws*", 4096)
-    lt._matmul = lambda *args: calls.append(args)
-    lt._stream = lambda: type("S", (), {"cuda_stream": 77})()
+    def direct(problem, transposed=False):
+        calls = []
+        lt = object.__new__(DirectLt)
+        lt.problem, lt._device, lt._after = problem, 0, Epilogue()
+        lt._transposed, lt._desc = transposed, (type("Desc", (), {})() if transposed else None)
+        lt._alpha, lt._beta = np.zeros(1, np.float32), np.zeros(1, np.float32)
+        lt._static = ("handle", "desc", "alpha*", "a_layout", "b_layout", "beta*", "c_layout", "d_layout",
+                      "algo*", "ws*", 4096)
+        lt._matmul = lambda *args: calls.append(args)
+        lt._stream = lambda: type("S", (), {"cuda_stream": 77})()
+        return lt, calls
+
+    lt, calls = direct(P)
     lt.call(T(1), T(2), T(3), alpha=0.5)
     assert calls == [("handle", "desc", "alpha*", 1, "a_layout", 2, "b_layout", "beta*", 3, "c_layout", 3,
                       "d_layout", "algo*", "ws*", 4096, 77)]
     assert lt._alpha[0] == 0.5 and lt._beta[0] == 0.0
     with pytest.raises(GemmgenError, match="planned on cuda:0; the operands are on"):
         lt.call(T(1, index=1), T(2, index=1), T(3, index=1))
+    # nn.Linear's bias in the epilogue: planned as D^T = B^T A^T, B's pointer first, the bias's
+    # pointer set on the descriptor before the call
+    lt, calls = direct(Problem(64, 48, 32, "row", "col", epilogue=Epilogue(bias="n")), transposed=True)
+    lt.call(T(1), T(2), T(3), bias=T(9))
+    assert calls[0][3:6] == (2, "a_layout", 1) and calls[0][8] == 3 and lt._desc.bias_pointer == 9
 
 
 def test_auto_backends_search_the_library_only_where_the_records_say_it_wins(db):

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.gpu
 
 PROBLEMS = [Problem(512, 2048, 256),
             Problem(384, 1024, 512, "row", "col", epilogue=Epilogue(bias="n", activation="gelu")),
-            Problem(256, 512, 384, epilogue=Epilogue(alpha=0.5, beta=1.0))]
+            Problem(256, 512, 384, epilogue=Epilogue(alpha=0.5, beta=1.0)),
+            # nn.Linear's bias in cuBLASLt's epilogue, the product planned transposed
+            Problem(1, 4608, 3584, "row", "col", epilogue=Epilogue(bias="n")),
+            Problem(17, 4611, 3583, "row", "col", epilogue=Epilogue(alpha=0.5, bias="n")),
+            Problem(100, 512, 3584, epilogue=Epilogue(bias="n", residual=True))]
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
@@ -67,3 +71,29 @@ def test_library_choice_of_a_real_search_round_trips():
     problem = PROBLEMS[0]
     choice = library_choice(search_cublaslt(problem), problem, this_device())
     assert choice is not None and choice.algorithm and choice.config["algorithm_id"] >= 0
+
+
+@pytest.mark.parametrize("name", ["lt_heuristic", "lt_autotune"])
+@pytest.mark.parametrize("m", [3, 100])
+def test_the_cublaslt_baselines_add_a_linear_bias_in_the_product(name, m):
+    """No kernel of its own for the bias: cuBLASLt's epilogue adds it, as torch.addmm has it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gemmgen.measure import baselines
+    from gemmgen.runtime.tensors import operands
+
+    problem = Problem(m, 4608, 3584, "row", "col", epilogue=Epilogue(bias="n"))
+    kernel = baselines.make(name, problem)
+    try:
+        result = check(kernel.fn, problem)
+        assert result.passed, result.failures
+        (a, b, out), kwargs = operands(problem, seed=0, device="cuda")
+        kernel.fn(a, b, out, **kwargs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            kernel.fn(a, b, out, **kwargs)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        assert names and not any("elementwise" in n for n in names), names
+    finally:
+        baselines.release([kernel])

@@ -1,13 +1,14 @@
--- Schema version 9: the torch baselines add nn.Linear's bias inside the product
--- (`torch.addmm(bias, a, b)`: cuBLASLt adds it in its epilogue), as every model runs it
--- (`Problem.linear_bias`: a bias over N, no C, operands of the output's dtype). Until
--- 2026-12-05T16:00Z they added it after the product, a second pass over M x N that no model
--- pays, so the records of such problems made before then were timed against a baseline slower
--- than what they replace. Those trials and library choices neither serve nor count as measured
--- baselines, and the next tuning run measures them again. As in migration 008, conditions in
--- the views, not rewritten rows; records.BIAS_IN_PRODUCT_SINCE is the same instant.
+-- Schema version 9: the baselines add nn.Linear's bias inside the product, as every model runs
+-- it (`Problem.linear_bias`: a bias over N, no C, operands of the output's dtype): torch through
+-- `torch.addmm(bias, a, b)`, cuBLASLt (baselines and recorded choices) through its BIAS
+-- epilogue. Until 2026-12-05T16:40Z they added it after the product, a second pass over M x N
+-- that no model pays, so the records of such problems made before then were timed against
+-- baselines slower than what they replace, and a cuBLASLt choice's algorithm was planned for
+-- another form of the product. Those trials and library choices neither serve nor count as
+-- measured baselines, and the next tuning run measures them again. As in migration 008,
+-- conditions in the views, not rewritten rows; records.BIAS_IN_PRODUCT_SINCE is the same instant.
 
--- The problems whose bias the torch baselines now add inside the product.
+-- The problems whose bias the baselines now add inside the product.
 CREATE VIEW linear_bias_problems AS
 SELECT id FROM problems
 WHERE instr(epilogue, 'bias_n') > 0 AND instr(epilogue, 'beta') = 0
@@ -19,7 +20,7 @@ SELECT * FROM trials
 WHERE unverified = 0 AND status != 'superseded'
   AND NOT (backend = 'triton' AND created < '2026-11-30T01:00:00'
            AND (program LIKE '%split_k % unordered%' OR program LIKE '%split_k % atomic%'))
-  AND NOT (created < '2026-12-05T16:00:00'
+  AND NOT (created < '2026-12-05T16:40:00'
            AND problem_id IN (SELECT id FROM linear_bias_problems));
 
 -- Library choices that may serve or give a baseline time: measured by this database's own runs
@@ -27,7 +28,7 @@ WHERE unverified = 0 AND status != 'superseded'
 CREATE VIEW current_library_choices AS
 SELECT * FROM library_choices
 WHERE unverified = 0
-  AND NOT (created < '2026-12-05T16:00:00'
+  AND NOT (created < '2026-12-05T16:40:00'
            AND problem_id IN (SELECT id FROM linear_bias_problems));
 
 DROP VIEW library_winners;

@@ -19,10 +19,10 @@ from gemmgen.errors import GemmgenError
 #: the next tuning run
 STATUSES = ("ok", "invalid", "build_failed", "check_failed", "run_failed", "superseded")
 
-#: From this instant the torch baselines add nn.Linear's bias inside the product
+#: From this instant the baselines and cuBLASLt choices add nn.Linear's bias inside the product
 #: (`Problem.linear_bias`); records of such problems made before it were timed against a product
 #: and an add after it, and are measured again (migration_009's views hold the same instant).
-BIAS_IN_PRODUCT_SINCE = "2026-12-05T16:00:00"
+BIAS_IN_PRODUCT_SINCE = "2026-12-05T16:40:00"
 
 #: The device gemmgen ships tuned records for, and the one compile() assumes without a GPU.
 DEFAULT_DEVICE_NAME = "NVIDIA H200"

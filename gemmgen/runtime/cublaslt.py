@@ -4,9 +4,14 @@
 heuristic and its candidates); `DirectLt` keeps that plan's descriptors and makes one
 cublasLtMatmul call per product. nvmath is imported inside the functions that need it: it
 is an optional dependency (the `gpu` extra).
+
+nn.Linear's bias (`Problem.linear_bias`) goes into cuBLASLt's BIAS epilogue, as torch.addmm
+puts it. That epilogue adds one value per row of a column-major result, so the product is
+planned transposed: D^T = B^T A^T, whose rows are the problem's N columns, over the same bytes.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -30,38 +35,55 @@ class LtMatmul:
         from nvmath.linalg.advanced import (
             Matmul,
             MatmulComputeType,
+            MatmulEpilog,
             MatmulOptions,
             MatmulPlanPreferences,
         )
 
         self.problem = problem
+        self.bias_in_epilogue = problem.linear_bias
+        #: what is left for torch ops after the product
+        self.after = replace(problem.epilogue, bias=None) if self.bias_in_epilogue else problem.epilogue
         (a, b, out), kwargs = operands(problem, seed=0, device="cuda")
         options = MatmulOptions(inplace=True, memory_limit=WORKSPACE_BYTES,
                                 compute_type=MatmulComputeType.COMPUTE_32F)
         ep = problem.epilogue
-        self.mm = Matmul(a, b, c=out, alpha=ep.alpha, beta=ep.beta, options=options,
+        first, second, result = self.planned(a, b, out)
+        self.mm = Matmul(first, second, c=result, alpha=ep.alpha, beta=ep.beta, options=options,
                          stream=torch.cuda.current_stream())
+        epilog = ({"epilog": MatmulEpilog.BIAS, "epilog_inputs": {"bias": kwargs["bias"]}}
+                  if self.bias_in_epilogue else {})
         if algorithms is not None:
-            self.algorithms = self.mm.plan(algorithms=algorithms, stream=torch.cuda.current_stream())
+            self.algorithms = self.mm.plan(algorithms=algorithms, stream=torch.cuda.current_stream(), **epilog)
         else:
             self.algorithms = self.mm.plan(preferences=MatmulPlanPreferences(limit=limit),
-                                           stream=torch.cuda.current_stream())
-        self.bound = (a.data_ptr(), b.data_ptr(), out.data_ptr())
-        self._keep = (a, b, out)
+                                           stream=torch.cuda.current_stream(), **epilog)
+        self.bound = self._pointers(a, b, out, kwargs.get("bias"))
+        self._keep = (a, b, out, kwargs.get("bias"))
+
+    def planned(self, a, b, out) -> tuple:
+        """The first and second operands and the result as cuBLASLt is given them: transposed
+        views where the bias goes into the epilogue (module docstring)."""
+        return (b.t(), a.t(), out.t()) if self.bias_in_epilogue else (a, b, out)
+
+    def _pointers(self, a, b, out, bias) -> tuple:
+        return (a.data_ptr(), b.data_ptr(), out.data_ptr(), bias.data_ptr() if self.bias_in_epilogue else 0)
 
     def fn(self, algorithm=None) -> Callable:
-        problem = self.problem
+        after = self.after
 
         def call(a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
-            ptrs = (a.data_ptr(), b.data_ptr(), out.data_ptr())
+            ptrs = self._pointers(a, b, out, bias)
             stream = torch.cuda.current_stream()
             if ptrs != self.bound:
-                self.mm.reset_operands(a=a, b=b, c=out, stream=stream)
-                self.bound, self._keep = ptrs, (a, b, out)
+                first, second, result = self.planned(a, b, out)
+                inputs = {"epilog_inputs": {"bias": bias}} if self.bias_in_epilogue else {}
+                self.mm.reset_operands(a=first, b=second, c=result, stream=stream, **inputs)
+                self.bound, self._keep = ptrs, (a, b, out, bias)
             if beta != 0.0:
                 out.copy_(c)          # in place: C is out, so beta*C needs c copied in first
             self.mm.execute(algorithm=algorithm, stream=stream)
-            apply_in_place(out, problem.epilogue, bias, residual)
+            apply_in_place(out, after, bias, residual)
 
         return call
 
@@ -82,7 +104,9 @@ class LtMatmul:
 
     def notes(self) -> dict[str, Any]:
         notes: dict[str, Any] = {"workspace_cap_bytes": WORKSPACE_BYTES, "compute_type": "COMPUTE_32F",
-                                 "epilogue": "alpha/beta in cuBLASLt; bias, activation, residual as torch ops"}
+                                 "epilogue": ("alpha/beta and nn.Linear's bias in cuBLASLt (planned transposed); "
+                                              "activation, residual as torch ops" if self.bias_in_epilogue else
+                                              "alpha/beta in cuBLASLt; bias, activation, residual as torch ops")}
         version = cublaslt_version()
         if version:
             notes["cublaslt_version"] = version
@@ -167,6 +191,11 @@ class DirectLt:
                         self.workspace.data_ptr(), size)
         self._stream = torch.cuda.current_stream
         self._device = torch.cuda.current_device()        # descriptors and workspace live there
+        # planned transposed (module docstring): B's pointer goes first, A's second
+        self._transposed = self._plan.bias_in_epilogue
+        # the bias pointer is a descriptor attribute: set before each call (a few us of host time)
+        self._desc = mm.mm_desc_ifc if self._transposed else None
+        self._after = self._plan.after
         self._plan.drop_operands()                        # A, B and C of planning: not needed now
 
     def call(self, a, b, out, *, bias=None, residual=None, c=None, alpha=1.0, beta=0.0):
@@ -177,7 +206,10 @@ class DirectLt:
         self._alpha[0], self._beta[0] = alpha, beta
         if beta != 0.0:
             out.copy_(c)                  # in place: C is out, so beta*C needs c copied in first
+        if self._desc is not None:
+            self._desc.bias_pointer = bias.data_ptr()
+        first, second = (b, a) if self._transposed else (a, b)
         ptr = out.data_ptr()
-        self._matmul(handle, desc, alpha_ptr, a.data_ptr(), a_layout, b.data_ptr(), b_layout, beta_ptr,
+        self._matmul(handle, desc, alpha_ptr, first.data_ptr(), a_layout, second.data_ptr(), b_layout, beta_ptr,
                      ptr, c_layout, ptr, d_layout, algo, ws, size, self._stream().cuda_stream)
-        apply_in_place(out, self.problem.epilogue, bias, residual)
+        apply_in_place(out, self._after, bias, residual)
