@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional
 
 from gemmgen import backends
@@ -380,9 +380,19 @@ def library_source(problem: Problem, choice) -> str:
              "# planned once: nvmath.linalg.advanced.Matmul(a, b, c=out, compute_type=COMPUTE_32F, inplace=True)",
              "#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)])",
              "# each call: cublasLtMatmul(handle, desc, a, b, out, out, <recorded algorithm>, workspace, stream)"]
+    rest = problem.epilogue
+    if problem.linear_bias:
+        # nn.Linear's bias goes into cuBLASLt's BIAS epilogue, the product planned transposed
+        lines[2:5] = ["# planned once: nvmath.linalg.advanced.Matmul(b.t(), a.t(), c=out.t(), "
+                      "compute_type=COMPUTE_32F, inplace=True)",
+                      "#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)], epilog=MatmulEpilog.BIAS, "
+                      "epilog_inputs={'bias': bias})",
+                      "# each call: the bias pointer on the descriptor, then cublasLtMatmul(handle, desc, b, a, "
+                      "out, out, <recorded algorithm>, workspace, stream)"]
+        rest = replace(rest, bias=None)
     from gemmgen.runtime.epilogue import in_place_source  # deferred: imports torch
 
-    epilogue = in_place_source(problem.epilogue)
+    epilogue = in_place_source(rest)
     lines += ["# then the epilogue in torch:", *epilogue] if epilogue else []
     return "\n".join(lines) + "\n"
 

@@ -98,7 +98,7 @@ def test_records_of_linear_bias_problems_timed_before_the_change_neither_serve_n
 @pytest.mark.parametrize("epilogue", [Epilogue(bias="n"), Epilogue(bias="n", activation="gelu"),
                                       Epilogue(alpha=2.0, bias="n"), Epilogue(bias="m"),
                                       Epilogue(beta=1.0, bias="n"), Epilogue(bias="n", out_dtype="f32"),
-                                      Epilogue(residual=True)])
+                                      Epilogue(bias="n", out_dtype="bf16"), Epilogue(residual=True)])
 def test_the_views_and_the_python_rule_agree(epilogue):
     problem = Problem(64, 128, 256, b_major="col", epilogue=epilogue)
     db = Database(":memory:")
@@ -118,8 +118,8 @@ def test_the_migration_holds_the_same_instant_as_the_records():
 @pytest.mark.parametrize("m", [1, 3, 17, 100, 2048])
 @pytest.mark.parametrize("n, k", [(4608, 3584), (4611, 3583)])
 def test_on_a_gpu_the_served_linear_bias_passes_the_checks(m, n, k):
-    """The served fallback (and the torch baseline) with the bias in addmm passes the harness's
-    checks, aligned or not; where cuBLASLt can take the bias (M > 1, aligned), it is one kernel."""
+    """The served fallback with the bias in addmm passes the harness's checks, aligned or not;
+    where cuBLASLt can take the bias (M > 1, aligned), it is one kernel."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     from torch.profiler import ProfilerActivity, profile

@@ -225,10 +225,15 @@ def test_a_library_choice_that_lost_leaves_the_baseline(db):
 
 
 def test_library_source_names_the_epilogue_in_torch():
-    p = replace(P, epilogue=replace(P.epilogue, bias="n", activation="gelu"))
+    p = replace(P, epilogue=replace(P.epilogue, bias="m", activation="gelu"))
     text = library_source(p, make_choice(p))
-    assert "out.add_(bias)" in text and "gelu" in text and "fastest of 12 algorithms" in text
+    assert "out.add_(bias[:, None])" in text and "gelu" in text and "fastest of 12 algorithms" in text
     assert "epilogue" not in library_source(P, make_choice(P))
+    # nn.Linear's bias: in cuBLASLt's epilogue, the product planned transposed, the rest in torch
+    linear = replace(P, epilogue=replace(P.epilogue, bias="n", activation="gelu"))
+    text = library_source(linear, make_choice(linear))
+    assert "epilog=MatmulEpilog.BIAS" in text and "Matmul(b.t(), a.t()" in text
+    assert "add_(bias" not in text and "gelu" in text
 
 
 def test_trial_lines_still_read_as_trials(db, tmp_path):

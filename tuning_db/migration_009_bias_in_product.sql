@@ -12,7 +12,7 @@
 CREATE VIEW linear_bias_problems AS
 SELECT id FROM problems
 WHERE instr(epilogue, 'bias_n') > 0 AND instr(epilogue, 'beta') = 0
-  AND substr(epilogue, -length(in_dtype)) = in_dtype;
+  AND substr(epilogue, -length(in_dtype) - 1) = '+' || in_dtype;     -- out dtype, last in the signature
 
 DROP VIEW current_trials;
 CREATE VIEW current_trials AS
