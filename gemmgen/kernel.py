@@ -377,24 +377,26 @@ def library_source(problem: Problem, choice) -> str:
     lines = [f"# gemmgen library kernel: cuBLASLt {choice.version}, the fastest of {choice.candidates} "
              "algorithms its heuristic offered for this problem",
              f"# algorithm: {config}",
-             "# planned once: nvmath.linalg.advanced.Matmul(a, b, c=out, compute_type=COMPUTE_32F, inplace=True)",
-             "#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)])",
-             "# each call: cublasLtMatmul(handle, desc, a, b, out, out, <recorded algorithm>, workspace, stream)"]
-    rest = problem.epilogue
-    if problem.linear_bias:
-        # nn.Linear's bias goes into cuBLASLt's BIAS epilogue, the product planned transposed
-        lines[2:5] = ["# planned once: nvmath.linalg.advanced.Matmul(b.t(), a.t(), c=out.t(), "
-                      "compute_type=COMPUTE_32F, inplace=True)",
-                      "#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)], epilog=MatmulEpilog.BIAS, "
-                      "epilog_inputs={'bias': bias})",
-                      "# each call: the bias pointer on the descriptor, then cublasLtMatmul(handle, desc, b, a, "
-                      "out, out, <recorded algorithm>, workspace, stream)"]
-        rest = replace(rest, bias=None)
+             *_lt_plan_source(problem.linear_bias)]
+    # nn.Linear's bias goes into cuBLASLt's epilogue (runtime.cublaslt); the rest follows in torch
+    rest = replace(problem.epilogue, bias=None) if problem.linear_bias else problem.epilogue
     from gemmgen.runtime.epilogue import in_place_source  # deferred: imports torch
 
     epilogue = in_place_source(rest)
     lines += ["# then the epilogue in torch:", *epilogue] if epilogue else []
     return "\n".join(lines) + "\n"
+
+
+def _lt_plan_source(transposed: bool) -> list[str]:
+    """How a recorded cuBLASLt algorithm is planned and called; transposed, with the BIAS
+    epilogue, for nn.Linear's bias (runtime.cublaslt's module docstring)."""
+    operands, first, second = ("b.t(), a.t(), c=out.t()", "b", "a") if transposed else ("a, b, c=out", "a", "b")
+    epilog = ", epilog=MatmulEpilog.BIAS, epilog_inputs={'bias': bias}" if transposed else ""
+    bias = "the bias pointer on the descriptor, then " if transposed else ""
+    return [f"# planned once: nvmath.linalg.advanced.Matmul({operands}, compute_type=COMPUTE_32F, inplace=True)",
+            f"#   .plan(algorithms=[Algorithm.from_numpy(<recorded>)]{epilog})",
+            f"# each call: {bias}cublasLtMatmul(handle, desc, {first}, {second}, out, out, <recorded algorithm>, "
+            "workspace, stream)"]
 
 
 def baseline_launcher(problem: Problem):

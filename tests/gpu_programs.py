@@ -1,6 +1,6 @@
 """What the GPU test files of generated programs share: build a list of programs in parallel
-(through the disk cache), then judge one with the harness (gemmgen.measure.check), and the
-epilogues each puts its programs through."""
+(through the disk cache), then judge one with the harness (gemmgen.measure.check), the
+epilogues each puts its programs through, and the CUDA kernels one call launches."""
 from gemmgen.dsl.ir import Epilogue
 
 #: every epilogue item, alone and together, and both other output dtypes
@@ -36,3 +36,17 @@ def assert_passes(program, artifact, problem=None, seed: int = 1234):
     result = check(fn, problem or program.problem, seed=seed)
     assert result.passed, (program, result.failures, result.max_rel_err)
     return fn
+
+
+def launched_kernels(fn, *args, **kwargs) -> list:
+    """The names of the CUDA kernels one call of `fn` launches, after a first call (set-up,
+    autotuning) outside the profile."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]

@@ -122,22 +122,16 @@ def test_on_a_gpu_the_served_linear_bias_passes_the_checks(m, n, k):
     where cuBLASLt can take the bias (M > 1, aligned), it is one kernel."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from torch.profiler import ProfilerActivity, profile
-
     from gemmgen.kernel import baseline_launcher
     from gemmgen.measure.checking import check
+    from gpu_programs import launched_kernels
 
     problem = Problem(m, n, k, b_major="col", epilogue=Epilogue(bias="n"))
     fn = baseline_launcher(problem)
     result = check(fn, problem, seed=m)
     assert result.passed, result.failures
     (a, b, out), kwargs = operands(problem, seed=0, device="cuda")
-    fn(a, b, out, **kwargs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(a, b, out, **kwargs)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = launched_kernels(fn, a, b, out, **kwargs)
     if m > 1 and n % 8 == 0 and k % 8 == 0:
         assert len(kernels) == 1, kernels
     want = reference(a.float() @ b.float(), problem.epilogue, bias=kwargs["bias"])

@@ -79,10 +79,9 @@ def test_library_choice_of_a_real_search_round_trips():
 @pytest.mark.parametrize("m", [3, 100])
 def test_the_cublaslt_baselines_add_a_linear_bias_in_the_product(name, m):
     """No kernel of its own for the bias: cuBLASLt's epilogue adds it, as torch.addmm has it."""
-    from torch.profiler import ProfilerActivity, profile
-
     from gemmgen.measure import baselines
     from gemmgen.runtime.tensors import operands
+    from gpu_programs import launched_kernels
 
     problem = Problem(m, 4608, 3584, "row", "col", epilogue=Epilogue(bias="n"))
     kernel = baselines.make(name, problem)
@@ -90,12 +89,7 @@ def test_the_cublaslt_baselines_add_a_linear_bias_in_the_product(name, m):
         result = check(kernel.fn, problem)
         assert result.passed, result.failures
         (a, b, out), kwargs = operands(problem, seed=0, device="cuda")
-        kernel.fn(a, b, out, **kwargs)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            kernel.fn(a, b, out, **kwargs)
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        names = launched_kernels(kernel.fn, a, b, out, **kwargs)
         assert names and not any("elementwise" in n for n in names), names
     finally:
         baselines.release([kernel])
