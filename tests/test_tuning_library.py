@@ -312,6 +312,37 @@ def test_the_search_returns_what_the_loop_records(monkeypatch):
     assert (choice.server_ms, choice.torch_server_ms, choice.server_noise) == (0.8, 1.0, REPLICATE_NOISE)
 
 
+def test_a_torch_baseline_failing_its_timed_check_gives_way_to_the_served_call(monkeypatch):
+    """Where torch.matmul under torch's default reduction fails the check in its timed calls, the
+    choice is timed against what gemmgen serves there (the same call summing in fp32), said in
+    its config; a baseline failing for another reason still records nothing."""
+    from gemmgen.measure import library
+    from gemmgen.measure.errors import MeasureError, TimedCheckFailure
+
+    _stub_search(monkeypatch)
+    served = object()
+    monkeypatch.setattr(library, "torch_call", lambda problem: served)
+    pairs = []
+
+    def time_many(kernels, mode, options=None):
+        pairs.append([fn for _, fn, _ in kernels])
+        if kernels[1][1] is served:
+            return {"library": _Timed(0.8), "torch": _Timed(0.95)}
+        return {"library": _Timed(0.8), "torch": TimedCheckFailure("torch: 2 of 3 checked timed calls failed")}
+    monkeypatch.setattr(library, "time_many", time_many)
+    found = library.search_cublaslt(P)
+    # offline once with torch's own call, then offline and server mode with the served one
+    assert [p[1] is served for p in pairs] == [False, True, True]
+    choice = library_choice(found, P, TEST_GPU)
+    assert choice.torch_ms == 0.95 and choice.torch_server_ms == 0.95
+    assert choice.config["torch_baseline"].startswith("fp32 reduction, as served: torch: 2 of 3")
+
+    monkeypatch.setattr(library, "time_many", lambda kernels, mode, options=None: {
+        "library": _Timed(0.8), "torch": MeasureError("torch: the call raised RuntimeError: out of memory")})
+    found = library.search_cublaslt(P)
+    assert "out of memory" in found["error"] and library_choice(found, P, TEST_GPU) is None
+
+
 def test_a_faster_neighbour_is_chosen_in_one_session_with_its_bases(monkeypatch):
     from gemmgen.measure import library
 

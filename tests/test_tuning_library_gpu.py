@@ -24,9 +24,10 @@ PROBLEMS = [Problem(512, 2048, 256),
             Problem(256, 512, 384, epilogue=Epilogue(alpha=0.5, beta=1.0)),
             # nn.Linear's bias in cuBLASLt's epilogue, the product planned transposed
             Problem(1, 4608, 3584, "row", "col", epilogue=Epilogue(bias="n")),
-            # (at 17x4611x3583 torch.matmul itself, under torch's default reduced-precision
-            # reduction, fails the timed calls' check on the H100, with or without an epilogue)
             Problem(17, 4611, 255, "row", "col", epilogue=Epilogue(alpha=0.5, bias="n")),
+            # torch.matmul itself, under torch's default reduced-precision reduction, failed the
+            # timed calls' check here on the H100: the choice meets the fp32-summing call instead
+            Problem(17, 4611, 3583, "row", "col", epilogue=Epilogue(bias="n")),
             Problem(100, 512, 3584, epilogue=Epilogue(bias="n", residual=True))]
 
 

@@ -6,6 +6,10 @@ class MeasureError(GemmgenError):
     """A measurement could not be made honestly; nothing was recorded."""
 
 
+class TimedCheckFailure(MeasureError):
+    """A kernel's timed calls did not pass the check its outputs are sampled against."""
+
+
 class FloorViolation(MeasureError):
     """A device time below the physical floor: a broken timer or a cheat, never a result."""
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional, Sequence
 from gemmgen.dsl.ir import Problem
 from gemmgen.errors import NoGPUError
 from gemmgen.measure.clocks import ClockSampler, nvml_index
-from gemmgen.measure.errors import FloorViolation, MeasureError
+from gemmgen.measure.errors import FloorViolation, MeasureError, TimedCheckFailure
 from gemmgen.measure.numerics import median, quantile
 
 MODES = ("offline", "server", "warm")
@@ -444,11 +444,13 @@ def conclude_checks(entry: _Entry) -> None:
             failed.append((which, reasons))
     message = verdict(entry.name, failed, len(entry.judged))
     if message:
-        entry.error = MeasureError(message)
+        entry.error = TimedCheckFailure(message)
 
 
 def _summarise(entry: _Entry, mode: str, options: TimingOptions, clocks: Optional[dict] = None) -> Timing:
     floor_ms = entry.problem.floor_s * 1e3
+    if isinstance(entry.error, TimedCheckFailure):
+        raise entry.error                  # its message names the kernel; callers tell it apart
     if entry.error is not None:
         raise MeasureError(f"{entry.name}: the call raised {type(entry.error).__name__}: {entry.error}")
     dev = sorted(us * 1e-3 for us in entry.device_us)
