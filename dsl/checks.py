@@ -108,10 +108,13 @@ def check_instruction(p: Program, hw: Hardware) -> Iterator[Finding]:
         if t.m % groups_m or group_m % hw.wgmma_m:
             yield "tile", (f"{tile} with warps {wm}x{wn}: each warpgroup computes {t.m}/{groups_m} rows, "
                            f"which must be a multiple of 64 (wgmma's M); use tile_m = {64 * groups_m} or a multiple")
-        if warp_n % n_step:
+        # a gated program's instruction may also span the gate's and the up's columns at once
+        both_halves = res.b_tiles(p) > 1 and n_step == 2 * warp_n
+        if warp_n % n_step and not both_halves:
+            joined = f" (or 64x{2 * warp_n}x16 over the gate's and up's together)" if res.b_tiles(p) > 1 else ""
             yield "tile", (f"{tile} with warps {wm}x{wn}: each warpgroup computes {warp_n} columns, which "
-                           f"must be a multiple of the instruction's N={n_step}; use instr wgmma 64x{_gcd_n(warp_n, hw)}x16 "
-                           f"or change tile_n")
+                           f"must be a multiple of the instruction's N={n_step}; use instr wgmma 64x{_gcd_n(warp_n, hw)}x16"
+                           f"{joined} or change tile_n")
     elif p.mainloop in res.REGISTER_MAINLOOPS and kind is None:
         return   # the backend picks the math (Triton's direct: FMA); its own rules size the tile
     else:

@@ -23,6 +23,11 @@ def hopper(problem: Problem, tile=(128, 128, 64), stages=4, cluster=(1, 1), sche
                    scheduler=scheduler, raster=raster, swizzle=swizzle, smem_swizzle=128)
 
 
+def joined(program: Program) -> Program:
+    """A gated TMA program whose one wgmma spans its gate's and its up's columns."""
+    return replace(program, instr=Instr("wgmma", 64, 2 * program.instr.n, 16))
+
+
 EPILOGUES = (
     Epilogue(),
     Epilogue(bias="n", activation="gelu"),

@@ -23,7 +23,7 @@ from gemmgen.backends.cuda.compile import nvrtc_usable
 from gemmgen.dsl import examples, parse
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Tile
 
-from cuda_backend_cases import hopper, multistage
+from cuda_backend_cases import hopper, joined, multistage
 
 needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_usable(),
                                     reason="needs nvcc or NVRTC to compile CUDA C")
@@ -219,5 +219,63 @@ def test_a_gated_tma_program_compiles_with_twice_the_wgmma_and_no_spills():
     (sass, res), (plain_sass, _) = [(r["sass"], r["resources"]["gemm_hopper_ws"])
                                     for r in (cuda.kernel_report(cuda.compile_program(p)) for p in (program, plain))]
     assert sass["HGMMA"] == 2 * plain_sass["HGMMA"] > 0, (sass["HGMMA"], plain_sass["HGMMA"])
+    assert sass["LDL"] == 0 and sass["STL"] == 0, sass
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0, res
+
+
+@pytest.mark.parametrize("b", ["col", "row"])
+def test_one_wgmma_may_span_the_gate_and_the_up_columns(b):
+    """instr 64x256x16 on a 128-wide gated tile: the warpgroup's gate rows and up rows lie one after
+    the other in a stage, so one instruction reads both (A once); its accumulator's first half is
+    the gate's, its second the up's, of the same output columns."""
+    from gemmgen.backends.cuda import hopper as hop
+
+    program = joined(hopper(gated(m=2048, n=14336 if b == "col" else 3000, k=4096, b=b), cluster=(2, 1)))
+    assert diagnose(program) == [] and cuda._family_rules(program) == []
+    assert hop.joins_halves(program) and hop.out_n(program) == 128
+    text = cuda.lower(program).text
+    assert _define(text, "JOINED_HALVES") == "1" and _define(text, "INSTR_N") == "128"
+    assert "m64n256k16" in text and "float (&d)[128]" in text
+    assert hop.acc_per_thread(program) == 128 and hop.stage_bytes(program) == hop.stage_bytes(hopper(program.problem))
+    split = hopper(program.problem, cluster=(2, 1))
+    assert not hop.joins_halves(split) and _define(cuda.lower(split).text, "JOINED_HALVES") == "0"
+
+
+# (program, statement, words): where one instruction over both halves cannot go
+JOINED_REFUSED = [
+    # not gated: the instruction is wider than the warpgroup's columns (the language's rule)
+    (lambda: joined(hopper(Problem(2048, 4096, 4096, b_major="col"))), "tile", "instruction's N=256"),
+    # two warpgroups along N: each one's gate and up columns are not side by side in a stage
+    (lambda: replace(hopper(gated(m=2048, n=4096, k=4096), warps=(4, 2)), instr=Instr("wgmma", 64, 128, 16)),
+     "instr", "one consumer warpgroup along N"),
+    # the multistage family issues one wgmma per warpgroup's columns
+    (lambda: replace(multistage(gated(m=100), tile=(64, 128, 64), warps=(4, 1), stages=4, wgmma=True),
+                     instr=Instr("wgmma", 64, 256, 16)), "instr", "write `instr wgmma 64x128x16`"),
+]
+
+
+@pytest.mark.parametrize("make, statement, words", JOINED_REFUSED, ids=range(len(JOINED_REFUSED)))
+def test_one_wgmma_over_both_halves_is_refused_where_it_cannot_run(make, statement, words):
+    found = [(d.statement, d.message) for d in diagnose(make())]
+    assert any(s == statement and words in m for s, m in found), found
+
+
+def test_the_space_offers_gated_tma_programs_both_ways():
+    programs = cuda.space(gated(m=2048, n=14336, k=4096), limit=400)
+    tma = [p for p in programs if p.mainloop == "ws_cooperative"]
+    assert {p.instr.n for p in tma} == {128, 256}
+    assert sum(p.instr.n == 256 for p in tma) == sum(p.instr.n == 128 for p in tma)
+    assert all(diagnose(p) == [] for p in tma)
+
+
+@needs_compiler
+def test_one_wgmma_over_both_halves_compiles_with_the_plain_programs_wgmma_count():
+    from gemmgen.backends.cuda import hopper as hop
+
+    program = joined(hopper(gated(m=2048, n=14336, k=4096)))
+    plain = replace(hopper(program.problem), problem=replace(program.problem, epilogue=Epilogue()))
+    (sass, res), (plain_sass, _) = [(r["sass"], r["resources"][hop.ENTRY])
+                                    for r in (cuda.kernel_report(cuda.compile_program(p)) for p in (program, plain))]
+    assert sass["HGMMA"] == plain_sass["HGMMA"] > 0, (sass["HGMMA"], plain_sass["HGMMA"])
     assert sass["LDL"] == 0 and sass["STL"] == 0, sass
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0, res

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuda_backend_cases import hopper
+from cuda_backend_cases import hopper, joined
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
 
 pytestmark = pytest.mark.gpu
@@ -66,11 +66,19 @@ CASES += [hopper(Problem(100, 3000, 4104, b_major=b, epilogue=Epilogue(gate=gate
                  cluster=cluster)
           for b, (gate, out), cluster in (("row", GATES[1], (1, 1)), ("col", GATES[2], (2, 1)), ("row", GATES[0], (2, 1)))]
 CASES += [hopper(Problem(2048, 4096, 4096, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked")), stages=3)]
+# The same family with one wgmma over the gate's and the up's columns (instr 64x256x16): every M,
+# both majors of B, a cluster of two, every gate and output dtype, and the prefill-sized product.
+CASES += [joined(hopper(Problem(m, 3000, 4104, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked"))))
+          for m in MS]
+CASES += [joined(hopper(Problem(100, 3000, 4104, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked",
+                                                                               out_dtype=out)), cluster=cluster))
+          for b, (gate, out), cluster in (("row", GATES[1], (2, 1)), ("col", GATES[2], (1, 1)), ("col", GATES[0], (2, 1)))]
+CASES += [joined(hopper(Problem(2048, 4096, 4096, b_major="row", epilogue=Epilogue(gate="silu", halves="stacked"))))]
 
 
 def _case_id(p: Program) -> str:
     pr = p.problem
-    kind = p.instr.kind if p.instr else "auto"
+    kind = f"{p.instr.kind}{p.instr.n}" if p.instr else "auto"
     return (f"{p.backend}-{pr.m}x{pr.n}x{pr.k}-b{pr.b_major}-{pr.epilogue.gate}-{pr.epilogue.out_dtype}-"
             f"{p.tile.m}x{p.tile.n}x{p.tile.k}-{kind}-{p.mainloop}-cluster{p.cluster[0]}")
 

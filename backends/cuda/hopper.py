@@ -78,10 +78,24 @@ def consumers(program: Program) -> int:
 
 
 def instr_n(program: Program) -> int:
+    """The N of the wgmma the program issues."""
     wgs_m, wgs_n = warpgroups(program)
     if program.instr is not None and program.instr.kind == "wgmma":
         return program.instr.n
     return min(256, program.tile.n // max(1, wgs_n))
+
+
+def joins_halves(program: Program) -> bool:
+    """A gated program whose one wgmma spans its warpgroup's gate columns and its up columns:
+    B's two tiles lie one after the other in a stage, so a single instruction reads A once for
+    both (two instructions each read the same A tile)."""
+    wgs_n = max(1, warpgroups(program)[1])
+    return b_tiles(program) > 1 and instr_n(program) == 2 * (program.tile.n // wgs_n)
+
+
+def out_n(program: Program) -> int:
+    """Output columns of one wgmma's accumulator block: half the instruction where it joins halves."""
+    return instr_n(program) // (2 if joins_halves(program) else 1)
 
 
 def consumer_regs(consumers: int) -> int:
@@ -123,8 +137,11 @@ def rules(program: Program) -> list[tuple[str, str]]:
     if t.m % wgs_m or (t.m // wgs_m) % 64 or t.m > 256:
         out.append(("tile", f"each consumer warpgroup needs a multiple of 64 rows: tile M {t.m} over {wgs_m} "
                             f"warpgroup(s) along M (tile M at most 256, the TMA box limit)"))
-    n_inst = instr_n(program)
-    if t.n % wgs_n or t.n > 256 or n_inst % 8 or n_inst > 256 or (t.n // wgs_n) % n_inst:
+    n_inst, n_out = instr_n(program), out_n(program)
+    if joins_halves(program) and wgs_n != 1:
+        out.append(("instr", f"one wgmma over the gate's and the up's columns ({n_inst}) needs them side by side "
+                             f"in a stage: one consumer warpgroup along N (warps 8x1 or 4x1), not {wm}x{wn}"))
+    if t.n % wgs_n or t.n > 256 or n_inst % 8 or n_inst > 256 or (t.n // wgs_n) % n_out:
         out.append(("tile", f"tile N {t.n} over {wgs_n} warpgroup(s) along N must be a multiple of the wgmma N "
                             f"({n_inst}), at most 256"))
     elif acc_per_thread(program) > MAX_ACC_PER_THREAD:
@@ -158,7 +175,8 @@ def defines(program: Program) -> dict[str, int]:
     n_consumers = consumers(program)
     d = {"BM": t.m, "BN": t.n, "BK": t.k, "STAGES": stages_of(program), "CONSUMERS": n_consumers,
          "PINGPONG": int(program.mainloop == "ws_pingpong"),
-         "WGS_M": wgs_m, "WGS_N": wgs_n, "INSTR_N": instr_n(program), "CLUSTER_M": program.cluster[0],
+         "WGS_M": wgs_m, "WGS_N": wgs_n, "INSTR_N": out_n(program), "JOINED_HALVES": int(joins_halves(program)),
+         "CLUSTER_M": program.cluster[0],
          "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers)}
     d.update(layout_defines(program))
     d.update(epilogue_defines(program))

@@ -133,16 +133,17 @@ def _hopper(problem: Problem) -> list[Program]:
     shapes += [("ws_pingpong", tm, tn, (4, 1)) for tm, tn in ((128, 128), (64, 256))]
     for mainloop, tm, tn, warps in shapes:
         wg_n = tn // warps[1]
-        for stages in (3, 4, 5, 6):
-            for cluster in ((1, 1), (2, 1)):
-                prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, 64), warps=warps,
-                               mainloop=mainloop, instr=Instr("wgmma", 64, wg_n, 16),
-                               cluster=cluster, stages=stages, scheduler="persistent", raster="m",
-                               swizzle=8 if p.m >= p.n else 4, smem_swizzle=128)
-                bound = prog.bind(p) if not problem.is_bound else prog
-                # the language's TMA rule covers the output's rows too (`dsl.checks.check_alignment`)
-                if not hop.rules(bound) and not any(check_alignment(bound, SM90A)):
-                    out.append(prog)
+        # a gated tile's gate and up columns in one wgmma (A read once for both), or one each
+        widths = (2 * wg_n, wg_n) if problem.epilogue.gate and warps[1] == 1 and 2 * wg_n <= 256 else (wg_n,)
+        for stages, cluster, n in itertools.product((3, 4, 5, 6), ((1, 1), (2, 1)), widths):
+            prog = Program(problem=problem, backend="cuda", tile=Tile(tm, tn, 64), warps=warps,
+                           mainloop=mainloop, instr=Instr("wgmma", 64, n, 16),
+                           cluster=cluster, stages=stages, scheduler="persistent", raster="m",
+                           swizzle=8 if p.m >= p.n else 4, smem_swizzle=128)
+            bound = prog.bind(p) if not problem.is_bound else prog
+            # the language's TMA rule covers the output's rows too (`dsl.checks.check_alignment`)
+            if not hop.rules(bound) and not any(check_alignment(bound, SM90A)):
+                out.append(prog)
     return out
 
 

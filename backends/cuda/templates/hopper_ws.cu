@@ -11,6 +11,9 @@
 // each consumer keeps the gate and the up accumulators of the same output elements, one
 // layout; the epilogue stores gate(acc) * acc_up. The gate's last tile past N reads up rows,
 // which only feed columns that are never stored.
+// JOINED_HALVES: the warpgroup's gate rows and up rows lie one after the other in a stage, and one
+// wgmma of twice INSTR_N reads both, A once: its accumulator e < ACC_PER_BLOCK is a gate column,
+// e + ACC_PER_BLOCK the up of the same column.
 // ---------------------------------------------------------------------------
 #define CONSUMER_THREADS (CONSUMERS * 128)
 #define THREADS (CONSUMER_THREADS + 128)
@@ -18,7 +21,7 @@
 #define WG_TILE_N (BN / WGS_N)                 // columns one consumer warpgroup owns
 #define M_BLOCKS (WG_TILE_M / 64)              // wgmma m64 blocks per warpgroup
 #define N_BLOCKS (WG_TILE_N / INSTR_N)         // wgmma n blocks per warpgroup
-#define ACC_PER_BLOCK (INSTR_N / 2)            // fp32 accumulators per thread per wgmma
+#define ACC_PER_BLOCK (INSTR_N / 2)            // fp32 accumulators per thread per output block
 #define B_HALVES (GATED ? 2 : 1)
 #define A_STAGE_BYTES (BM * BK * 2)
 #define B_HALF_BYTES (BN * BK * 2)                   // one half of a gated B stage
@@ -225,7 +228,9 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
     const bool pair_aligned = (epi.ld_out % 2) == 0;
     const bool row_aligned16 = (epi.ld_out % 8) == 0 && (reinterpret_cast<unsigned long long>(epi.out) & 15) == 0;
     float acc[M_BLOCKS][N_BLOCKS][ACC_PER_BLOCK];
-#if GATED
+#if GATED && JOINED_HALVES
+    float acc_both[M_BLOCKS][2 * ACC_PER_BLOCK];   // N_BLOCKS is 1: the warpgroup's gate, then its up
+#elif GATED
     float acc_up[M_BLOCKS][N_BLOCKS][ACC_PER_BLOCK];
 #endif
     // Position in the producer's sequence of ring slots: slot = pos % STAGES, and the
@@ -251,6 +256,10 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #pragma unroll
           for (int i = 0; i < M_BLOCKS; ++i) {
             unsigned long long da = TileA::descriptor(smem_a + stage * A_STAGE_BYTES, wg_m * WG_TILE_M + i * 64, kk);
+#if GATED && JOINED_HALVES
+            wgmma_tile(acc_both[i], da, TileB::descriptor(smem_b + stage * B_STAGE_BYTES, 0, kk),
+                       (kt > 0 || kk > 0) ? 1 : 0);
+#else
 #pragma unroll
             for (int j = 0; j < N_BLOCKS; ++j) {
               unsigned long long db = TileB::descriptor(smem_b + stage * B_STAGE_BYTES,
@@ -262,6 +271,7 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
               wgmma_tile(acc_up[i][j], da, db_up, (kt > 0 || kk > 0) ? 1 : 0);
 #endif
             }
+#endif
           }
         }
         wgmma_commit();
@@ -281,7 +291,12 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       pos += k_tiles;   // the other warpgroup's tile
 #endif
 
-#if GATED
+#if GATED && JOINED_HALVES
+#pragma unroll
+      for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+        for (int e = 0; e < ACC_PER_BLOCK; ++e) acc[i][0][e] = gate_activate(acc_both[i][e]) * acc_both[i][e + ACC_PER_BLOCK];
+#elif GATED
 #pragma unroll
       for (int i = 0; i < M_BLOCKS; ++i)
 #pragma unroll
