@@ -111,7 +111,8 @@ def check_instruction(p: Program, hw: Hardware) -> Iterator[Finding]:
         # a gated program's instruction may also span the gate's and the up's columns at once
         both_halves = res.b_tiles(p) > 1 and n_step == 2 * warp_n
         if warp_n % n_step and not both_halves:
-            joined = f" (or 64x{2 * warp_n}x16 over the gate's and up's together)" if res.b_tiles(p) > 1 else ""
+            joined = (f" (or 64x{2 * warp_n}x16 over the gate's and up's together)"
+                      if res.b_tiles(p) > 1 and 2 * warp_n in hw.wgmma_n else "")
             yield "tile", (f"{tile} with warps {wm}x{wn}: each warpgroup computes {warp_n} columns, which "
                            f"must be a multiple of the instruction's N={n_step}; use instr wgmma 64x{_gcd_n(warp_n, hw)}x16"
                            f"{joined} or change tile_n")
