@@ -309,13 +309,7 @@ def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:
     pr = p.problem
     if not (res.is_ws(p) and pr.is_bound):
         return
-    e = pr.epilogue
-    operands = [
-        ("A", pr.a_major, ("K", pr.k) if pr.a_major == "row" else ("M", pr.m), pr.in_dtype),
-        ("B", pr.b_major, ("N", pr.b_cols) if pr.b_major == "row" else ("K", pr.k), pr.in_dtype),
-        ("the output", pr.c_major, ("N", pr.n) if pr.c_major == "row" else ("M", pr.m), e.out_dtype),
-    ]
-    for operand, major, (dim, extent), dtype in operands:
+    for operand, major, dim, extent, dtype in pr.rows():
         elems = hw.copy_alignment_bytes // ir.DTYPE_BYTES.get(dtype, 2)
         if extent % elems:
             padded = -(-extent // elems) * elems

@@ -149,6 +149,17 @@ class Problem:
         """B's columns: N, or 2N with a gated epilogue (the two halves side by side)."""
         return None if self.n is None else self.n * (2 if self.epilogue.gate else 1)
 
+    def rows(self) -> tuple[tuple[str, Major, str, Optional[int], DType], ...]:
+        """How A, B and the output lie in memory: (operand, major, the dimension a row runs
+        along, its extent, dtype). Copies of 16 bytes (TMA, cuBLAS's fast kernels) need each
+        row's bytes to be a multiple of 16. An extent is None where the problem leaves it open."""
+        e = self.epilogue
+        return (("A", self.a_major, *(("K", self.k) if self.a_major == "row" else ("M", self.m)), self.in_dtype),
+                ("B", self.b_major, *(("N", self.b_cols) if self.b_major == "row" else ("K", self.k)),
+                 self.in_dtype),
+                ("the output", self.c_major, *(("N", self.n) if self.c_major == "row" else ("M", self.m)),
+                 e.out_dtype))
+
     @property
     def linear_bias(self) -> bool:
         """Whether the bias is nn.Linear's, `x @ W.T + b`: over N, with no C, on operands of the

@@ -2,7 +2,7 @@
 what inductor would run in its place, by at least `min_gain_us` per call.
 
 Tuning measured each problem against cuBLAS with the bias inside the product (addmm, as in the
-graph) and the rest of the epilogue as separate torch passes; inside a graph those passes are
+graph, where every row is 16-byte aligned) and the rest of the epilogue as separate torch passes; inside a graph those passes are
 mostly free: inductor fuses an activation or a residual add into the pointwise or reduction
 kernel that consumes it (Llama's silu(gate) * up; the RMSNorm after each residual add). So unless
 the epilogue's one item feeds nothing inductor can fuse into (a matmul, the graph's output), the
@@ -30,7 +30,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from gemmgen.measure.comparison import REPLICATE_NOISE
+from gemmgen.runtime.torch_call import bias_in_product
 from gemmgen.torch_compile import counts
+from gemmgen.torch_compile import ops as torch_ops
 from gemmgen.torch_compile.patterns import Candidate, Gated, Siblings
 
 #: Least device time a tuned kernel must save per call to be taken, where the user set no
@@ -88,12 +90,12 @@ def required_gain_us(reference_us: float, min_gain_us: float) -> float:
 def _own_baseline_is_reference(cand: Candidate, key: tuple) -> bool:
     """Whether what inductor runs in the kernel's place is what tuning measured it against: a bare
     matmul, a matmul with nn.Linear's bias (both add it inside the product: inductor's addmm,
-    the baseline's `torch.addmm`), or one epilogue item (an activation or a residual add) alone
+    the baseline's `torch.addmm` where rows are 16-byte aligned), or one epilogue item (an activation or a residual add) alone
     that inductor would run as a kernel of its own."""
     if key == cand.key(bare=True):
         return True
     if key == cand.key(False) and cand.bias is not None and cand.c is None:
-        return True
+        return bias_in_product(torch_ops.problem_of(key))
     alone = cand.bias is None and cand.c is None and cand.alpha == 1.0
     one_item = (cand.activation != "none") != (cand.residual is not None)
     return alone and one_item and key == cand.key(True) and cand.standalone
