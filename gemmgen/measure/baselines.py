@@ -4,8 +4,9 @@
 NN/TN change B's storage, the way a user stores a weight), and notes recorded with
 each result. Epilogues are done as a user would: after the product, with torch ops
 in place on `out`; alpha and beta go into the GEMM call itself (torch.addmm, cuBLASLt),
-and so does nn.Linear's bias (`Problem.linear_bias`: `torch.addmm(bias, a, b)`, cuBLASLt's
-BIAS epilogue), as every model adds it.
+and so does nn.Linear's bias (`Problem.linear_bias`: `torch.addmm(bias, a, b)` where rows are
+16-byte aligned, `runtime.torch_call.bias_in_product`; cuBLASLt's BIAS epilogue), as every model
+adds it.
 
 - `torch`: torch.matmul(a, b, out=out) on the problem's own layout, with torch's own
   reduction setting (the user's baseline; gemmgen's served fallback sums in fp32).

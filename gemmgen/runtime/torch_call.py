@@ -1,6 +1,6 @@
-"""torch.matmul (or addmm: with alpha and beta, or with a bias over N as nn.Linear calls it)
-followed by the rest of the epilogue as torch ops: the baseline every program is measured
-against, and what gemmgen serves where nothing won."""
+"""torch.matmul (or addmm: with alpha and beta, or with a bias over N as nn.Linear calls it, on
+16-byte rows) followed by the rest of the epilogue as torch ops: the baseline every program is
+measured against, and what gemmgen serves where nothing won."""
 from __future__ import annotations
 
 from dataclasses import replace
