@@ -72,7 +72,8 @@ CASES += [joined(hopper(Problem(m, 3000, 4104, b_major="col", epilogue=Epilogue(
           for m in MS]
 CASES += [joined(hopper(Problem(100, 3000, 4104, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked",
                                                                                out_dtype=out)), cluster=cluster))
-          for b, (gate, out), cluster in (("row", GATES[1], (2, 1)), ("col", GATES[2], (1, 1)), ("col", GATES[0], (2, 1)))]
+          for b, (gate, out), cluster in (("row", GATES[1], (2, 1)), ("col", GATES[2], (1, 1)),
+                                          ("col", GATES[0], (2, 1)))]
 CASES += [joined(hopper(Problem(2048, 4096, 4096, b_major="row", epilogue=Epilogue(gate="silu", halves="stacked"))))]
 
 

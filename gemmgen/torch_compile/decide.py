@@ -2,9 +2,10 @@
 what inductor would run in its place, by at least `min_gain_us` per call.
 
 Tuning measured each problem against cuBLAS with the bias inside the product (addmm, as in the
-graph, where every row is 16-byte aligned) and the rest of the epilogue as separate torch passes; inside a graph those passes are
-mostly free: inductor fuses an activation or a residual add into the pointwise or reduction
-kernel that consumes it (Llama's silu(gate) * up; the RMSNorm after each residual add). So unless
+graph, where every row is 16-byte aligned) and the rest of the epilogue as separate torch passes;
+inside a graph those passes are mostly free: inductor fuses an activation or a residual add into
+the pointwise or reduction kernel that consumes it (Llama's silu(gate) * up; the RMSNorm after
+each residual add). So unless
 the epilogue's one item feeds nothing inductor can fuse into (a matmul, the graph's output), the
 reference is the baseline of the matmul with its bias alone, or of the bare matmul, measured at
 the same M, N, K and majors.
@@ -90,8 +91,8 @@ def required_gain_us(reference_us: float, min_gain_us: float) -> float:
 def _own_baseline_is_reference(cand: Candidate, key: tuple) -> bool:
     """Whether what inductor runs in the kernel's place is what tuning measured it against: a bare
     matmul, a matmul with nn.Linear's bias (both add it inside the product: inductor's addmm,
-    the baseline's `torch.addmm` where rows are 16-byte aligned), or one epilogue item (an activation or a residual add) alone
-    that inductor would run as a kernel of its own."""
+    the baseline's `torch.addmm` where rows are 16-byte aligned), or one epilogue item (an
+    activation or a residual add) alone that inductor would run as a kernel of its own."""
     if key == cand.key(bare=True):
         return True
     if key == cand.key(False) and cand.bias is not None and cand.c is None:

@@ -295,7 +295,8 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #pragma unroll
       for (int i = 0; i < M_BLOCKS; ++i)
 #pragma unroll
-        for (int e = 0; e < ACC_PER_BLOCK; ++e) acc[i][0][e] = gate_activate(acc_both[i][e]) * acc_both[i][e + ACC_PER_BLOCK];
+        for (int e = 0; e < ACC_PER_BLOCK; ++e)
+          acc[i][0][e] = gate_activate(acc_both[i][e]) * acc_both[i][e + ACC_PER_BLOCK];
 #elif GATED
 #pragma unroll
       for (int i = 0; i < M_BLOCKS; ++i)
