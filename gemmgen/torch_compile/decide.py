@@ -5,10 +5,9 @@ Tuning measured each problem against cuBLAS with the bias inside the product (ad
 graph, where every row is 16-byte aligned) and the rest of the epilogue as separate torch passes;
 inside a graph those passes are mostly free: inductor fuses an activation or a residual add into
 the pointwise or reduction kernel that consumes it (Llama's silu(gate) * up; the RMSNorm after
-each residual add). So unless
-the epilogue's one item feeds nothing inductor can fuse into (a matmul, the graph's output), the
-reference is the baseline of the matmul with its bias alone, or of the bare matmul, measured at
-the same M, N, K and majors.
+each residual add). So unless the epilogue's one item feeds nothing inductor can fuse into (a
+matmul, the graph's output), the reference is the baseline of the matmul with its bias alone, or
+of the bare matmul, measured at the same M, N, K and majors.
 
 Joins and gated products compete with what inductor runs in their place, on times from
 different tuning sessions, so they must also beat it by more than two sessions differ with
