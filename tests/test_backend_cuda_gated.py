@@ -180,11 +180,13 @@ def test_space_offers_only_valid_gated_programs(shape, b):
     assert 10 <= len(programs) <= 40
     for p in programs:
         assert p.problem == problem and p.split_k == 1, p
-        assert p.scheduler == "tile" if p.mainloop == "multistage" else p.mainloop == "ws_cooperative", p
+        assert p.scheduler == ("tile" if p.mainloop == "multistage" else "persistent"), p
         assert diagnose(p) == [], (p, diagnose(p))
-    # the TMA family's one gated tile, 128 x 128 on two warpgroups, where every row is 16-byte aligned
-    tma = [p for p in programs if p.mainloop == "ws_cooperative"]
-    assert all(p.tile.m == p.tile.n == 128 for p in tma)
+    # the TMA family's gated tiles, 128 x 128 on two warpgroups or a ping-pong warpgroup's 64 x 128 or
+    # 128 x 64, where every row is 16-byte aligned
+    tma = [p for p in cuda.space(problem, limit=400) if p.mainloop != "multistage"]
+    assert {(p.mainloop, p.tile.m, p.tile.n) for p in tma} <= {("ws_cooperative", 128, 128),
+                                                               ("ws_pingpong", 64, 128), ("ws_pingpong", 128, 64)}
     assert bool(tma) == (shape[1] % 8 == 0 and shape[2] % 8 == 0), [p.tile for p in tma]
     assert {p.instr.kind for p in cuda.space(problem, limit=400)} == ({"mma", "wgmma"} if shape[2] > 32 else {"mma"})
     if shape[0] <= 32:   # a few rows (decode): 16-row tiles, which measured fastest at 16x14336x4096
@@ -266,6 +268,40 @@ def test_the_space_offers_gated_tma_programs_both_ways():
     assert {p.instr.n for p in tma} == {128, 256}
     assert sum(p.instr.n == 256 for p in tma) == sum(p.instr.n == 128 for p in tma)
     assert all(diagnose(p) == [] for p in tma)
+    # ping-pong: each warpgroup's whole tile, 64 x 128 or 128 x 64, one wgmma over both halves or one each
+    pingpong = {(p.tile.m, p.tile.n, p.instr.n) for p in programs if p.mainloop == "ws_pingpong"}
+    assert pingpong == {(64, 128, 256), (64, 128, 128), (128, 64, 128), (128, 64, 64)}, pingpong
+    assert all(diagnose(p) == [] for p in programs if p.mainloop == "ws_pingpong")
+
+
+# ping-pong gated tiles: (tile, wgmma N), with the 128 accumulators a thread the two halves take
+GATED_PINGPONG = [((64, 128, 64), 256), ((64, 128, 64), 128), ((128, 64, 64), 128), ((128, 64, 64), 64)]
+
+
+@pytest.mark.parametrize("tile, n", GATED_PINGPONG, ids=[f"{t[0]}x{t[1]}-n{n}" for t, n in GATED_PINGPONG])
+def test_a_gated_pingpong_program_lowers_with_both_halves(tile, n):
+    from gemmgen.backends.cuda import hopper as hop
+
+    program = replace(hopper(gated(m=2048, n=14336, k=4096), tile=tile, mainloop="ws_pingpong", warps=(4, 1)),
+                      instr=Instr("wgmma", 64, n, 16))
+    assert diagnose(program) == [] and cuda._family_rules(program) == []
+    assert hop.acc_per_thread(program) == 128 and hop.consumers(program) == 2
+    text = cuda.lower(program).text
+    assert _define(text, "PINGPONG") == "1" and _define(text, "GATED") == "1"
+    assert _define(text, "JOINED_HALVES") == str(int(n == 2 * tile[1]))
+
+
+@needs_compiler
+@pytest.mark.parametrize("tile, n", GATED_PINGPONG[:3:2], ids=["64x128-n256", "128x64-n128"])
+def test_a_gated_pingpong_program_compiles_without_spills(tile, n):
+    from gemmgen.backends.cuda import hopper as hop
+
+    program = replace(hopper(gated(m=2048, n=14336, k=4096), tile=tile, mainloop="ws_pingpong", warps=(4, 1)),
+                      instr=Instr("wgmma", 64, n, 16))
+    report = cuda.kernel_report(cuda.compile_program(program))
+    sass, res = report["sass"], report["resources"][hop.ENTRY]
+    assert sass["HGMMA"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0, sass
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0, res
 
 
 @needs_compiler

@@ -75,6 +75,29 @@ CASES += [joined(hopper(Problem(100, 3000, 4104, b_major=b, epilogue=Epilogue(ga
           for b, (gate, out), cluster in (("row", GATES[1], (2, 1)), ("col", GATES[2], (1, 1)),
                                           ("col", GATES[0], (2, 1)))]
 CASES += [joined(hopper(Problem(2048, 4096, 4096, b_major="row", epilogue=Epilogue(gate="silu", halves="stacked"))))]
+# Ping-pong: two consumer warpgroups take whole tiles in turn, one's epilogue under the other's
+# products; the gated tiles 64 x 128 (one wgmma over both halves) and 128 x 64 (one each), every M,
+# both majors of B, a cluster of two, every gate and output dtype, and prefill-sized products whose
+# CTAs walk odd and even numbers of tiles.
+
+
+def _pingpong(problem: Problem, tile=(64, 128, 64), joined_halves=True, cluster=(1, 1)) -> Program:
+    program = hopper(problem, tile=tile, mainloop="ws_pingpong", warps=(4, 1), cluster=cluster)
+    return joined(program) if joined_halves else program
+
+
+CASES += [_pingpong(Problem(m, 3000, 4104, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked")))
+          for m in MS]
+CASES += [_pingpong(Problem(100, 3000, 4104, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked",
+                                                                           out_dtype=out)), tile, tile[1] == 128,
+                    cluster)
+          for b, (gate, out), tile, cluster in (("row", GATES[1], (64, 128, 64), (2, 1)),
+                                                ("col", GATES[2], (128, 64, 64), (1, 1)),
+                                                ("row", GATES[0], (128, 64, 64), (1, 1)),
+                                                ("col", GATES[0], (64, 128, 64), (2, 1)))]
+CASES += [_pingpong(Problem(2048, 4096, 4096, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked"))),
+          _pingpong(Problem(1000, 4096, 4096, b_major="col", epilogue=Epilogue(gate="silu", halves="stacked")),
+                    (128, 64, 64), False, (2, 1))]
 
 
 def _case_id(p: Program) -> str:

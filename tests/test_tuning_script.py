@@ -197,3 +197,22 @@ def test_tune_h200_tries_an_experiments_programs_at_every_shape_they_fit(tmp_pat
     assert "no .gemm file there" in capsys.readouterr().err
     assert not (tmp_path / "never.sqlite").exists()
     clear_cache()
+
+
+def test_the_gated_pingpong_programs_fit_every_prefill_size_gated_product():
+    """benchmarks/programs/gated_pingpong/: each program parses, is a gated ws_pingpong program and
+    validates at the gated MLP products of M = 512 to 4096 it was tried on."""
+    from benchmark_scripts import BENCHMARKS
+    from gemmgen.backends import diagnose
+    from gemmgen.dsl import parse
+    from gemmgen.dsl.ir import Epilogue, Problem
+
+    files = sorted((BENCHMARKS / "programs/gated_pingpong").glob("*.gemm"))
+    assert len(files) == 8
+    epilogue = Epilogue(gate="silu", halves="stacked")
+    for path in files:
+        program = parse(path.read_text(), str(path))
+        assert program.mainloop == "ws_pingpong" and program.problem.epilogue == epilogue, path.name
+        for m, n, k in ((512, 14336, 4096), (2048, 18944, 3584), (4096, 14336, 4096)):
+            bound = program.bind(Problem(m, n, k, b_major="col", epilogue=epilogue))
+            assert diagnose(bound) == [], (path.name, diagnose(bound))

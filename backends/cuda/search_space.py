@@ -55,8 +55,18 @@ MMA_WARPS = ((2, 2), (2, 4), (4, 2), (4, 1), (1, 4))
 # (narrow tiles scaled from 64x64 by their operand reuse, tile M*N / (M + N): a guess that ranks)
 _MS_TILE_EFF = {(64, 64): 0.45, (64, 128): 0.62, (128, 64): 0.62, (128, 128): 0.82, (128, 256): 0.92,
                 (256, 128): 0.9, (64, 32): 0.30, (32, 64): 0.30, (32, 32): 0.22, (64, 16): 0.18, (16, 64): 0.18}
+# (the gated ping-pong tiles are ranked level with the gated cooperative 128x128 until measured)
 _WS_TILE_EFF = {("ws_cooperative", 128, 128): 0.78, ("ws_cooperative", 128, 256): 0.95,
-                ("ws_cooperative", 256, 128): 0.93, ("ws_pingpong", 128, 128): 0.9, ("ws_pingpong", 64, 256): 0.88}
+                ("ws_cooperative", 256, 128): 0.93, ("ws_pingpong", 128, 128): 0.9, ("ws_pingpong", 64, 256): 0.88,
+                ("ws_pingpong", 64, 128): 0.78, ("ws_pingpong", 128, 64): 0.78}
+# The TMA family's tiles. A gated tile keeps gate and up accumulators, twice a plain tile's, so
+# only 128x128 fits two cooperating warpgroups, and a ping-pong warpgroup's whole tile is half as
+# wide: 64x128 (one wgmma 64x256 over both halves, the shape of cuBLAS's 64x256 ping-pong) or 128x64.
+HOPPER_TILES = (("ws_cooperative", 128, 128, (8, 1)), ("ws_cooperative", 128, 256, (8, 1)),
+                ("ws_cooperative", 256, 128, (8, 1)), ("ws_pingpong", 128, 128, (4, 1)),
+                ("ws_pingpong", 64, 256, (4, 1)))
+GATED_HOPPER_TILES = (("ws_cooperative", 128, 128, (8, 1)), ("ws_pingpong", 64, 128, (4, 1)),
+                      ("ws_pingpong", 128, 64, (4, 1)))
 
 
 def _bound(problem: Problem) -> Problem:
@@ -129,9 +139,7 @@ def _hopper(problem: Problem) -> list[Program]:
         return []
     p = _bound(problem)
     out = []
-    shapes = [("ws_cooperative", tm, tn, (8, 1)) for tm, tn in ((128, 128), (128, 256), (256, 128))]
-    shapes += [("ws_pingpong", tm, tn, (4, 1)) for tm, tn in ((128, 128), (64, 256))]
-    for mainloop, tm, tn, warps in shapes:
+    for mainloop, tm, tn, warps in GATED_HOPPER_TILES if problem.epilogue.gate else HOPPER_TILES:
         wg_n = tn // warps[1]
         # a gated tile's gate and up columns in one wgmma (A read once for both), or one each
         widths = (2 * wg_n, wg_n) if problem.epilogue.gate and warps[1] == 1 and 2 * wg_n <= 256 else (wg_n,)
