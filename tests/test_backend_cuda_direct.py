@@ -106,7 +106,7 @@ def test_a_cluster_split_compiles_to_cluster_barriers_and_no_atomics():
     (dict(split=16), "a cluster holds at most 8 CTAs"),
     (dict(cluster=(2, 1)), "write `cluster 1x1`"),
     (dict(mainloop="multistage", swap_ab=False, tile=Tile(64, 64, 64), warps=(2, 2), stages=3),
-     "in mainloop direct only"),
+     "in mainloops direct and ws_cooperative"),
     (dict(backend="triton", mainloop="multistage", tile=Tile(64, 64, 64), warps=(2, 2), stages=3, instr=None),
      "cannot reduce split-K by cluster"),
 ])

@@ -6,9 +6,11 @@ probe). Programs build in parallel first so the whole file stays near 2 minutes.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from gemmgen.dsl.ir import Epilogue, Problem
+from gemmgen.dsl.ir import CLUSTER_REDUCE, Epilogue, Problem
 
 from cuda_backend_cases import WGMMA_CONFIGS, hopper, multistage, random_multistage
 
@@ -27,20 +29,21 @@ def _valid(programs):
 
 
 def _build_all(programs):
-    from gemmgen.backends import cuda
+    from gemmgen.backends import lower
     from gemmgen.backends.build import build_many
-    results = build_many([cuda.lower(p) for p in programs], jobs=16)
+    results = build_many([lower(p) for p in programs], jobs=16)
     failed = [str(r) for r in results if isinstance(r, Exception)]
     assert not failed, failed[0]
     return results
 
 
 def _check(program, artifact, runner):
-    from gemmgen.backends import cuda
+    from gemmgen.backends import load
     from gemmgen.measure import Job
 
-    # seed None: fresh random inputs; the result's check record names the seed.
-    result = runner.run(Job(program.problem.key, cuda.load, (artifact, program), program.problem,
+    # seed None: fresh random inputs; the result's check record names the seed (swap_ab programs
+    # go through backends.load, which hands the kernel the transposed views)
+    result = runner.run(Job(program.problem.key, load, (artifact, program), program.problem,
                             check=True, mode=None, seed=None))
     assert result.ok, (program, result.status, result.message, result.check)
     return result
@@ -216,3 +219,44 @@ def hopper_artifacts():
 @pytest.mark.parametrize("index", range(len(HOPPER)))
 def test_hopper_programs(index, hopper_artifacts, runner):
     _check(HOPPER[index], hopper_artifacts[index], runner)
+
+
+def _split(problem, tile, warps, split, stages=4, b="col", swap=False):
+    """`split_k S cluster` in the TMA family: one CTA a tile's K slice, the S slices of a tile one
+    cluster summing their partials through distributed shared memory; with `swap`, C^T = W x^T
+    (the tile's M is the weight's rows, its N the batch) stored transposed."""
+    program = hopper(replace(problem, b_major=b), tile=tile, warps=warps, stages=stages, scheduler="tile")
+    return replace(program, split_k=split, split_k_reduce=CLUSTER_REDUCE, swap_ab=swap)
+
+
+# Skinny products (what it is for): M = 1, 3, 17, 64, 100, 128, a last short k tile (K = 4104, 520),
+# both majors of B, tiles of 64 and 128 rows, 2-8 slices, every epilogue kind.
+SPLIT = [
+    _split(Problem(1, 4096, 4096), (128, 64, 64), (8, 1), 4, 6),
+    _split(Problem(3, 1000, 4104, epilogue=Epilogue(bias="n", activation="gelu")), (64, 128, 64), (4, 2), 8),
+    _split(Problem(17, 1000, 4104, epilogue=Epilogue(residual=True, alpha=0.5, beta=0.5)), (128, 64, 64), (8, 1), 2),
+    _split(Problem(100, 4096, 4104, epilogue=Epilogue(bias="m", activation="silu", out_dtype="f32")),
+           (128, 128, 64), (8, 1), 4),
+    _split(Problem(128, 6144, 4096, epilogue=Epilogue(out_dtype="bf16")), (64, 128, 64), (4, 2), 4, 6, b="row"),
+    _split(Problem(64, 1000, 520, epilogue=Epilogue(bias="n", residual=True)), (128, 64, 64), (8, 1), 8, 3, b="row"),
+    # swap_ab (`x @ W.T`: W, N x K, is the computed A): every epilogue kind, unaligned M and N
+    _split(Problem(1, 4096, 4096), (128, 32, 64), (8, 1), 4, 6, swap=True),
+    _split(Problem(3, 1000, 4104, epilogue=Epilogue(bias="n", activation="gelu")), (128, 32, 64), (8, 1), 8,
+           swap=True),
+    _split(Problem(17, 1000, 4104, epilogue=Epilogue(residual=True, alpha=0.5, beta=0.5)), (128, 32, 64), (8, 1),
+           2, swap=True),
+    _split(Problem(100, 4096, 4104, epilogue=Epilogue(bias="m", activation="silu", out_dtype="f32")),
+           (128, 128, 64), (8, 1), 4, swap=True),
+    _split(Problem(64, 6144, 4096, epilogue=Epilogue(out_dtype="bf16")), (128, 64, 64), (8, 1), 4, 6, swap=True),
+]
+
+
+@pytest.fixture(scope="module")
+def split_artifacts():
+    assert _valid(SPLIT) == SPLIT
+    return _build_all(SPLIT)
+
+
+@pytest.mark.parametrize("index", range(len(SPLIT)))
+def test_hopper_split_k_cluster_programs(index, split_artifacts, runner):
+    _check(SPLIT[index], split_artifacts[index], runner)

@@ -50,12 +50,15 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     if program.mainloop not in _FAMILIES:
         return []  # SUPPORT.mainloops already refuses it
     out = []
-    if program.problem.c_major != "row" and program.mainloop != "direct":
+    cluster_sum = program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
+    if program.problem.c_major != "row" and not (program.mainloop == "direct"
+                                                 or (program.mainloop == "ws_cooperative" and cluster_sum)):
         out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
-                            "(or mainloop direct, which stores C either way)"))
-    if program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE and program.mainloop != "direct":
-        out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloop direct only: write "
-                               f"`split_k {program.split_k} workspace` for mainloop {program.mainloop}"))
+                            "(mainloop direct, and ws_cooperative's `split_k S cluster` sum, store C either way)"))
+    if cluster_sum and program.mainloop not in ("direct", "ws_cooperative"):
+        out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloops direct and "
+                               f"ws_cooperative: write `split_k {program.split_k} workspace` for mainloop "
+                               f"{program.mainloop}"))
     if program.problem.epilogue.gate and program.mainloop == "direct":
         out.append(("mainloop", f"backend cuda lowers a gated epilogue (gate={program.problem.epilogue.gate}) in mainloop "
                                 "multistage or the TMA family, not direct: write `mainloop multistage` with `scheduler "
@@ -69,7 +72,7 @@ SUPPORT = Support(
     mainloops=frozenset(_FAMILIES),
     schedulers=frozenset({"tile", "persistent", "stream_k"}),
     instr_kinds=frozenset({None, "mma", "wgmma"}),
-    split_k_reduces=frozenset({"workspace", "atomic", "unordered", CLUSTER_REDUCE}),   # cluster: direct only
+    split_k_reduces=frozenset({"workspace", "atomic", "unordered", CLUSTER_REDUCE}),   # cluster: direct, TMA
     activations=frozenset({"relu", "gelu", "silu"}),
     bias=True,
     residual=True,
@@ -80,7 +83,7 @@ SUPPORT = Support(
     auto_stages=True,
     majors_a=frozenset({"row", "col"}),
     majors_b=frozenset({"row", "col"}),
-    majors_c=frozenset({"row", "col"}),   # col: mainloop direct only (_family_rules)
+    majors_c=frozenset({"row", "col"}),   # col: direct, and the TMA family's cluster sum (_family_rules)
     out_dtypes=frozenset({"f16", "bf16", "f32"}),
     in_dtypes=frozenset(INPUT_DTYPES),
     extra_rules=(_family_rules,),

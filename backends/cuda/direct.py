@@ -15,12 +15,12 @@ templates/direct.cu, `DirectLauncher` launches it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gemmgen.backends.cuda import launch as L
-from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines
+from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines, stored
 from gemmgen.backends.workspace import persistent_buffer
-from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, CLUSTER_REDUCE, Program, transposed
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, CLUSTER_REDUCE, Program
 from gemmgen.dsl.resources import DIRECT_MAX_STAGES
 
 ENTRY = "gemm_direct"
@@ -101,13 +101,6 @@ def rules(program: Program) -> list[tuple[str, str]]:
     return out
 
 
-def stored(program: Program) -> Program:
-    """The program over the matrix its output is stored as: the computed one when c=row, its
-    transpose when c=col (swap_ab's C^T, stored as the caller's row-major C)."""
-    p = program.problem
-    return program if p.c_major == "row" else replace(program, problem=transposed(p))
-
-
 def cluster_split(program: Program) -> bool:
     """The K slices of a tile run as one cluster and sum their partials in shared memory."""
     return program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
@@ -158,8 +151,6 @@ class DirectLauncher(L.FamilyLauncher):
 
     def __init__(self, artifact, program: Program):
         super().__init__(artifact, program, geometry(program), entries(program))
-        self.transpose_out = program.problem.c_major == "col"
-        self.stored_check = L.OperandCheck(stored(program))
         self.gemm_args = L.GemmArgs()
         self.pack = L.ArgPack(self.gemm_args, self.epi_args)
         self._workspaces: dict = {}
@@ -182,12 +173,6 @@ class DirectLauncher(L.FamilyLauncher):
         if self.geo.split_k > 1 and not self.geo.cluster_split:
             ws, counters = self._workspace(M, N, a.device)
             ga.workspace, ga.counters = ws.data_ptr(), counters.data_ptr()
-
-    def _fill_epilogue(self, out, bias, residual, c, alpha, beta) -> None:
-        if not self.transpose_out:
-            return super()._fill_epilogue(out, bias, residual, c, alpha, beta)
-        t = (lambda x: None if x is None else x.t())
-        self.stored_check.epilogue(self.epi_args, out.t(), bias, t(residual), t(c), alpha, beta)
 
     def _launch(self, M, N, stream) -> None:
         g = self.geo

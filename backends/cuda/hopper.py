@@ -8,6 +8,11 @@ operands are loaded as one BK x rows TMA box per stage, MN-contiguous ones as
 be 16-byte aligned (TMA's rule). `warps WMxWN` are the consumer warps: WM/4
 warpgroups stacked along M times WN along N. A gated epilogue (`gate=ACT halves=stacked`)
 loads the gate's and the up's B tile into each stage and keeps both accumulators.
+`split_k S cluster` (ws_cooperative, one CTA a tile and K slice): the S slices of a tile are one
+cluster, each parks its fp32 partial tile in shared memory and sums a 1/S share of the tile over
+all S through distributed shared memory, in slice order: enough CTAs to stream a skinny
+product's weight on every SM, in one launch and with no workspace. That sum stores C either way,
+so `swap_ab` (C^T = W x^T, c=col) runs here too: the weight's rows fill wgmma's M side.
 """
 from __future__ import annotations
 
@@ -21,11 +26,12 @@ from gemmgen.backends.cuda.source import (
     assemble,
     epilogue_defines,
     layout_defines,
+    stored,
     with_wgmma,
 )
 from gemmgen.dsl.checks import gate_findings
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import Program
+from gemmgen.dsl.ir import CLUSTER_REDUCE, Program
 from gemmgen.dsl.resources import b_tiles
 
 MAX_SMEM = SM90A.max_smem_per_block
@@ -39,7 +45,8 @@ ENTRY = "gemm_hopper_ws"
 def stages_of(program: Program) -> int:
     if program.stages is not None:
         return program.stages
-    return max(2, min(6, (MAX_SMEM - 2048 - staging_bytes(program)) // stage_bytes(program)))
+    spare = MAX_SMEM - 2048 - staging_bytes(program) - partial_bytes(program)
+    return max(2, min(6, spare // stage_bytes(program)))
 
 
 def stage_bytes(program: Program) -> int:
@@ -59,11 +66,31 @@ def staging_bytes(program: Program) -> int:
     return consumers(program) * 4 * 512 + 16
 
 
+# fp32 columns a parked partial row is padded by: a half-warp's 8-byte stores of 4 rows then
+# fall in 32 different banks
+PARTIAL_PAD = 8
+
+
+def splits_k(program: Program) -> bool:
+    """The K slices of each tile run as one cluster and sum their partials in shared memory."""
+    return program.split_k > 1
+
+
+def partial_bytes(program: Program) -> int:
+    """The fp32 partial tile a K slice parks for its cluster's sum (none without split-K): row by
+    row, or column by column when C is stored transposed (c=col), so the sum reads along the
+    stored rows either way."""
+    t = program.tile
+    if not splits_k(program):
+        return 0
+    return (t.n * (t.m + PARTIAL_PAD) if program.problem.c_major == "col" else t.m * (t.n + PARTIAL_PAD)) * 4
+
+
 def smem_bytes(program: Program) -> int:
     """Ring of A and B tiles, 16 bytes of barriers per stage, the epilogue's staging
-    buffers, 1 KiB to align the ring."""
+    buffers, the parked partial tile of split-K, 1 KiB to align the ring."""
     s = stages_of(program)
-    return s * stage_bytes(program) + 16 * s + staging_bytes(program) + 1024
+    return s * stage_bytes(program) + 16 * s + staging_bytes(program) + partial_bytes(program) + 1024
 
 
 def warpgroups(program: Program) -> tuple[int, int]:
@@ -113,8 +140,8 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.append(("instr", f"mainloop {program.mainloop} issues wgmma: write `instr wgmma 64xNx16` or `instr auto`"))
     if program.smem_swizzle not in (None, 128):
         out.append(("smem_swizzle", "the TMA/wgmma family uses the 128-byte swizzle: write `smem_swizzle 128` or `auto`"))
-    if program.split_k != 1:
-        out.append(("split_k", "the TMA/wgmma family has no split-K yet: write `split_k 1` or use mainloop multistage"))
+    if program.split_k > 1:
+        out.extend(("split_k", finding) for finding in _split_findings(program))
     # a gated epilogue: the language's own words for a malformed gate, also when lower() is called directly
     out.extend(("epilogue", finding) for finding in gate_findings(p.epilogue))
     if program.scheduler == "stream_k":
@@ -169,6 +196,23 @@ def rules(program: Program) -> list[tuple[str, str]]:
     return out
 
 
+def _split_findings(program: Program) -> list[str]:
+    s, where = program.split_k, f"split_k {program.split_k}"
+    out = []
+    if program.split_k_reduce != CLUSTER_REDUCE:
+        out.append(f"the TMA/wgmma family sums a tile's K slices across a cluster: write `{where} cluster` "
+                   f"(or use mainloop multistage for `{where} {program.split_k_reduce}`)")
+    if program.scheduler != "tile":
+        out.append(f"{where} cluster gives each CTA one tile's K slice: write `scheduler tile`")
+    if program.problem.epilogue.gate:
+        out.append("a gated epilogue needs a tile's whole K sum in one CTA: write `split_k 1`")
+    p = program.problem
+    if p.is_bound and s > math.ceil(p.k / BK):
+        out.append(f"{where} exceeds the {math.ceil(p.k / BK)} K tiles of K={p.k}: use split_k <= "
+                   f"{math.ceil(p.k / BK)}")
+    return out
+
+
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     wgs_m, wgs_n = warpgroups(program)
@@ -176,10 +220,12 @@ def defines(program: Program) -> dict[str, int]:
     d = {"BM": t.m, "BN": t.n, "BK": t.k, "STAGES": stages_of(program), "CONSUMERS": n_consumers,
          "PINGPONG": int(program.mainloop == "ws_pingpong"),
          "WGS_M": wgs_m, "WGS_N": wgs_n, "INSTR_N": out_n(program), "JOINED_HALVES": int(joins_halves(program)),
-         "CLUSTER_M": program.cluster[0],
+         "CLUSTER_M": program.cluster[0], "SPLIT_K": program.split_k, "PARTIAL_PAD": PARTIAL_PAD,
+         "STORE_T": int(program.problem.c_major == "col"),
          "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers)}
     d.update(layout_defines(program))
-    d.update(epilogue_defines(program))
+    # the epilogue's row, column, bias axis and operands are those of the stored matrix
+    d.update(epilogue_defines(stored(program)))
     return d
 
 
@@ -199,12 +245,13 @@ class Geometry:
     tile_n: int
     cluster_m: int
     persistent: bool
+    split_k: int = 1         # K slices of a tile, one cluster (grid z)
 
 
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=128 * (1 + consumers(program)), smem=smem_bytes(program), tile_m=program.tile.m,
                     tile_n=program.tile.n, cluster_m=program.cluster[0],
-                    persistent=program.scheduler == "persistent")
+                    persistent=program.scheduler == "persistent", split_k=program.split_k)
 
 
 def grid_size(geo: Geometry, M: int, N: int, sms: int = SMS) -> int:
@@ -271,9 +318,10 @@ class HopperLauncher(L.FamilyLauncher):
         self.problem_args.M, self.problem_args.N, self.problem_args.K = M, N, K
 
     def _launch(self, M, N, stream) -> None:
-        grid = grid_size(self.geo, M, N, self.sms)
-        cluster = (self.geo.cluster_m, 1, 1) if self.geo.cluster_m > 1 else None
-        L.launch(self.fn, (grid, 1, 1), self.geo.threads, self.geo.smem, stream, self.pack, cluster=cluster)
+        g = self.geo
+        cluster = (1, 1, g.split_k) if g.split_k > 1 else (g.cluster_m, 1, 1) if g.cluster_m > 1 else None
+        L.launch(self.fn, (grid_size(g, M, N, self.sms), 1, g.split_k), g.threads, g.smem, stream, self.pack,
+                 cluster=cluster)
 
 
 def launcher(artifact, program: Program) -> HopperLauncher:

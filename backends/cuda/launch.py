@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from gemmgen.backends.base import BackendError, TensorArg, check_launch, int32_overflows, refuse_int32_overflow
+from gemmgen.backends.cuda.source import stored
 
 _MODULES: dict[tuple[str, int], Any] = {}
 _LOCK = threading.Lock()
@@ -286,6 +287,8 @@ class FamilyLauncher:
         self.program = program
         self.geo = geo
         self.check = OperandCheck(program)
+        # c=col (swap_ab's C^T): the epilogue's tensors are checked as the stored matrix's
+        self.stored_check = OperandCheck(stored(program)) if program.problem.c_major == "col" else None
         self.device = torch.cuda.current_device()
         self.funcs = load_functions(artifact.key, artifact.data, names, self.device, geo.smem)
         self.epi_args = EpilogueArgs()
@@ -297,7 +300,10 @@ class FamilyLauncher:
         raise NotImplementedError
 
     def _fill_epilogue(self, out, bias, residual, c, alpha: float, beta: float) -> None:
-        self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+        if self.stored_check is None:
+            return self.check.epilogue(self.epi_args, out, bias, residual, c, alpha, beta)
+        t = (lambda x: None if x is None else x.t())
+        self.stored_check.epilogue(self.epi_args, out.t(), bias, t(residual), t(c), alpha, beta)
 
     def __call__(self, a, b, out, *, bias=None, residual=None, c=None, alpha=None, beta=None):
         # Deferred: torch (optional, heavy to import).

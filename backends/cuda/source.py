@@ -10,7 +10,9 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-from gemmgen.dsl.ir import Program
+from dataclasses import replace
+
+from gemmgen.dsl.ir import Program, transposed
 
 
 @lru_cache(maxsize=None)
@@ -33,6 +35,13 @@ def epilogue_flags(*, beta: bool, residual: bool, bias, activation, out_dtype: s
         "OUT_DTYPE_F32": int(out_dtype == "f32"),
         "OUT_DTYPE_BF16": int(out_dtype == "bf16"),
     }
+
+
+def stored(program: Program) -> Program:
+    """The program over the matrix its output is stored as: the computed one when c=row, its
+    transpose when c=col (swap_ab's C^T, stored as the caller's row-major C)."""
+    p = program.problem
+    return program if p.c_major == "row" else replace(program, problem=transposed(p))
 
 
 def epilogue_defines(program: Program) -> dict[str, int]:

@@ -149,6 +149,17 @@ __device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned cta) {
   return v;
 }
 
+// Four consecutive floats (16-byte aligned) at the offset of `p` in cluster CTA `cta`'s shared memory.
+__device__ __forceinline__ float4 ld_cluster_f32x4(const float* p, unsigned cta) {
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+  return v;
+}
+
 // Arrival-order split-K (`split_k N unordered`), one launch: each CTA adds its fp32 partials
 // into the workspace, then learns here whether it is its tile's last to arrive. Only that one
 // reads the sums (take_sum) and applies the epilogue; it leaves workspace and counter at zero.

@@ -14,6 +14,12 @@
 // JOINED_HALVES: the warpgroup's gate rows and up rows lie one after the other in a stage, and one
 // wgmma of twice INSTR_N reads both, A once: its accumulator e < ACC_PER_BLOCK is a gate column,
 // e + ACC_PER_BLOCK the up of the same column.
+// SPLIT_K > 1 (`split_k S cluster`, one tile a CTA): the grid's z is the K slice and the S slices
+// of a tile are one cluster. Each parks its fp32 partial tile in shared memory; then each sums a
+// 1/S share of the tile's elements over the S slices, in slice order, through distributed shared
+// memory, and stores them through the epilogue. STORE_T (c=col, swap_ab's C^T): the partial is
+// parked column by column and element (i, j) is stored at row j, column i of the row-major
+// output the epilogue flags describe, so the sum still walks along the stored rows.
 // ---------------------------------------------------------------------------
 #define CONSUMER_THREADS (CONSUMERS * 128)
 #define THREADS (CONSUMER_THREADS + 128)
@@ -28,6 +34,13 @@
 #define B_STAGE_BYTES (B_HALVES * B_HALF_BYTES)
 #define B_LOAD_ROWS (BN / CLUSTER_M)           // rows of B this CTA loads (and multicasts)
 #define READERS_PER_STAGE (PINGPONG ? 1 : CONSUMERS)   // consumer warpgroups reading each slot
+#if STORE_T   // element (r, c) of a parked partial tile, and the extent the sum walks 4 at a time
+#define PARTIAL_AT(r, c) ((c) * (BM + PARTIAL_PAD) + (r))
+#define SUM_WALK BM
+#else
+#define PARTIAL_AT(r, c) ((r) * (BN + PARTIAL_PAD) + (c))
+#define SUM_WALK BN
+#endif
 
 struct __align__(64) TmaDescriptor { unsigned long long opaque[16]; };
 
@@ -179,7 +192,13 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 
   const int M = args.M, N = args.N, K = args.K;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int k_tiles = (K + BK - 1) / BK;
+  // This CTA's K slice: k tiles [kt_begin, kt_begin + k_tiles) (all of K without split-K).
+  const int k_tiles_all = (K + BK - 1) / BK;
+  const int kt_begin = (int)((long long)k_tiles_all * blockIdx.z / SPLIT_K);
+  const int k_tiles = (int)((long long)k_tiles_all * (blockIdx.z + 1) / SPLIT_K) - kt_begin;
+#if SPLIT_K > 1
+  float* const partial = reinterpret_cast<float*>(smem_raw + (staging + CONSUMERS * 4 * 512 - smem_u32(smem_raw)));
+#endif
   const unsigned rank = CLUSTER_M > 1 ? cluster_rank() : 0u;
   const int walk_start = CLUSTER_M > 1 ? (int)(blockIdx.x / CLUSTER_M) : (int)blockIdx.x;
   const int walk_step = CLUSTER_M > 1 ? (int)(gridDim.x / CLUSTER_M) : (int)gridDim.x;
@@ -207,13 +226,14 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
         for (int kt = 0; kt < k_tiles; ++kt) {
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);       // slot free in every CTA of the cluster
           mbar_expect_tx(full_bar + 8 * stage, A_STAGE_BYTES + B_STAGE_BYTES);
-          TileA::load(smem_a + stage * A_STAGE_BYTES, &tmap_a, full_bar + 8 * stage, tm * BM, kt * BK, 0, BM, 0);
+          const int k0 = (kt_begin + kt) * BK;
+          TileA::load(smem_a + stage * A_STAGE_BYTES, &tmap_a, full_bar + 8 * stage, tm * BM, k0, 0, BM, 0);
           const unsigned short mcast = CLUSTER_M > 1 ? (unsigned short)((1u << CLUSTER_M) - 1) : (unsigned short)0;
-          TileB::load(smem_b + stage * B_STAGE_BYTES, &tmap_b, full_bar + 8 * stage, tn * BN, kt * BK,
+          TileB::load(smem_b + stage * B_STAGE_BYTES, &tmap_b, full_bar + 8 * stage, tn * BN, k0,
                       (int)rank * B_LOAD_ROWS, B_LOAD_ROWS, mcast);
 #if GATED
           TileB::load(smem_b + stage * B_STAGE_BYTES + B_HALF_BYTES, &tmap_b, full_bar + 8 * stage, N + tn * BN,
-                      kt * BK, (int)rank * B_LOAD_ROWS, B_LOAD_ROWS, mcast);
+                      k0, (int)rank * B_LOAD_ROWS, B_LOAD_ROWS, mcast);
 #endif
           if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
@@ -310,6 +330,25 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       // time go out as one 16-byte store per lane (epilogue_store_quad).
       const int row0 = tm * BM + wg_m * WG_TILE_M + warp_in_group * 16 + lane / 4;
       const int col_base = tn * BN + wg_n * WG_TILE_N;
+#if SPLIT_K > 1
+      // Park this slice's partial tile (tile-local rows and columns) for the cluster's sum below.
+#pragma unroll
+      for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+          for (int e = 0; e < ACC_PER_BLOCK; e += 2) {
+            const int r = row0 - tm * BM + i * 64 + ((e % 4) >= 2 ? 8 : 0);
+            const int c = col_base - tn * BN + j * INSTR_N + (e / 4) * 8 + 2 * (lane % 4);
+#if STORE_T
+            partial[PARTIAL_AT(r, c)] = acc[i][j][e];
+            partial[PARTIAL_AT(r, c + 1)] = acc[i][j][e + 1];
+#else
+            *reinterpret_cast<float2*>(partial + PARTIAL_AT(r, c)) = make_float2(acc[i][j][e], acc[i][j][e + 1]);
+#endif
+          }
+      continue;
+#endif
 #if (INSTR_N / 8) % 4 == 0 && !OUT_DTYPE_F32
       // A tile wholly inside M x N stores without bounds checks through the warp's staging
       // buffer (epilogue_store_block_staged): at 4096^3 the kernel then executes 28.8 M
@@ -344,5 +383,41 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
     }
   }
   __syncwarp();
+#if SPLIT_K > 1
+  cluster_sync();   // every slice's partial tile is parked
+  int tm, tn;
+  if (warpgroup > 0 && tile_coords(walk_start, tiles_m, tiles_n, 0u, tm, tn)) {
+    // This CTA's share of the tile: 4 consecutive elements of a stored row per step, summed over
+    // the slices in order.
+    for (int e = 4 * ((int)blockIdx.z * CONSUMER_THREADS + (int)threadIdx.x - 128); e < BM * BN;
+         e += 4 * SPLIT_K * CONSUMER_THREADS) {
+#if STORE_T
+      const int r = e % SUM_WALK, c = e / SUM_WALK;
+#else
+      const int r = e / SUM_WALK, c = e % SUM_WALK;
+#endif
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = 0; s < SPLIT_K; ++s) {
+        const float4 v = ld_cluster_f32x4(partial + PARTIAL_AT(r, c), (unsigned)s);
+        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+      }
+      const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+#if STORE_T
+        const int row = tm * BM + r + q, col = tn * BN + c;   // of the computed product
+        if (row < M && col < N)
+          epi.out[(long long)col * epi.ld_out + row] = f32_to_out(epilogue_value(epi, v[q], col, row));
+#else
+        const int row = tm * BM + r, col = tn * BN + c + q;
+        if (row < M && col < N)
+          epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, v[q], row, col));
+#endif
+      }
+    }
+  }
+  cluster_sync();   // no CTA leaves while a peer may still read its partial tile
+#endif
   if (CLUSTER_M > 1) cluster_sync();   // no CTA leaves while its peer may still signal it
 }
