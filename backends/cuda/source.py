@@ -7,10 +7,9 @@ compiler needs is in that one string, so its digest is the cache key.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
-
-from dataclasses import replace
 
 from gemmgen.dsl.ir import Program, transposed
 

@@ -139,24 +139,24 @@ __device__ __forceinline__ unsigned cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// The float at the same shared-memory offset as `p`, in the shared memory of cluster CTA `cta`.
-__device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned cta) {
-  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+// The address of the same shared-memory offset as `p` in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ unsigned cluster_address(const float* p, unsigned cta) {
   unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(cta));
+  return remote;
+}
+// The float there.
+__device__ __forceinline__ float ld_cluster_f32(const float* p, unsigned cta) {
   float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(p, cta)) : "memory");
   return v;
 }
-
-// Four consecutive floats (16-byte aligned) at the offset of `p` in cluster CTA `cta`'s shared memory.
+// Four consecutive floats there (`p` 16-byte aligned).
 __device__ __forceinline__ float4 ld_cluster_f32x4(const float* p, unsigned cta) {
-  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
-  unsigned remote;
   float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(cta));
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_address(p, cta)) : "memory");
   return v;
 }
 
