@@ -309,13 +309,12 @@ def check_alignment(p: Program, hw: Hardware) -> Iterator[Finding]:
     pr = p.problem
     if not (res.is_ws(p) and pr.is_bound):
         return
-    for operand, major, dim, extent, dtype in pr.rows():
-        elems = hw.copy_alignment_bytes // ir.DTYPE_BYTES.get(dtype, 2)
-        if extent % elems:
-            padded = -(-extent // elems) * elems
-            yield "mainloop", (f"mainloop {p.mainloop} moves tiles with TMA, which needs 16-byte aligned rows: "
-                               f"{operand} is {major}-major, so its contiguous dimension {dim}={extent} must be a "
-                               f"multiple of {elems} {dtype} elements; use mainloop multistage or pad {dim} to {padded}")
+    for operand, major, dim, extent, dtype in pr.unaligned_rows(hw.copy_alignment_bytes):
+        elems = hw.copy_alignment_bytes // ir.DTYPE_BYTES[dtype]
+        padded = -(-extent // elems) * elems
+        yield "mainloop", (f"mainloop {p.mainloop} moves tiles with TMA, which needs 16-byte aligned rows: "
+                           f"{operand} is {major}-major, so its contiguous dimension {dim}={extent} must be a "
+                           f"multiple of {elems} {dtype} elements; use mainloop multistage or pad {dim} to {padded}")
 
 
 VALUE_CHECKS = (check_values,)

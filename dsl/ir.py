@@ -160,6 +160,12 @@ class Problem:
                 ("the output", self.c_major, *(("N", self.n) if self.c_major == "row" else ("M", self.m)),
                  e.out_dtype))
 
+    def unaligned_rows(self, alignment_bytes: int) -> tuple[tuple[str, Major, str, Optional[int], DType], ...]:
+        """The rows() whose bytes are not known to be a multiple of `alignment_bytes` (an open
+        extent is not known)."""
+        return tuple((operand, major, dim, extent, dtype) for operand, major, dim, extent, dtype in self.rows()
+                     if extent is None or extent * DTYPE_BYTES[dtype] % alignment_bytes)
+
     @property
     def linear_bias(self) -> bool:
         """Whether the bias is nn.Linear's, `x @ W.T + b`: over N, with no C, on operands of the

@@ -23,6 +23,12 @@ def hopper(problem: Problem, tile=(128, 128, 64), stages=4, cluster=(1, 1), sche
                    scheduler=scheduler, raster=raster, swizzle=swizzle, smem_swizzle=128)
 
 
+def define(text: str, name: str) -> str:
+    """The value a generated source #defines `name` as."""
+    line = next(l for l in text.splitlines() if l.split()[:2] == ["#define", name])
+    return line.split()[-1]
+
+
 def joined(program: Program) -> Program:
     """A gated TMA program whose one wgmma spans its gate's and its up's columns."""
     return replace(program, instr=Instr("wgmma", 64, 2 * program.instr.n, 16))

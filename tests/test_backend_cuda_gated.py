@@ -21,9 +21,9 @@ from gemmgen.backends.base import BackendError
 from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.compile import nvrtc_usable
 from gemmgen.dsl import examples, parse
-from gemmgen.dsl.ir import Epilogue, Instr, Problem, Tile
+from gemmgen.dsl.ir import Epilogue, Instr, Problem
 
-from cuda_backend_cases import hopper, joined, multistage
+from cuda_backend_cases import define, hopper, joined, multistage
 
 needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_usable(),
                                     reason="needs nvcc or NVRTC to compile CUDA C")
@@ -31,12 +31,6 @@ needs_compiler = pytest.mark.skipif(shutil.which("nvcc") is None and not nvrtc_u
 
 def gated(m=17, n=2999, k=4104, b="col", gate="silu", out="f16", **epilogue) -> Problem:
     return Problem(m, n, k, b_major=b, epilogue=Epilogue(gate=gate, halves="stacked", out_dtype=out, **epilogue))
-
-
-def _define(text: str, name: str) -> str:
-    """The value a generated source #defines `name` as."""
-    line = next(l for l in text.splitlines() if l.split()[:2] == ["#define", name])
-    return line.split()[-1]
 
 
 def test_the_cuda_backend_declares_the_gated_epilogue():
@@ -60,15 +54,15 @@ def test_gated_programs_validate_and_lower_both_halves(problem, options):
     assert diagnose(program) == [] and cuda._family_rules(program) == []
     text = cuda.lower(program).text
     e = problem.epilogue
-    for define, value in (("GATED", 1), ("GATE_SILU", int(e.gate == "silu")), ("GATE_GELU", int(e.gate == "gelu")),
-                          ("GATE_RELU", int(e.gate == "relu")), ("BN", program.tile.n), ("SPLIT_K", 1)):
-        assert _define(text, define) == str(value), define
+    for name, value in (("GATED", 1), ("GATE_SILU", int(e.gate == "silu")), ("GATE_GELU", int(e.gate == "gelu")),
+                        ("GATE_RELU", int(e.gate == "relu")), ("BN", program.tile.n), ("SPLIT_K", 1)):
+        assert define(text, name) == str(value), name
     # the B tile is the gate's tile N columns, then the up's: twice the plain program's ring
     plain = replace(program, problem=replace(problem, epilogue=Epilogue(out_dtype=e.out_dtype)))
     t = program.tile
     assert ms.smem_per_stage(program) == (t.m + 2 * t.n) * t.k * 2
     assert ms.smem_per_stage(program) - ms.smem_per_stage(plain) == t.n * t.k * 2
-    assert _define(cuda.lower(plain).text, "GATED") == "0"
+    assert define(cuda.lower(plain).text, "GATED") == "0"
 
 
 @needs_compiler
@@ -208,7 +202,7 @@ def test_a_gated_tma_program_loads_the_up_half_from_row_n_of_b(b):
     program = hopper(gated(m=2048, n=14336 if b == "col" else 3000, k=4096, b=b))
     assert diagnose(program) == [] and cuda._family_rules(program) == []
     text = cuda.lower(program).text
-    assert _define(text, "GATED") == "1" and "N + tn * BN" in text and "acc_up" in text
+    assert define(text, "GATED") == "1" and "N + tn * BN" in text and "acc_up" in text
     plain = replace(program, problem=replace(program.problem, epilogue=Epilogue()))
     assert hop.stage_bytes(program) - hop.stage_bytes(plain) == 128 * 64 * 2
     assert hop.acc_per_thread(program) == 2 * hop.acc_per_thread(plain) == 128
@@ -236,11 +230,11 @@ def test_one_wgmma_may_span_the_gate_and_the_up_columns(b):
     assert diagnose(program) == [] and cuda._family_rules(program) == []
     assert hop.joins_halves(program) and hop.out_n(program) == 128
     text = cuda.lower(program).text
-    assert _define(text, "JOINED_HALVES") == "1" and _define(text, "INSTR_N") == "128"
+    assert define(text, "JOINED_HALVES") == "1" and define(text, "INSTR_N") == "128"
     assert "m64n256k16" in text and "float (&d)[128]" in text
     assert hop.acc_per_thread(program) == 128 and hop.stage_bytes(program) == hop.stage_bytes(hopper(program.problem))
     split = hopper(program.problem, cluster=(2, 1))
-    assert not hop.joins_halves(split) and _define(cuda.lower(split).text, "JOINED_HALVES") == "0"
+    assert not hop.joins_halves(split) and define(cuda.lower(split).text, "JOINED_HALVES") == "0"
 
 
 # (program, statement, words): where one instruction over both halves cannot go
@@ -287,8 +281,8 @@ def test_a_gated_pingpong_program_lowers_with_both_halves(tile, n):
     assert diagnose(program) == [] and cuda._family_rules(program) == []
     assert hop.acc_per_thread(program) == 128 and hop.consumers(program) == 2
     text = cuda.lower(program).text
-    assert _define(text, "PINGPONG") == "1" and _define(text, "GATED") == "1"
-    assert _define(text, "JOINED_HALVES") == str(int(n == 2 * tile[1]))
+    assert define(text, "PINGPONG") == "1" and define(text, "GATED") == "1"
+    assert define(text, "JOINED_HALVES") == str(int(n == 2 * tile[1]))
 
 
 @needs_compiler

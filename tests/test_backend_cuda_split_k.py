@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from cuda_backend_cases import hopper
+from cuda_backend_cases import define, hopper
 from gemmgen.backends import cuda, diagnose, lower
 from gemmgen.backends.cuda import hopper as hop
 from gemmgen.backends.cuda.compile import nvrtc_usable
@@ -29,21 +29,16 @@ def _split(m=64, n=4096, k=4096, *, tile=(128, 64, 64), warps=(8, 1), split=4, s
     return replace(program, split_k=split, split_k_reduce=reduce, swap_ab=swap, **options)
 
 
-def _define(text: str, name: str) -> str:
-    line = next(l for l in text.splitlines() if l.split()[:2] == ["#define", name])
-    return line.split()[-1]
-
-
 def test_a_split_program_lowers_with_its_slices_and_its_parked_partial():
     program = _split()
     assert diagnose(program) == []
     text = lower(program).text
-    assert _define(text, "SPLIT_K") == "4" and _define(text, "STORE_T") == "0"
+    assert define(text, "SPLIT_K") == "4" and define(text, "STORE_T") == "0"
     # the partial tile, row by row with padded rows, is the shared memory beside the ring
     assert hop.partial_bytes(program) == 128 * (64 + hop.PARTIAL_PAD) * 4
     plain = replace(program, split_k=1, split_k_reduce="workspace")
     assert hop.smem_bytes(program) - hop.smem_bytes(plain) == hop.partial_bytes(program)
-    assert _define(lower(plain).text, "SPLIT_K") == "1" and hop.partial_bytes(plain) == 0
+    assert define(lower(plain).text, "SPLIT_K") == "1" and hop.partial_bytes(plain) == 0
     # one CTA a (tile, slice): the grid's z is the slice, and a cluster the slices of a tile
     geo = hop.geometry(program)
     assert geo.split_k == 4 and not geo.persistent and hop.grid_size(geo, 64, 4096) == 64
@@ -57,7 +52,7 @@ def test_under_swap_ab_the_sum_stores_the_transpose_with_the_callers_bias_axis()
     computed = program.computed
     assert computed.problem.c_major == "col"
     text = lower(program).text
-    assert _define(text, "STORE_T") == "1" and _define(text, "BIAS_N") == "1" and _define(text, "BIAS_M") == "0"
+    assert define(text, "STORE_T") == "1" and define(text, "BIAS_N") == "1" and define(text, "BIAS_M") == "0"
     assert hop.partial_bytes(computed) == 32 * (128 + hop.PARTIAL_PAD) * 4
 
 

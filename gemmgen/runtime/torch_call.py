@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import DTYPE_BYTES, Problem
+from gemmgen.dsl.ir import Problem
 from gemmgen.runtime.epilogue import apply_in_place, in_place_source, product_problem, with_gate_tail
 
 
@@ -61,9 +61,7 @@ def bias_in_product(problem: Problem) -> bool:
     """nn.Linear's bias, added inside the product by `torch.addmm`, where every row is 16-byte
     aligned. Elsewhere it is added after: at 17x4611x3583 on the H100 `addmm` with the bias took
     1.045 ms summing in fp32, where the product and an add after it took 0.035 ms."""
-    return problem.linear_bias and all(
-        extent is not None and extent * DTYPE_BYTES[dtype] % SM90A.copy_alignment_bytes == 0
-        for _, _, _, extent, dtype in problem.rows())
+    return problem.linear_bias and not problem.unaligned_rows(SM90A.copy_alignment_bytes)
 
 
 _get_reduction = torch._C._get_cublas_allow_fp16_reduced_precision_reduction
