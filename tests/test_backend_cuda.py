@@ -322,6 +322,7 @@ def test_stream_k_multistage_rules_grid_and_shared_memory():
     accumulators a thread (a 64x64 warp tile spilled), stores staged past the ring as when
     persistent; one wave of CTAs, each at least STREAM_K_MIN_ITERS k tiles."""
     from gemmgen.backends.cuda import multistage as ms
+    from gemmgen.backends.cuda.launch import STREAM_K_MIN_ITERS
     problem = Problem(512, 2048, 2048)
     sk = multistage(problem, tile=(64, 128, 64), warps=(2, 2), stages=3, scheduler="stream_k")
     assert ms.rules(sk) == [] and diagnose(sk) == []
@@ -332,7 +333,7 @@ def test_stream_k_multistage_rules_grid_and_shared_memory():
     geo = ms.geometry(sk)
     assert ms.grid_size(geo, 512, 2048, 2048, wave=396) == 396            # 128 tiles x 32 k tiles
     assert ms.grid_size(geo, 64, 128, 256, wave=396) == 1                  # 4 k tiles: one CTA
-    assert ms.grid_size(geo, 64, 128, 2048, wave=396) == 32 // ms.STREAM_K_MIN_ITERS
+    assert ms.grid_size(geo, 64, 128, 2048, wave=396) == 32 // STREAM_K_MIN_ITERS
 
 
 def test_space_offers_stream_k_where_tiles_fill_under_four_waves():

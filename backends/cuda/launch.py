@@ -235,6 +235,15 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+STREAM_K_MIN_ITERS = 4       # k tiles a stream-K CTA computes at least
+
+
+def stream_k_grid(iterations: int, wave: int) -> int:
+    """Stream-K's CTAs (multistage and TMA families): one wave, but at least STREAM_K_MIN_ITERS k
+    tiles each (a tile's first CTA reads the others' partials one after another)."""
+    return max(1, min(wave, iterations // STREAM_K_MIN_ITERS))
+
+
 def tile_count(geo, M: int, N: int) -> int:
     """Output tiles of an M x N product under a family's geometry (its tile_m and tile_n)."""
     return ceil_div(M, geo.tile_m) * ceil_div(N, geo.tile_n)
@@ -265,8 +274,9 @@ def index_rules(program) -> list[tuple[str, str]]:
     return [("gemm", message) for message in int32_overflows(index_counts(program, p.m, p.n, p.k), INDEXES)]
 
 
-__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "INDEXES", "OperandCheck", "ceil_div", "check", "check_call",
-           "index_counts", "index_rules", "launch", "load_functions", "resident_ctas", "tile_count"]
+__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "INDEXES", "OperandCheck", "STREAM_K_MIN_ITERS", "ceil_div", "check",
+           "check_call", "index_counts", "index_rules", "launch", "load_functions", "resident_ctas", "stream_k_grid",
+           "tile_count"]
 
 
 def check_call(program, device: int, M: int, N: int, K: int, out: TensorArg, inputs: list, alpha, beta) -> None:

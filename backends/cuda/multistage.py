@@ -31,7 +31,6 @@ MAX_ACC_STREAM_K = 64         # with stream-K's partial tiles in flight too (a 6
 # Below 64, for problems of few tiles: more CTAs, each with a shorter chain of mma.sync per k step.
 TILE_SIZES = (16, 32, 64, 128, 192, 256)
 ENTRY = "gemm_multistage"
-STREAM_K_MIN_ITERS = 4       # k tiles a stream-K CTA computes at least
 EPILOGUE_BUFFER = 512        # bytes a warp stages its stores through past the ring, when persistent
 REDUCE_ENTRY = "splitk_reduce"
 WGMMA_BK = 64                # one 128-byte swizzle atom of fp16 along K
@@ -267,17 +266,11 @@ def iteration_count(geo: Geometry, M: int, N: int, K: int) -> int:
 def grid_size(geo: Geometry, M: int, N: int, K: int, wave: int | None) -> int:
     """CTAs to launch: one a tile; persistent, at most `wave` (the CTAs the SMs hold at once),
     each walking tiles; stream-K, `wave`, each walking an even share of the (tile, k tile)
-    iterations (stream_k_grid)."""
+    iterations (launch.stream_k_grid)."""
     if geo.stream_k and wave:
-        return stream_k_grid(iteration_count(geo, M, N, K), wave)
+        return L.stream_k_grid(iteration_count(geo, M, N, K), wave)
     tiles = L.tile_count(geo, M, N)
     return min(tiles, wave) if geo.persistent and wave else tiles
-
-
-def stream_k_grid(iterations: int, wave: int) -> int:
-    """Stream-K's CTAs: one wave, but at least STREAM_K_MIN_ITERS k tiles each (a tile's first
-    CTA reads the others' partials one after another)."""
-    return max(1, min(wave, iterations // STREAM_K_MIN_ITERS))
 
 
 def entries(program: Program) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from gemmgen.backends.cuda import direct
 from gemmgen.backends.cuda import multistage as ms
-from gemmgen.backends.cuda.multistage import stream_k_grid
+from gemmgen.backends.cuda.launch import stream_k_grid
 from gemmgen.backends.ranking import near_first, take_turns
 from gemmgen.dsl.checks import check_alignment
 from gemmgen.dsl.hardware import SM90A

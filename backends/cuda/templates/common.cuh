@@ -181,6 +181,36 @@ __device__ __forceinline__ float take_sum(float* w) {
   return s;
 }
 
+// ---- stream-K (the multistage and TMA families): one wave of CTAs shares the (tile, k tile)
+// iterations; a tile's later CTAs hand their partials to the CTA that began it.
+// First iteration of CTA `cta`'s share of `total` (under 2^31; the launchers check): every CTA
+// gets total / gridDim.x, give or take one.
+__device__ __forceinline__ int stream_k_begin(int cta, int total) {
+  return (int)((long long)cta * total / gridDim.x);
+}
+// Raise `flag` once the partial it guards is written (by every thread, each fenced before the
+// CTA's barrier that precedes this call).
+__device__ __forceinline__ void raise_flag(unsigned* flag) {
+  asm volatile("st.global.release.gpu.u32 [%0], %1;" :: "l"(flag), "r"(1u) : "memory");
+}
+// Wait until `flag` is raised (one thread, which then lowers it for the next launch; a CTA barrier
+// after it makes the partial readable to the others, read past L1 with __ldcg).
+__device__ __forceinline__ void wait_flag(const unsigned* flag) {
+  unsigned ready;
+  do {
+    asm volatile("ld.global.acquire.gpu.u32 %0, [%1];" : "=r"(ready) : "l"(flag) : "memory");
+  } while (!ready);
+}
+
+// The epilogue of element (i, j) of the computed product (inside M x N), stored at row i,
+// column j, or, TRANSPOSED (c=col: swap_ab's C^T), at row j, column i of the row-major output
+// the epilogue flags describe.
+template <int TRANSPOSED>
+__device__ __forceinline__ void epilogue_store_element(const EpilogueArgs& epi, float v, int i, int j) {
+  const int row = TRANSPOSED ? j : i, col = TRANSPOSED ? i : j;
+  epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, v, row, col));
+}
+
 // Store the epilogue of two horizontally adjacent accumulators (row, col), (row, col+1),
 // bounds-checked against M x N; one 4- or 8-byte store when both are in and aligned.
 __device__ __forceinline__ void epilogue_store_pair(const EpilogueArgs& e, float acc0, float acc1,

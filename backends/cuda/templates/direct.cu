@@ -78,15 +78,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[MMA_M_TILES][MMA_N_TILES]
       }
 }
 
-// The epilogue of element (i, j) of the computed product, stored where STORE_T says.
-__device__ __forceinline__ void store_element(const EpilogueArgs& epi, float v, int i, int j) {
-#if STORE_T
-  const int row = j, col = i;
-#else
-  const int row = i, col = j;
-#endif
-  epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, v, row, col));
-}
 
 extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
@@ -156,7 +147,7 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
 #pragma unroll
     for (int s = 0; s < SPLIT_K; ++s) sum += ld_cluster_f32(partial + e, (unsigned)s);
     const int r = tm * BM + e / BN, c = tn * BN + e % BN;
-    if (r < M && c < N) store_element(epi, sum, r, c);
+    if (r < M && c < N) epilogue_store_element<STORE_T>(epi, sum, r, c);
   }
   cluster_sync();   // no CTA leaves while a peer may still read its shared memory
   return;
@@ -173,9 +164,9 @@ gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
         const int r = row0 + 16 * i + g + 8 * (v >> 1), c = col0 + 8 * j + 2 * q + (v & 1);
         if (r >= M || c >= N) continue;
 #if ARRIVAL_SPLIT
-        store_element(epi, take_sum(args.workspace + (long long)r * N + c), r, c);
+        epilogue_store_element<STORE_T>(epi, take_sum(args.workspace + (long long)r * N + c), r, c);
 #else
-        store_element(epi, acc[i][j][v], r, c);
+        epilogue_store_element<STORE_T>(epi, acc[i][j][v], r, c);
 #endif
       }
 #if ARRIVAL_SPLIT

@@ -174,11 +174,6 @@ __device__ __forceinline__ float4* partial_slot(float* workspace, int cta, int t
   return reinterpret_cast<float4*>(workspace) + (long long)cta * MMA_M_TILES * MMA_N_TILES * THREADS + tid;
 }
 
-// First iteration of CTA `cta`'s share of `total` (under 2^31; the launcher checks): every CTA
-// gets total / gridDim.x, give or take one.
-__device__ __forceinline__ int stream_k_begin(int cta, int total) {
-  return (int)((long long)cta * total / gridDim.x);
-}
 #endif
 
 // One CTA a tile (`scheduler tile`, gridDim.x = tiles), or, with PERSISTENT, a CTA walks tiles
@@ -382,7 +377,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
                  make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
       __threadfence();
       __syncthreads();
-      if (tid == 0) asm volatile("st.global.release.gpu.u32 [%0], %1;" :: "l"(args.counters + blockIdx.x), "r"(1u) : "memory");
+      if (tid == 0) raise_flag(args.counters + blockIdx.x);
       continue;
     }
     if (seg_to < k_tiles) {
@@ -392,10 +387,7 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       const int tile_end = (tile + 1) * k_tiles;
       for (int c = blockIdx.x + 1; c < gridDim.x && stream_k_begin(c, total) < tile_end; ++c) {
         if (tid == 0) {
-          unsigned ready;
-          do {
-            asm volatile("ld.global.acquire.gpu.u32 %0, [%1];" : "=r"(ready) : "l"(args.counters + c) : "memory");
-          } while (!ready);
+          wait_flag(args.counters + c);
           args.counters[c] = 0u;   // consumed: ready for the next launch
         }
         __syncthreads();
