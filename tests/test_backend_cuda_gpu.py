@@ -260,3 +260,80 @@ def split_artifacts():
 @pytest.mark.parametrize("index", range(len(SPLIT)))
 def test_hopper_split_k_cluster_programs(index, split_artifacts, runner):
     _check(SPLIT[index], split_artifacts[index], runner)
+
+
+def _tma_stream_k(problem, tile, stages=6, b="col", swap=True):
+    """`scheduler stream_k` in the TMA family: one wave of CTAs shares the (tile, k tile)
+    iterations; with `swap`, C^T = W x^T (the tile's M is the weight's rows, its N the batch)
+    stored transposed."""
+    program = hopper(replace(problem, b_major=b), tile=tile, stages=stages, scheduler="stream_k", swizzle=1)
+    return replace(program, swap_ab=swap)
+
+
+# Skinny products under swap_ab at M = 1, 3, 17, 64, 100, 128 (tiles shared by two CTAs or more,
+# unaligned N, a last short k tile, both majors of the weight, every epilogue kind), and unswapped
+# products whose CTAs walk several tiles across unaligned edges.
+TMA_STREAM_K = [
+    _tma_stream_k(Problem(1, 4096, 4096), (128, 16, 64), 8),
+    _tma_stream_k(Problem(3, 1000, 4104, epilogue=Epilogue(bias="n", activation="gelu")), (128, 32, 64), 8),
+    _tma_stream_k(Problem(17, 1000, 4104, epilogue=Epilogue(residual=True, alpha=0.5, beta=0.5)), (128, 32, 64)),
+    _tma_stream_k(Problem(100, 4096, 4104, epilogue=Epilogue(bias="m", activation="silu", out_dtype="f32")),
+                  (128, 128, 64), 4),
+    _tma_stream_k(Problem(128, 14336, 4096, epilogue=Epilogue(out_dtype="bf16")), (128, 128, 64), 4),
+    _tma_stream_k(Problem(64, 1000, 520, epilogue=Epilogue(bias="n", residual=True)), (128, 64, 64), 6, b="row"),
+    _tma_stream_k(Problem(1000, 1000, 4104, epilogue=Epilogue(bias="n", activation="relu")), (128, 128, 64), 4,
+                  swap=False),
+    _tma_stream_k(Problem(129, 264, 520, epilogue=Epilogue(residual=True)), (128, 128, 64), 4, b="row", swap=False),
+    _tma_stream_k(Problem(4097, 2056, 2048, epilogue=Epilogue(alpha=0.5, beta=0.5)), (128, 256, 64), 3,
+                  swap=False),
+]
+
+
+def _hands_off(program, sms):
+    """Some CTA's share begins inside a tile: the partial hand-off runs."""
+    from gemmgen.backends.cuda import hopper as hop
+    computed = program.computed.problem
+    k_tiles = -(-computed.k // hop.BK)
+    total = -(-computed.m // program.tile.m) * -(-computed.n // program.tile.n) * k_tiles
+    grid = hop.grid_size(hop.geometry(program.computed), computed.m, computed.n, computed.k, sms)
+    return any((c * total // grid) % k_tiles for c in range(grid))
+
+
+@pytest.fixture(scope="module")
+def tma_stream_k_artifacts():
+    assert _valid(TMA_STREAM_K) == TMA_STREAM_K
+    return _build_all(TMA_STREAM_K)
+
+
+@pytest.mark.parametrize("index", range(len(TMA_STREAM_K)))
+def test_hopper_tma_stream_k_programs(index, tma_stream_k_artifacts, runner):
+    """Passes the harness's checks, gives the same bits call after call (a tile's partials are
+    added in K order), and leaves every CTA's flag at zero."""
+    import torch
+    from gemmgen.backends import load
+    from gemmgen.backends.cuda import hopper as hop
+    program, artifact = TMA_STREAM_K[index], tma_stream_k_artifacts[index]
+    _check(program, artifact, runner)
+    fn = load(artifact, program)
+    inner = fn.inner if program.swap_ab else fn
+    p, computed = program.problem, program.computed.problem
+    assert _hands_off(program, inner.sms)
+    a = torch.randn(p.m, p.k, device="cuda", dtype=torch.float16)
+    b = torch.randn(p.n, p.k, device="cuda", dtype=torch.float16).T if p.b_major == "col" else \
+        torch.randn(p.k, p.n, device="cuda", dtype=torch.float16)
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}.get(p.epilogue.out_dtype, torch.float16)
+    e = p.epilogue
+    extra = {"bias": torch.randn(p.m if e.bias == "m" else p.n, device="cuda", dtype=dtype)} if e.bias else {}
+    if e.residual:
+        extra["residual"] = torch.randn(p.m, p.n, device="cuda", dtype=dtype)
+    if e.beta:
+        extra["c"] = torch.randn(p.m, p.n, device="cuda", dtype=dtype)
+    outs = []
+    for _ in range(3):
+        out = torch.full((p.m, p.n), float("nan"), device="cuda", dtype=dtype)
+        fn(a, b, out, **extra)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    _, flags = inner._workspace(a.device)
+    assert int(flags.count_nonzero()) == 0

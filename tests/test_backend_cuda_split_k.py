@@ -41,7 +41,7 @@ def test_a_split_program_lowers_with_its_slices_and_its_parked_partial():
     assert define(lower(plain).text, "SPLIT_K") == "1" and hop.partial_bytes(plain) == 0
     # one CTA a (tile, slice): the grid's z is the slice, and a cluster the slices of a tile
     geo = hop.geometry(program)
-    assert geo.split_k == 4 and not geo.persistent and hop.grid_size(geo, 64, 4096) == 64
+    assert geo.split_k == 4 and not geo.persistent and hop.grid_size(geo, 64, 4096, 4096) == 64
 
 
 def test_under_swap_ab_the_sum_stores_the_transpose_with_the_callers_bias_axis():
@@ -68,9 +68,9 @@ REFUSED = [
     (lambda: replace(_split(n=4096), problem=Problem(64, 4096, 4096, b_major="col",
                                                      epilogue=Epilogue(gate="silu", halves="stacked"))),
      "split_k", "a gated epilogue needs a tile's whole K sum"),
-    # C^T (c=col) only through the cluster's sum
-    (lambda: replace(_split(swap=True, tile=(128, 64, 64)), split_k=1, split_k_reduce="workspace"), "gemm",
-     "write c=row"),
+    # C^T (c=col): ws_cooperative stores it, ping-pong does not
+    (lambda: replace(_split(swap=True, tile=(128, 64, 64)), split_k=1, split_k_reduce="workspace",
+                     mainloop="ws_pingpong", warps=(4, 1)), "gemm", "write c=row"),
 ]
 
 

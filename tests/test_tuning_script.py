@@ -216,3 +216,26 @@ def test_the_gated_pingpong_programs_fit_every_prefill_size_gated_product():
         for m, n, k in ((512, 14336, 4096), (2048, 18944, 3584), (4096, 14336, 4096)):
             bound = program.bind(Problem(m, n, k, b_major="col", epilogue=epilogue))
             assert diagnose(bound) == [], (path.name, diagnose(bound))
+
+
+def test_the_tma_stream_k_programs_fit_every_probe_layer():
+    """benchmarks/programs/tma_stream_k_swap/: each program parses, is a stream-K ws_cooperative
+    program and validates at every layer of the split probe (M = 32, 64, 128), swapped or not."""
+    import csv
+
+    from benchmark_scripts import BENCHMARKS
+    from gemmgen.backends import diagnose
+    from gemmgen.dsl import parse
+    from gemmgen.dsl.ir import Problem
+
+    files = sorted((BENCHMARKS / "programs/tma_stream_k_swap").glob("*.gemm"))
+    assert len(files) == 8 and sum(parse(p.read_text(), str(p)).swap_ab for p in files) == 6
+    with open(BENCHMARKS / "shapes/llm_layers_split_probe.csv") as f:
+        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#"))]
+    assert len(rows) == 18
+    for path in files:
+        program = parse(path.read_text(), str(path))
+        assert (program.mainloop, program.scheduler) == ("ws_cooperative", "stream_k"), path.name
+        for r in rows:
+            bound = program.bind(Problem(int(r["M"]), int(r["N"]), int(r["K"]), b_major="col"))
+            assert diagnose(bound) == [], (path.name, r, diagnose(bound))

@@ -51,10 +51,9 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
         return []  # SUPPORT.mainloops already refuses it
     out = []
     cluster_sum = program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
-    if program.problem.c_major != "row" and not (program.mainloop == "direct"
-                                                 or (program.mainloop == "ws_cooperative" and cluster_sum)):
+    if program.problem.c_major != "row" and program.mainloop not in ("direct", "ws_cooperative"):
         out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
-                            "(mainloop direct, and ws_cooperative's `split_k S cluster` sum, store C either way)"))
+                            "(mainloops direct and ws_cooperative store C either way)"))
     if cluster_sum and program.mainloop not in ("direct", "ws_cooperative"):
         out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloops direct and "
                                f"ws_cooperative: write `split_k {program.split_k} workspace` for mainloop "

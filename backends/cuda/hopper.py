@@ -13,6 +13,10 @@ cluster, each parks its fp32 partial tile in shared memory and sums a 1/S share 
 all S through distributed shared memory, in slice order: enough CTAs to stream a skinny
 product's weight on every SM, in one launch and with no workspace. That sum stores C either way,
 so `swap_ab` (C^T = W x^T, c=col) runs here too: the weight's rows fill wgmma's M side.
+`scheduler stream_k` (ws_cooperative): one wave of CTAs deals out the (tile, k tile) iterations
+evenly, the producer streams its share across tile boundaries, and the CTA that began a tile adds
+the others' partials in K order from a workspace slot per CTA. ws_cooperative stores C^T too
+(c=col, each element at its transposed place), under every scheduler.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from gemmgen.backends.cuda.source import (
     stored,
     with_wgmma,
 )
+from gemmgen.backends.workspace import persistent_buffer
 from gemmgen.dsl.checks import gate_findings
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import CLUSTER_REDUCE, Program
@@ -144,9 +149,10 @@ def rules(program: Program) -> list[tuple[str, str]]:
         out.extend(("split_k", finding) for finding in _split_findings(program))
     # a gated epilogue: the language's own words for a malformed gate, also when lower() is called directly
     out.extend(("epilogue", finding) for finding in gate_findings(p.epilogue))
-    if program.scheduler == "stream_k":
-        out.append(("scheduler", "the TMA/wgmma family has no stream-K yet: write `scheduler persistent` or use "
-                                 "mainloop multistage"))
+    if stream_k(program):
+        out.extend(("scheduler", finding) for finding in _stream_k_findings(program))
+    if p.c_major == "col" and p.epilogue.gate:
+        out.append(("gemm", "a gated epilogue stores C row-major (c=row): its gate and up halves are columns of B"))
     if program.cluster not in ((1, 1), (2, 1)):
         out.append(("cluster", "the TMA/wgmma family runs cluster 1x1 or 2x1 (two CTAs along M share B by multicast)"))
     if t.k != BK:
@@ -210,6 +216,27 @@ def _split_findings(program: Program) -> list[str]:
     return out
 
 
+def stream_k(program: Program) -> bool:
+    """One wave of CTAs shares the (tile, k tile) iterations (`scheduler stream_k`)."""
+    return program.scheduler == "stream_k"
+
+
+def _stream_k_findings(program: Program) -> list[str]:
+    """What `scheduler stream_k` needs here (the template's #error says the same): both consumer
+    warpgroups on every tile, no cluster, no split-K, no gate."""
+    out = []
+    if program.mainloop != "ws_cooperative":
+        out.append("stream-K runs in mainloop ws_cooperative (ping-pong's warpgroups take whole tiles in turn): "
+                   "write `mainloop ws_cooperative` or `scheduler persistent`")
+    if program.cluster != (1, 1):
+        out.append("stream-K's CTAs walk iterations of their own, with no cluster partner: write `cluster 1x1`")
+    if program.split_k > 1:
+        out.append(f"stream-K already splits K between CTAs: write `split_k 1`, not {program.split_k}")
+    if program.problem.epilogue.gate:
+        out.append("a gated epilogue needs a tile's whole K sum in one CTA: write `scheduler persistent`")
+    return out
+
+
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     wgs_m, wgs_n = warpgroups(program)
@@ -218,6 +245,7 @@ def defines(program: Program) -> dict[str, int]:
          "PINGPONG": int(program.mainloop == "ws_pingpong"),
          "WGS_M": wgs_m, "WGS_N": wgs_n, "INSTR_N": out_n(program), "JOINED_HALVES": int(joins_halves(program)),
          "CLUSTER_M": program.cluster[0], "SPLIT_K": program.split_k, "PARTIAL_PAD": PARTIAL_PAD,
+         "STREAM_K": int(stream_k(program)),
          "STORE_T": int(program.problem.c_major == "col"),
          "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers)}
     d.update(layout_defines(program))
@@ -243,16 +271,23 @@ class Geometry:
     cluster_m: int
     persistent: bool
     split_k: int = 1         # K slices of a tile, one cluster (grid z)
+    stream_k: bool = False
+    acc_floats: int = 0      # fp32 accumulators of a CTA's consumers: a stream-K partial tile
 
 
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=128 * (1 + consumers(program)), smem=smem_bytes(program), tile_m=program.tile.m,
                     tile_n=program.tile.n, cluster_m=program.cluster[0],
-                    persistent=program.scheduler == "persistent", split_k=program.split_k)
+                    persistent=program.scheduler == "persistent", split_k=program.split_k,
+                    stream_k=stream_k(program), acc_floats=128 * consumers(program) * acc_per_thread(program))
 
 
-def grid_size(geo: Geometry, M: int, N: int, sms: int = SMS) -> int:
-    """CTAs to launch: every (pair of) tile(s) once, or at most one wave when persistent."""
+def grid_size(geo: Geometry, M: int, N: int, K: int, sms: int = SMS) -> int:
+    """CTAs to launch: every (pair of) tile(s) once, at most one wave when persistent, or, for
+    stream-K, one wave sharing the (tile, k tile) iterations (at most one CTA an SM: its ring
+    takes most of the shared memory, and every CTA must be resident for the hand-off)."""
+    if geo.stream_k:
+        return L.stream_k_grid(L.tile_count(geo, M, N) * math.ceil(K / BK), sms)
     pairs = math.ceil(math.ceil(M / geo.tile_m) / geo.cluster_m) * math.ceil(N / geo.tile_n)
     if geo.persistent:
         pairs = min(pairs, sms // geo.cluster_m)
@@ -267,6 +302,12 @@ class TensorMap(ctypes.Structure):
 
 class ProblemArgs(ctypes.Structure):
     _fields_ = [("M", ctypes.c_int), ("N", ctypes.c_int), ("K", ctypes.c_int)]
+
+
+class StreamKProblemArgs(ProblemArgs):
+    """ProblemArgs and, for stream-K, its workspace and flags (the C struct's STREAM_K fields)."""
+
+    _fields_ = [("workspace", ctypes.c_void_p), ("counters", ctypes.c_void_p)]
 
 
 def encode_tensor_map(dest: TensorMap, ptr: int, mn: int, k: int, ld: int, rows: int, k_contiguous: bool) -> None:
@@ -299,9 +340,21 @@ class HopperLauncher(L.FamilyLauncher):
         self.sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.fn = self.funcs[ENTRY]
         self.tmap_a, self.tmap_b = TensorMap(), TensorMap()
-        self.problem_args = ProblemArgs()
+        self.problem_args = StreamKProblemArgs() if self.geo.stream_k else ProblemArgs()
         self.pack = L.ArgPack(self.tmap_a, self.tmap_b, self.problem_args, self.epi_args)
         self._maps_for = None   # the (pointers, shapes, strides) the tensor maps describe
+        self._workspaces: dict = {}
+
+    def _workspace(self, device):
+        """Stream-K's partial tile and flag per CTA of the wave, made once per device."""
+        # Deferred: torch (optional, heavy to import).
+        import torch
+        ws = self._workspaces.get(device)
+        if ws is None:
+            ws = (persistent_buffer(self.sms * self.geo.acc_floats, torch.float32, device),
+                  persistent_buffer(self.sms, torch.int32, device, zero=True))
+            self._workspaces[device] = ws
+        return ws
 
     def _set_operands(self, a, b, M, N, K, ld_a, ld_b) -> None:
         key = (a.data_ptr(), b.data_ptr(), M, N, K, ld_a, ld_b)
@@ -313,12 +366,15 @@ class HopperLauncher(L.FamilyLauncher):
                               self.geo.tile_n // self.geo.cluster_m, p.b_major == "col")
             self._maps_for = key
         self.problem_args.M, self.problem_args.N, self.problem_args.K = M, N, K
+        if self.geo.stream_k:
+            ws, flags = self._workspace(a.device)
+            self.problem_args.workspace, self.problem_args.counters = ws.data_ptr(), flags.data_ptr()
 
     def _launch(self, M, N, stream) -> None:
         g = self.geo
         cluster = (1, 1, g.split_k) if g.split_k > 1 else (g.cluster_m, 1, 1) if g.cluster_m > 1 else None
-        L.launch(self.fn, (grid_size(g, M, N, self.sms), 1, g.split_k), g.threads, g.smem, stream, self.pack,
-                 cluster=cluster)
+        L.launch(self.fn, (grid_size(g, M, N, self.problem_args.K, self.sms), 1, g.split_k), g.threads, g.smem,
+                 stream, self.pack, cluster=cluster)
 
 
 def launcher(artifact, program: Program) -> HopperLauncher:

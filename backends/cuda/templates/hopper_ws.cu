@@ -20,7 +20,15 @@
 // memory, and stores them through the epilogue. STORE_T (c=col, swap_ab's C^T): the partial is
 // parked column by column and element (i, j) is stored at row j, column i of the row-major
 // output the epilogue flags describe, so the sum still walks along the stored rows.
+// STREAM_K (`scheduler stream_k`, ws_cooperative): one wave of CTAs deals out the (tile, k tile)
+// iterations evenly; the producer streams its CTA's share across tile boundaries, and the CTA
+// that began a tile adds the partials of the CTAs that finished it (each as its first pass) in
+// K order, through a global workspace slot and flag per CTA (common.cuh's stream-K helpers).
+// STORE_T without SPLIT_K (c=col) stores each element of the computed tile at its transposed place.
 // ---------------------------------------------------------------------------
+#if STREAM_K && (PINGPONG || GATED || CLUSTER_M > 1 || SPLIT_K > 1)
+#error "stream-K runs ws_cooperative, cluster 1x1, split_k 1, without a gate"
+#endif
 #define CONSUMER_THREADS (CONSUMERS * 128)
 #define THREADS (CONSUMER_THREADS + 128)
 #define WG_TILE_M (BM / WGS_M)                 // rows one consumer warpgroup owns
@@ -44,7 +52,23 @@
 
 struct __align__(64) TmaDescriptor { unsigned long long opaque[16]; };
 
-struct ProblemArgs { int M, N, K; };
+struct ProblemArgs {
+  int M, N, K;
+#if STREAM_K
+  float* __restrict__ workspace;     // a partial tile per CTA, in the consumers' accumulator layout
+  unsigned* __restrict__ counters;   // a flag per CTA (its partial is written), left at zero
+#endif
+};
+
+#if STREAM_K
+#define ACC_FLOATS (M_BLOCKS * N_BLOCKS * ACC_PER_BLOCK)   // a consumer thread's accumulators
+#define STREAM_K_BARRIER 3                                 // named barrier of the consumer threads
+// CTA `cta`'s partial tile: float4 q of consumer thread t at slot[q * CONSUMER_THREADS + t], so a
+// warp moves 512 contiguous bytes at a time.
+__device__ __forceinline__ float4* partial_slot(float* workspace, int cta, int t) {
+  return reinterpret_cast<float4*>(workspace) + (long long)cta * (ACC_FLOATS / 4) * CONSUMER_THREADS + t;
+}
+#endif
 
 // ---- mbarriers --------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
@@ -199,6 +223,11 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #if SPLIT_K > 1
   float* const partial = reinterpret_cast<float*>(smem_raw + (staging + CONSUMERS * 4 * 512 - smem_u32(smem_raw)));
 #endif
+#if STREAM_K
+  // This CTA's iterations [it_begin, it_end) of tiles x k tiles (split_k is 1: k_tiles is all of K).
+  const int total = tiles_m * tiles_n * k_tiles;
+  const int it_begin = stream_k_begin(blockIdx.x, total), it_end = stream_k_begin(blockIdx.x + 1, total);
+#endif
   const unsigned rank = CLUSTER_M > 1 ? cluster_rank() : 0u;
   const int walk_start = CLUSTER_M > 1 ? (int)(blockIdx.x / CLUSTER_M) : (int)blockIdx.x;
   const int walk_step = CLUSTER_M > 1 ? (int)(gridDim.x / CLUSTER_M) : (int)gridDim.x;
@@ -222,8 +251,16 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       asm volatile("prefetch.tensormap [%0];" :: "l"(&tmap_b) : "memory");
       int stage = 0; unsigned phase = 0;
       int tm, tn;
+#if STREAM_K
+      for (int it = it_begin; it < it_end; ++it) {
+        const int t = it / k_tiles;
+        tile_coords(t, tiles_m, tiles_n, rank, tm, tn);
+        {
+          const int kt = it - t * k_tiles;
+#else
       for (int t = walk_start; tile_coords(t, tiles_m, tiles_n, rank, tm, tn); t += walk_step) {
         for (int kt = 0; kt < k_tiles; ++kt) {
+#endif
           mbar_wait(empty_bar + 8 * stage, phase ^ 1);       // slot free in every CTA of the cluster
           mbar_expect_tx(full_bar + 8 * stage, A_STAGE_BYTES + B_STAGE_BYTES);
           const int k0 = (kt_begin + kt) * BK;
@@ -257,7 +294,16 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
     // slot's full barrier completes its (pos / STAGES)-th phase for this use.
     int pos = PINGPONG ? consumer * k_tiles : 0;
     int tm, tn, walked = 0;
+#if STREAM_K
+    // Each pass computes k tiles [seg_from, seg_to) of tile t.
+    for (int it = it_begin; it < it_end;) {
+      const int t = it / k_tiles, seg_from = it - t * k_tiles, seg_to = imin(k_tiles, seg_from + (it_end - it));
+      it += seg_to - seg_from;
+      tile_coords(t, tiles_m, tiles_n, rank, tm, tn);
+#else
     for (int t = walk_start; tile_coords(t, tiles_m, tiles_n, rank, tm, tn); t += walk_step, ++walked) {
+      const int seg_from = 0, seg_to = k_tiles;
+#endif
       if (PINGPONG && (walked & 1) != consumer) continue;
 #if PINGPONG
       // The two mainloops take turns in walk order. A consumer that ran ahead into the
@@ -267,7 +313,7 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       if (walked > 0) named_barrier_sync(1 + (walked & 1), 2 * 128);
 #endif
       int prev_stage = -1;
-      for (int kt = 0; kt < k_tiles; ++kt, ++pos) {
+      for (int kt = seg_from; kt < seg_to; ++kt, ++pos) {
         const int stage = pos % STAGES;
         mbar_wait(full_bar + 8 * stage, (unsigned)(pos / STAGES) & 1u);
         wgmma_fence();
@@ -278,17 +324,17 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
             unsigned long long da = TileA::descriptor(smem_a + stage * A_STAGE_BYTES, wg_m * WG_TILE_M + i * 64, kk);
 #if GATED && JOINED_HALVES
             wgmma_tile(acc_both[i], da, TileB::descriptor(smem_b + stage * B_STAGE_BYTES, 0, kk),
-                       (kt > 0 || kk > 0) ? 1 : 0);
+                       (kt > seg_from || kk > 0) ? 1 : 0);
 #else
 #pragma unroll
             for (int j = 0; j < N_BLOCKS; ++j) {
               unsigned long long db = TileB::descriptor(smem_b + stage * B_STAGE_BYTES,
                                                         wg_n * WG_TILE_N + j * INSTR_N, kk);
-              wgmma_tile(acc[i][j], da, db, (kt > 0 || kk > 0) ? 1 : 0);
+              wgmma_tile(acc[i][j], da, db, (kt > seg_from || kk > 0) ? 1 : 0);
 #if GATED
               unsigned long long db_up = TileB::descriptor(smem_b + stage * B_STAGE_BYTES,
                                                            BN + wg_n * WG_TILE_N + j * INSTR_N, kk);
-              wgmma_tile(acc_up[i][j], da, db_up, (kt > 0 || kk > 0) ? 1 : 0);
+              wgmma_tile(acc_up[i][j], da, db_up, (kt > seg_from || kk > 0) ? 1 : 0);
 #endif
             }
 #endif
@@ -325,6 +371,49 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #pragma unroll
           for (int e = 0; e < ACC_PER_BLOCK; ++e) acc[i][j][e] = gate_activate(acc[i][j][e]) * acc_up[i][j][e];
 #endif
+#if STREAM_K
+      const int ct = (int)threadIdx.x - 128;   // consumer thread
+      if (seg_from > 0) {
+        // The rest of a tile that an earlier CTA began (always this CTA's first pass): hand it
+        // the partial, then raise this CTA's flag.
+        float4* part = partial_slot(args.workspace, blockIdx.x, ct);
+#pragma unroll
+        for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+          for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+            for (int e = 0; e < ACC_PER_BLOCK; e += 4)
+              __stcg(part + ((i * N_BLOCKS + j) * ACC_PER_BLOCK + e) / 4 * CONSUMER_THREADS,
+                     make_float4(acc[i][j][e], acc[i][j][e + 1], acc[i][j][e + 2], acc[i][j][e + 3]));
+        __threadfence();
+        named_barrier_sync(STREAM_K_BARRIER, CONSUMER_THREADS);
+        if (ct == 0) raise_flag(args.counters + blockIdx.x);
+        continue;
+      }
+      if (seg_to < k_tiles) {
+        // This CTA began the tile and the next CTAs hold its rest (each as its first pass, done
+        // early): add their partials in K order, so the sum is the same every run. They are
+        // resident already (the grid is one wave), so the wait ends.
+        const int tile_end = (t + 1) * k_tiles;
+        for (int c = blockIdx.x + 1; c < gridDim.x && stream_k_begin(c, total) < tile_end; ++c) {
+          if (ct == 0) {
+            wait_flag(args.counters + c);
+            args.counters[c] = 0u;   // consumed: ready for the next launch
+          }
+          named_barrier_sync(STREAM_K_BARRIER, CONSUMER_THREADS);
+          const float4* part = partial_slot(args.workspace, c, ct);
+#pragma unroll
+          for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+            for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+              for (int e = 0; e < ACC_PER_BLOCK; e += 4) {
+                const float4 v = __ldcg(part + ((i * N_BLOCKS + j) * ACC_PER_BLOCK + e) / 4 * CONSUMER_THREADS);
+                acc[i][j][e] += v.x; acc[i][j][e + 1] += v.y; acc[i][j][e + 2] += v.z; acc[i][j][e + 3] += v.w;
+              }
+        }
+      }
+#endif
       // Epilogue from registers. wgmma accumulator e of block (i, j): row 16*warp + lane/4
       // (+8 when e%4 >= 2), column 8*(e/4) + 2*(lane%4) + e%2. Four 8-column blocks at a
       // time go out as one 16-byte store per lane (epilogue_store_quad).
@@ -346,6 +435,20 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
 #else
             *reinterpret_cast<float2*>(partial + PARTIAL_AT(r, c)) = make_float2(acc[i][j][e], acc[i][j][e + 1]);
 #endif
+          }
+      continue;
+#endif
+#if STORE_T
+      // C^T (swap_ab): element (row, col) of the computed tile goes to row col, column row.
+#pragma unroll
+      for (int i = 0; i < M_BLOCKS; ++i)
+#pragma unroll
+        for (int j = 0; j < N_BLOCKS; ++j)
+#pragma unroll
+          for (int e = 0; e < ACC_PER_BLOCK; ++e) {
+            const int row = row0 + i * 64 + ((e % 4) >= 2 ? 8 : 0);
+            const int col = col_base + j * INSTR_N + (e / 4) * 8 + 2 * (lane % 4) + e % 2;
+            if (row < M && col < N) epilogue_store_element<STORE_T>(epi, acc[i][j][e], row, col);
           }
       continue;
 #endif
@@ -404,16 +507,9 @@ gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_consta
       }
       const float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-#if STORE_T
-        const int row = tm * BM + r + q, col = tn * BN + c;   // of the computed product
-        if (row < M && col < N)
-          epi.out[(long long)col * epi.ld_out + row] = f32_to_out(epilogue_value(epi, v[q], col, row));
-#else
-        const int row = tm * BM + r, col = tn * BN + c + q;
-        if (row < M && col < N)
-          epi.out[(long long)row * epi.ld_out + col] = f32_to_out(epilogue_value(epi, v[q], row, col));
-#endif
+      for (int q = 0; q < 4; ++q) {   // element (row, col) of the computed product
+        const int row = tm * BM + r + (STORE_T ? q : 0), col = tn * BN + c + (STORE_T ? 0 : q);
+        if (row < M && col < N) epilogue_store_element<STORE_T>(epi, v[q], row, col);
       }
     }
   }
