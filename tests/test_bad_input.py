@@ -222,3 +222,20 @@ def test_the_report_scripts_name_a_bad_input(tmp_path, capsys, script, argv, wor
         load_script(script).main([a.format(tmp=tmp_path) for a in argv])
     message = str(exit_.value.code) if isinstance(exit_.value.code, str) else capsys.readouterr().err
     assert words in message and "Traceback" not in message
+
+
+def test_profile_programs_names_a_bad_shape_and_a_missing_gpu(capsys, monkeypatch):
+    """benchmarks/profile_programs.py: a bad --shape is one argparse line; with no GPU it says so
+    before any kernel is built."""
+    import torch
+
+    from benchmark_scripts import BENCHMARKS
+
+    script = load_script("profile_programs")
+    program = str(BENCHMARKS / "programs/tma_stream_k_swap/swap_128x64_s8.gemm")
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--shape", "64x40x", program])
+    assert exc.value.code == 2 and "K =  is not allowed" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert script.main(["--shape", "64x4096x4096", program]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
