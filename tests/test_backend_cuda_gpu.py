@@ -221,6 +221,25 @@ def test_hopper_programs(index, hopper_artifacts, runner):
     _check(HOPPER[index], hopper_artifacts[index], runner)
 
 
+# ws_cooperative stores C^T (c=col) under every scheduler: swapped persistent and one-tile-a-CTA
+# programs, with a 2-CTA cluster too, at unaligned N and K and a few epilogues.
+HOPPER_SWAPPED = [replace(program, swap_ab=True) for program in (
+    hopper(Problem(17, 1000, 4104, b_major="col", epilogue=Epilogue(residual=True, alpha=0.5, beta=0.5)),
+           tile=(128, 32, 64), stages=8),
+    hopper(Problem(100, 4096, 4104, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+           tile=(128, 128, 64), cluster=(2, 1), scheduler="tile"),
+    hopper(Problem(64, 6144, 520, b_major="row", epilogue=Epilogue(bias="m", out_dtype="f32")),
+           tile=(128, 64, 64), stages=6),
+)]
+
+
+@pytest.mark.parametrize("index", range(len(HOPPER_SWAPPED)))
+def test_hopper_swapped_programs_store_the_transpose(index, runner):
+    program = HOPPER_SWAPPED[index]
+    assert _valid([program]) == [program]
+    _check(program, _build_all([program])[0], runner)
+
+
 def _split(problem, tile, warps, split, stages=4, b="col", swap=False):
     """`split_k S cluster` in the TMA family: one CTA a tile's K slice, the S slices of a tile one
     cluster summing their partials through distributed shared memory; with `swap`, C^T = W x^T
