@@ -129,13 +129,9 @@ def entries(program: Program) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Geometry:
-    """Everything the launcher needs besides the call's M, N, K (no shared memory)."""
+class Geometry(L.LaunchGeometry):
+    """The direct family's launch (no shared memory)."""
 
-    threads: int
-    smem: int
-    tile_m: int
-    tile_n: int
     split_k: int
     cluster_split: bool      # the split_k CTAs of a tile are one cluster (grid z)
 

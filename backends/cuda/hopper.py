@@ -263,11 +263,9 @@ def entries(program: Program) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Geometry:
-    threads: int
-    smem: int
-    tile_m: int
-    tile_n: int
+class Geometry(L.LaunchGeometry):
+    """The TMA family's launch."""
+
     cluster_m: int
     persistent: bool
     split_k: int = 1         # K slices of a tile, one cluster (grid z)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from gemmgen.backends.base import BackendError, TensorArg, check_launch, int32_overflows, refuse_int32_overflow
@@ -235,6 +236,16 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass(frozen=True)
+class LaunchGeometry:
+    """What every family's launch needs besides the call's M, N, K (each family adds its own)."""
+
+    threads: int
+    smem: int
+    tile_m: int
+    tile_n: int
+
+
 STREAM_K_MIN_ITERS = 4       # k tiles a stream-K CTA computes at least
 
 
@@ -244,7 +255,7 @@ def stream_k_grid(iterations: int, wave: int) -> int:
     return max(1, min(wave, iterations // STREAM_K_MIN_ITERS))
 
 
-def tile_count(geo, M: int, N: int) -> int:
+def tile_count(geo: LaunchGeometry, M: int, N: int) -> int:
     """Output tiles of an M x N product under a family's geometry (its tile_m and tile_n)."""
     return ceil_div(M, geo.tile_m) * ceil_div(N, geo.tile_n)
 
@@ -274,9 +285,9 @@ def index_rules(program) -> list[tuple[str, str]]:
     return [("gemm", message) for message in int32_overflows(index_counts(program, p.m, p.n, p.k), INDEXES)]
 
 
-__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "INDEXES", "OperandCheck", "STREAM_K_MIN_ITERS", "ceil_div", "check",
-           "check_call", "index_counts", "index_rules", "launch", "load_functions", "resident_ctas", "stream_k_grid",
-           "tile_count"]
+__all__ = ["ArgPack", "EpilogueArgs", "GemmArgs", "INDEXES", "LaunchGeometry", "OperandCheck", "STREAM_K_MIN_ITERS",
+           "ceil_div", "check", "check_call", "index_counts", "index_rules", "launch", "load_functions",
+           "resident_ctas", "stream_k_grid", "tile_count"]
 
 
 def check_call(program, device: int, M: int, N: int, K: int, out: TensorArg, inputs: list, alpha, beta) -> None:

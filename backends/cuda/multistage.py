@@ -237,13 +237,9 @@ def lower_text(program: Program) -> str:
 
 
 @dataclass(frozen=True)
-class Geometry:
-    """Everything the launcher needs besides the problem's M, N, K."""
+class Geometry(L.LaunchGeometry):
+    """The multistage family's launch."""
 
-    threads: int
-    smem: int
-    tile_m: int
-    tile_n: int
     split_k: int
     atomic: bool
     persistent: bool
