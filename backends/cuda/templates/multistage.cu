@@ -167,6 +167,24 @@ __device__ __forceinline__ void store_tile(const EpilogueArgs& epi, const float 
 }
 #endif
 
+#if SPLIT_K > 1
+// Every accumulator pair (i, j, h) of this warp inside M x N as visit(v0, v1, row, col): row
+// groupID (+8 for h = 1), columns col and col + 1 (the second past N when col is N - 1).
+template <class Visit>
+__device__ __forceinline__ void for_each_pair(const float (&acc)[MMA_M_TILES][MMA_N_TILES][4], int row_base,
+                                              int col_base, int M, int N, Visit visit) {
+#pragma unroll
+  for (int i = 0; i < MMA_M_TILES; ++i)
+#pragma unroll
+    for (int j = 0; j < MMA_N_TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
+        if (row < M && col < N) visit(acc[i][j][2 * h], acc[i][j][2 * h + 1], row, col);
+      }
+}
+#endif
+
 #if STREAM_K
 // A partial tile in the accumulators' own layout, a slot per CTA: float4 (i, j) of thread t at
 // slot[(i * MMA_N_TILES + j) * THREADS + t], so each warp moves 512 contiguous bytes at a time.
@@ -422,48 +440,24 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
 #if !SPLIT_ATOMIC
     // Workspace split-K: this slice's fp32 partial tile; splitk_reduce finishes.
     float* part = args.workspace + (long long)blockIdx.z * M * N;
-#pragma unroll
-    for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-      for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
-          if (row < M && col < N) {
-            part[(long long)row * N + col] = acc[i][j][2 * h];
-            if (col + 1 < N) part[(long long)row * N + col + 1] = acc[i][j][2 * h + 1];
-          }
-        }
+    for_each_pair(acc, row_base, col_base, M, N, [part, N](float v0, float v1, int row, int col) {
+      part[(long long)row * N + col] = v0;
+      if (col + 1 < N) part[(long long)row * N + col + 1] = v1;
+    });
 #else
     // Atomic split-K: add into the workspace; the last CTA of this tile to arrive
     // reads the sums, applies the epilogue and leaves workspace and counter at zero.
-#pragma unroll
-    for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-      for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
-          if (row < M && col < N) {
-            atomicAdd(args.workspace + (long long)row * N + col, acc[i][j][2 * h]);
-            if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, acc[i][j][2 * h + 1]);
-          }
-        }
+    for_each_pair(acc, row_base, col_base, M, N, [&](float v0, float v1, int row, int col) {
+      atomicAdd(args.workspace + (long long)row * N + col, v0);
+      if (col + 1 < N) atomicAdd(args.workspace + (long long)row * N + col + 1, v1);
+    });
     const int tile_id = tm * tiles_n + tn;
     if (!last_to_arrive(args.counters + tile_id, SPLIT_K)) return;
-#pragma unroll
-    for (int i = 0; i < MMA_M_TILES; ++i)
-#pragma unroll
-      for (int j = 0; j < MMA_N_TILES; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int row = row_base + i * ACC_ROW_STEP + h * 8, col = col_base + j * 8;
-          if (row < M && col < N) {
-            float* w = args.workspace + (long long)row * N + col;
-            const float s0 = take_sum(w), s1 = col + 1 < N ? take_sum(w + 1) : 0.f;
-            epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
-          }
-        }
+    for_each_pair(acc, row_base, col_base, M, N, [&](float, float, int row, int col) {
+      float* w = args.workspace + (long long)row * N + col;
+      const float s0 = take_sum(w), s1 = col + 1 < N ? take_sum(w + 1) : 0.f;
+      epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
+    });
     if (tid == 0) args.counters[tile_id] = 0u;
 #endif  // SPLIT_ATOMIC
   }
