@@ -202,6 +202,7 @@ __device__ __forceinline__ void wait_flag(const unsigned* flag) {
   } while (!ready);
 }
 
+// ---- the epilogue's stores --------------------------------------------------
 // The epilogue of element (i, j) of the computed product (inside M x N), stored at row i,
 // column j, or, TRANSPOSED (c=col: swap_ab's C^T), at row j, column i of the row-major output
 // the epilogue flags describe.

@@ -78,7 +78,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[MMA_M_TILES][MMA_N_TILES]
       }
 }
 
-
 extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 gemm_direct(const GemmArgs args, const EpilogueArgs epi) {
   const int M = args.M, N = args.N, K = args.K;

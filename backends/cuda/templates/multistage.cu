@@ -191,7 +191,6 @@ __device__ __forceinline__ void for_each_pair(const float (&acc)[MMA_M_TILES][MM
 __device__ __forceinline__ float4* partial_slot(float* workspace, int cta, int tid) {
   return reinterpret_cast<float4*>(workspace) + (long long)cta * MMA_M_TILES * MMA_N_TILES * THREADS + tid;
 }
-
 #endif
 
 // One CTA a tile (`scheduler tile`, gridDim.x = tiles), or, with PERSISTENT, a CTA walks tiles
