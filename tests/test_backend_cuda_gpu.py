@@ -330,12 +330,11 @@ def test_hopper_tma_stream_k_programs(index, tma_stream_k_artifacts, runner):
     added in K order), and leaves every CTA's flag at zero."""
     import torch
     from gemmgen.backends import load
-    from gemmgen.backends.cuda import hopper as hop
     program, artifact = TMA_STREAM_K[index], tma_stream_k_artifacts[index]
     _check(program, artifact, runner)
     fn = load(artifact, program)
     inner = fn.inner if program.swap_ab else fn
-    p, computed = program.problem, program.computed.problem
+    p = program.problem
     assert _hands_off(program, inner.sms)
     a = torch.randn(p.m, p.k, device="cuda", dtype=torch.float16)
     b = torch.randn(p.n, p.k, device="cuda", dtype=torch.float16).T if p.b_major == "col" else \
