@@ -15,6 +15,12 @@ This is a proxy, not a timing: a proposal never measured counts for nothing here
 
 `--policy-modes sample,rank` evaluates each policy in both of its modes (`PolicyProposer.mode`),
 the second named NAME:rank.
+
+`--recorded FILE` scores on the problems of a GPU evaluation instead (a `policy_eval.json[.gz]`
+of `benchmarks/policy_eval.py` whose rows keep `candidate_speedups`, e.g. the unseen problems of
+`benchmarks/results/policy_eval_unseen/rank/`): measured there means one of the candidates that
+run timed (speedups over torch.matmul, the same ratio within a problem), and every proposer
+draws from the backends that run did.
 """
 from __future__ import annotations
 
@@ -42,12 +48,31 @@ def score(proposals: list[str], measured: dict[str, float]) -> dict:
             "known_b8": max(known) / measured[best_text] if known else None}
 
 
+def recorded_problems(path: Path) -> tuple[dict, list[str]]:
+    """Problem -> {program text: speedup} from a GPU evaluation's rows, and its backends."""
+    import gzip
+
+    from gemmgen.dsl import parse
+
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+        report = json.load(f)
+    measured_of = {}
+    for row in report["rows"]:
+        speedups = measured_of.setdefault(parse(next(iter(row["candidates"].values()))[0]).problem, {})
+        for method, texts in row.get("candidate_speedups", {}).items():
+            for text, speedup in zip(row["candidates"][method], texts):
+                if speedup:
+                    speedups[text] = max(speedups.get(text, 0.0), speedup)
+    return measured_of, report["summary"].get("backends") or []
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT")
     ap.add_argument("--policy-modes", default="sample", help="comma-separated policy modes: sample, rank")
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="first N held-out problems only")
+    ap.add_argument("--recorded", type=Path, help="a policy_eval.json[.gz] whose candidates' speedups to score on")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -66,14 +91,25 @@ def main(argv=None) -> int:
         ap.error("--policy takes NAME=CHECKPOINT, e.g. --policy shipped=policy/checkpoint")
     if args.k < 1 or (args.limit is not None and args.limit < 1):
         ap.error("-k and --limit count proposals and problems: give 1 or more")
-    db = shipped_database()
-    measured_of = {p: measured_speedups(db, p, DEFAULT_DEVICE_NAME) for p in data.heldout_problems()
-                   if p.b_major == "row" and p.epilogue.signature == "f16"}
+    if args.recorded:
+        if not args.recorded.is_file():
+            ap.error(f"--recorded {args.recorded}: no such file")
+        try:
+            measured_of, backends = recorded_problems(args.recorded)
+        except (ValueError, KeyError, IndexError, StopIteration) as e:
+            ap.error(f"--recorded {args.recorded}: not a policy_eval.py report with candidates ({e!r})")
+    else:
+        db, backends = shipped_database(), []
+        measured_of = {p: measured_speedups(db, p, DEFAULT_DEVICE_NAME) for p in data.heldout_problems()
+                       if p.b_major == "row" and p.epilogue.signature == "f16"}
     problems = [p for p, measured in measured_of.items() if measured][: args.limit]
-    proposers = {"heuristic": HeuristicProposer()}
+    if not problems:
+        ap.error("no problem with a measured program to score against")
+    proposers = {"heuristic": HeuristicProposer(backends) if backends else HeuristicProposer()}
     for name, path in (s.split("=", 1) for s in args.policy):
         for mode in modes:
-            proposers[name if mode == "sample" else f"{name}:{mode}"] = PolicyProposer(path, mode=mode)
+            proposers[name if mode == "sample" else f"{name}:{mode}"] = PolicyProposer(path, mode=mode,
+                                                                                       backends=backends)
     rows = []
     for problem in tqdm(problems, desc="held-out problems"):
         measured = measured_of[problem]
@@ -93,8 +129,9 @@ def main(argv=None) -> int:
                          "measured_per_problem": round(sum(r[name]["measured"] for r in rows) / len(rows), 2),
                          "proposed_per_problem": round(sum(r[name]["proposed"] for r in rows) / len(rows), 2)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "policy_offline_eval.json").write_text(json.dumps({"k": args.k, "summary": summary, "rows": rows},
-                                                                  indent=1))
+    problem_set = str(args.recorded) if args.recorded else "held-out grid problems, the shipped records"
+    (args.out / "policy_offline_eval.json").write_text(json.dumps(
+        {"k": args.k, "problems": problem_set, "summary": summary, "rows": rows}, indent=1))
     print(f"{'proposer':12} {'problems':>8} {'hit best':>8} {'measured/pr':>11} {'known b8 / db best':>19}")
     for name, s in summary.items():
         print(f"{name:12} {s['problems']:8d} {s['hit_best']:8d} {s['measured_per_problem']:11.2f} "

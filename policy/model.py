@@ -107,6 +107,14 @@ def read_meta(path: str | Path) -> dict:
         return json.loads(file.read_text()) if file.is_file() else {}
 
 
+def lineage(path: str | Path) -> dict:
+    """What a policy trained from the one at `path` records of it: its stage and weights digest
+    (a path is this machine's), and what still describes the model."""
+    before = read_meta(path)
+    return {"init": {"stage": before.get("stage"), "weights_sha256": before.get("weights_sha256")},
+            **{k: before[k] for k in ("small_config", "base_model", "vocabulary_added") if k in before}}
+
+
 @contextlib.contextmanager
 def _loading(path, what: str):
     """Any failure to read a model's files (transformers, safetensors, tokenizers, JSON) as one

@@ -54,10 +54,13 @@ def stub_gpu(monkeypatch):
     import torch
 
     torch.set_num_threads(1)
+    import gemmgen.policy.training.grpo as grpo
     import gemmgen.tune.adapters as adapters
 
-    monkeypatch.setattr(adapters, "PoolBuilder", StubPoolBuilder)
-    monkeypatch.setattr(adapters, "WorkerRunner", StubWorkerRunner)
+    # grpo binds the names at import, which an earlier test file may have done
+    for module in (adapters, grpo):
+        monkeypatch.setattr(module, "PoolBuilder", StubPoolBuilder)
+        monkeypatch.setattr(module, "WorkerRunner", StubWorkerRunner)
 
 
 def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
@@ -177,3 +180,35 @@ def test_policy_grpo_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
     with Database(db) as d:
         assert d.stats()["trials"] == report["grpo"]["measured_pairs"] > 0
     assert "mean reward" in capsys.readouterr().out
+
+
+def test_the_offline_proxy_scores_against_a_recorded_gpu_evaluation(tmp_path, capsys):
+    """`--recorded`: the problems and timed candidates of a policy_eval.py report; every proposer
+    is narrowed to that run's backends; a candidate timed twice keeps its best speedup."""
+    import gzip
+
+    from gemmgen.dsl import to_text
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.policy.proposers import HeuristicProposer
+
+    script = load_script("policy_offline_eval")
+    problem = Problem(16, 4096, 4096, b_major="col")
+    first, second, third = (to_text(p) for p in HeuristicProposer(("triton",)).propose(problem, 3))
+    row = {"problem": problem.key, "candidates": {"heuristic_b8": [first, second], "random_b8": [first, third]},
+           "candidate_speedups": {"heuristic_b8": [0.9, 1.1], "random_b8": [0.95, None]}}
+    report = tmp_path / "policy_eval.json.gz"
+    with gzip.open(report, "wt") as f:
+        json.dump({"summary": {"backends": ["triton"]}, "rows": [row]}, f)
+    measured_of, backends = script.recorded_problems(report)
+    assert backends == ["triton"] and measured_of == {problem: {first: 0.95, second: 1.1}}
+
+    assert script.main(["--recorded", str(report), "-k", "2", "--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "policy_offline_eval.json").read_text())
+    assert written["problems"] == str(report) and written["summary"]["heuristic"]["problems"] == 1
+    assert written["rows"][0]["heuristic"] == {"hit_best": True, "measured": 2, "known_b8": 1.0, "proposed": 2}
+
+    for bad, words in ((tmp_path / "missing.json", "no such file"), (tmp_path / "out" / "policy_offline_eval.json",
+                                                                     "not a policy_eval.py report")):
+        with pytest.raises(SystemExit) as stop:
+            script.main(["--recorded", str(bad), "--out", str(tmp_path / "x")])
+        assert stop.value.code == 2 and words in capsys.readouterr().err

@@ -90,3 +90,34 @@ def test_database_examples_are_the_fastest_checked_programs_winners_or_not(tmp_p
         programs = data.database_examples(db, TEST_GPU.name, top=2)
     assert [to_text(p) for p in programs] == [variants[1], variants[2]]   # 1.3 and 1.4 ms; 1.0 failed its check
     assert all(p.problem == train for p in programs)
+
+
+def test_preference_pairs_prefer_the_faster_program_beyond_the_noise(tmp_path):
+    """Pairs come from programs measured at the same training problem: the faster preferred,
+    only where the speedups are `min_gain` apart; failed checks and held-out problems never."""
+    from dataclasses import replace
+
+    from gemmgen.dsl import to_text
+    from gemmgen.tuning_db import Database
+    from tuning_fakes import TEST_GPU, triton_program, trial
+
+    train = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if not data.is_heldout_shape(m, n, k))
+    held = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if data.is_heldout_shape(m, n, k))
+    base = triton_program(train)
+    texts = [to_text(replace(base, stages=s)) for s in (2, 3, 4, 5)]
+    with Database(tmp_path / "t.sqlite") as db:
+        # 1.00 and 1.02 ms are within the gain; 1.30 is apart from both; 0.5 ms failed its check
+        for text, ms, passed in zip(texts, (1.00, 1.02, 1.30, 0.50), (True, True, True, False)):
+            db.record(trial(train, device_ms=ms, baseline_ms=1.2, program=text, check_passed=passed))
+        for text, ms in zip(texts, (1.0, 2.0)):
+            db.record(trial(held, device_ms=ms, baseline_ms=1.2, program=text))
+        pairs = data.preference_examples(db, TEST_GPU.name, min_gain=1.05)
+        capped = data.preference_examples(db, TEST_GPU.name, min_gain=1.05, per_problem=1)
+    assert sorted((to_text(a), to_text(b)) for a, b in pairs) == sorted([(texts[0], texts[2]), (texts[1], texts[2])])
+    assert len(capped) == 1 and (to_text(capped[0][0]), to_text(capped[0][1])) in {(texts[0], texts[2]),
+                                                                                      (texts[1], texts[2])}
+    assert all(a.problem == b.problem == train for a, b in pairs)
+    row = next(data.preference_rows(pairs[:1]))
+    assert row["prompt"] == prompt_text(train)
+    assert parse(row["prompt"] + row["chosen"]) == pairs[0][0]
+    assert parse(row["prompt"] + row["rejected"]) == pairs[0][1]

@@ -60,6 +60,50 @@ def test_one_supervised_step_changes_the_weights(tokenizer, teacher_programs, tm
     assert (tmp_path / "curves" / "sft.json").is_file() and (tmp_path / "curves" / "sft.png").is_file()
 
 
+def test_preference_steps_make_the_faster_answer_likelier(tokenizer, teacher_programs, tmp_path):
+    from gemmgen.policy.lm_proposer import answer_logprobs
+    from gemmgen.policy.training.dpo import DPOSettings, run_dpo
+
+    model = new_small_model(tokenizer, TINY, seed=3)
+    before = _snapshot(model)
+    by_problem = {}
+    for program in teacher_programs:
+        by_problem.setdefault(program.problem, []).append(program)
+    pairs = [(programs[0], programs[-1]) for programs in by_problem.values()]
+    rows = list(data.preference_rows(pairs))
+
+    def margins():
+        return [float(fast - slow) for row in rows
+                for fast, slow in [answer_logprobs(model, tokenizer, row["prompt"], [row["chosen"], row["rejected"]])]]
+
+    start = margins()
+    trainer = run_dpo(model, tokenizer, rows, tmp_path, DPOSettings(max_steps=3, batch_size=2, warmup_steps=0,
+                                                                     learning_rate=1e-2, logging_steps=1,
+                                                                     save_steps=100))
+    assert trainer.state.global_step == 3
+    assert _changed(before, model)
+    assert all(after > first for after, first in zip(margins(), start)), (start, margins())
+    logged = [row for row in trainer.state.log_history if "rewards/margins" in row]
+    assert logged and all(math.isfinite(row["loss"]) for row in logged)
+    assert (tmp_path / "curves" / "dpo.json").is_file() and (tmp_path / "curves" / "dpo.png").is_file()
+
+
+def test_preference_training_says_what_to_do_without_pairs(tmp_path, capsys):
+    from gemmgen.policy.training.dpo import main
+
+    with Database(tmp_path / "empty.sqlite"):
+        pass
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", str(tmp_path / "p"), "--db", str(tmp_path / "empty.sqlite")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "no training problem with two checked programs" in err and "gemmgen tune" in err
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", str(tmp_path / "p"), "--min-gain", "1"])
+    assert stop.value.code == 2 and "--min-gain must exceed 1" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
 def stub_reward_big_tiles(prompts, completions, **kwargs):
     """STUB reward (tests only): the tile's M+N over 256; nothing measured."""
     rewards = []

@@ -37,3 +37,11 @@ def write_curves(log_history: Sequence[dict], out_dir: str | Path, name: str, ke
     plt.close(fig)
     paths["png"] = str(out / f"{name}.png")
     return paths
+
+
+def copy_curve(curves_dir: str | Path, name: str, policy_dir: str | Path) -> None:
+    """`name`.{json,png} of a run's curves beside the policy it trained, as `name`_curve.*."""
+    for suffix in ("json", "png"):
+        curve = Path(curves_dir) / f"{name}.{suffix}"
+        if curve.is_file():
+            (Path(policy_dir) / f"{name}_curve.{suffix}").write_bytes(curve.read_bytes())

@@ -226,21 +226,53 @@ def heuristic_examples(problems: Iterable[Problem], top: int = 4,
 def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> list[Program]:
     """The `top` fastest checked programs of each problem the database tuned on this GPU
     (measured), by speedup over the best baseline of their own run; held-out problems never."""
-
-    ranked: dict[Problem, list] = {}
-    for trial in db.trials(device_name=device_name or DEFAULT_DEVICE_NAME):
-        if (trial.status == "ok" and trial.check_passed and trial.speedup
-                and trial.problem.is_bound and not is_heldout(trial.problem)):
-            ranked.setdefault(trial.problem, []).append(trial)
     programs = []
-    for problem, trials in ranked.items():
-        trials.sort(key=lambda t: (-t.speedup, t.program))
-        for trial in trials[:top]:
+    for problem, speedups in measured_programs(db, device_name).items():
+        for text, _ in sorted(speedups.items(), key=lambda item: (-item[1], item[0]))[:top]:
             try:
-                programs.append(replace(parse(trial.program).bind(problem), problem=problem))
+                programs.append(replace(parse(text).bind(problem), problem=problem))
             except ProgramError:
                 continue
     return programs
+
+
+def measured_programs(db, device_name: Optional[str] = None) -> dict[Problem, dict[str, float]]:
+    """Problem -> {program text: its best speedup over the best baseline of its run}, for the
+    checked trials of each bound training problem the database holds on this GPU (measured);
+    held-out problems never."""
+    speedups: dict[Problem, dict[str, float]] = {}
+    for trial in db.trials(device_name=device_name or DEFAULT_DEVICE_NAME):
+        if (trial.status == "ok" and trial.check_passed and trial.speedup
+                and trial.problem.is_bound and not is_heldout(trial.problem)):
+            texts = speedups.setdefault(trial.problem, {})
+            texts[trial.program] = max(texts.get(trial.program, 0.0), trial.speedup)
+    return speedups
+
+
+def preference_examples(db, device_name: Optional[str] = None, *, min_gain: float = 1.05,
+                        per_problem: int = 8, seed: int = 0) -> list[tuple[Program, Program]]:
+    """(faster, slower) pairs of programs measured at the same training problem, the faster at
+    least `min_gain` times the slower's speedup (wider than the timing noise), at most
+    `per_problem` a problem, drawn with a seeded generator: measured preferences, no heuristic."""
+    rng, pairs = random.Random(seed), []
+    for problem, speedups in measured_programs(db, device_name).items():
+        ranked = sorted(speedups.items(), key=lambda item: (-item[1], item[0]))
+        apart = [(a, b) for i, (a, fast) in enumerate(ranked) for b, slow in ranked[i + 1:]
+                 if fast >= slow * min_gain]
+        for faster, slower in rng.sample(apart, min(per_problem, len(apart))):
+            try:
+                pairs.append((replace(parse(faster).bind(problem), problem=problem),
+                              replace(parse(slower).bind(problem), problem=problem)))
+            except ProgramError:
+                continue
+    return pairs
+
+
+def preference_rows(pairs: Iterable[tuple[Program, Program]]) -> Iterator[dict]:
+    """Prompt/chosen/rejected rows for trl's DPOTrainer."""
+    for faster, slower in pairs:
+        prompt, chosen = example_text(faster)
+        yield {"prompt": prompt, "chosen": chosen, "rejected": example_text(slower)[1]}
 
 
 def supervised_rows(programs: Iterable[Program]) -> Iterator[dict]:

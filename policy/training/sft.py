@@ -26,7 +26,7 @@ from gemmgen.policy import model as pm
 from gemmgen.policy.proposers import HeuristicProposer, present_backends
 from gemmgen.policy.tokenizer import train_tokenizer
 from gemmgen.policy.training import data
-from gemmgen.policy.training.curves import write_curves
+from gemmgen.policy.training.curves import copy_curve, write_curves
 from gemmgen.tuning_db import Database
 
 
@@ -208,10 +208,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.init or (args.resume and (out / "config.json").is_file()):
         model, tokenizer = pm.load_policy(args.init or out)
         lr = args.lr or 5e-4
-        before = pm.read_meta(args.init or out)
-        # what it started from, by digest (a path is this machine's), and what still describes it
-        base = {"init": {"stage": before.get("stage"), "weights_sha256": before.get("weights_sha256")},
-                **{k: before[k] for k in ("small_config", "base_model", "vocabulary_added") if k in before}}
+        base = pm.lineage(args.init or out)
     else:
         tokenizer = train_tokenizer()
         model = pm.new_small_model(tokenizer)
@@ -232,10 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pm.save_policy(final, tokenizer, out, meta=meta)
     if args.keep_data:
         write_programs(programs_h, out / "sft_heuristic_programs.jsonl.gz")
-    for suffix in ("json", "png"):
-        curve = work / "curves" / f"sft.{suffix}"
-        if curve.is_file():
-            (out / f"sft_curve.{suffix}").write_bytes(curve.read_bytes())
+    copy_curve(work / "curves", "sft", out)
     print(json.dumps(meta["sft"], indent=1))
     return 0
 
