@@ -13,18 +13,21 @@ This is a proxy, not a timing: a proposal never measured counts for nothing here
     python3 benchmarks/policy_offline_eval.py --policy shipped=policy/checkpoint \\
         --policy old=/tmp/policy_old --out benchmarks/results/policy_offline
 
-`--policy-modes sample,rank` evaluates each policy in both of its modes (`PolicyProposer.mode`),
-the second named NAME:rank.
+`--policy-modes sample,rank,blend` evaluates each policy in each mode named (`PolicyProposer.mode`),
+all but sampling named NAME:mode.
 
 `--recorded FILE` scores on the problems of a GPU evaluation instead (a `policy_eval.json[.gz]`
 of `benchmarks/policy_eval.py` whose rows keep `candidate_speedups`, e.g. the unseen problems of
 `benchmarks/results/policy_eval_unseen/rank/`): measured there means one of the candidates that
 run timed (speedups over torch.matmul, the same ratio within a problem), and every proposer
-draws from the backends that run did.
+draws from the backends that run did. It also blends the run's own lists as `PolicyProposer`'s
+"blend" mode would have (the heuristic's first k // 2, then the policy's list): every program
+of that is timed, so `run_lists_blend` is a measured comparison with the heuristic's best of k.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import warnings
 from pathlib import Path
@@ -48,22 +51,50 @@ def score(proposals: list[str], measured: dict[str, float]) -> dict:
             "known_b8": max(known) / measured[best_text] if known else None}
 
 
-def recorded_problems(path: Path) -> tuple[dict, list[str]]:
-    """Problem -> {program text: speedup} from a GPU evaluation's rows, and its backends."""
-    import gzip
+def read_report(path: Path) -> dict:
+    """A policy_eval.py report (JSON, gzipped or not)."""
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+        return json.load(f)
 
+
+def _speedups(row: dict) -> dict[str, float]:
+    """Program text -> its best speedup among a report row's timed candidates."""
+    speedups: dict[str, float] = {}
+    for method, texts in row.get("candidate_speedups", {}).items():
+        for text, speedup in zip(row["candidates"][method], texts):
+            if speedup:
+                speedups[text] = max(speedups.get(text, 0.0), speedup)
+    return speedups
+
+
+def recorded_problems(report: dict) -> tuple[dict, list[str]]:
+    """Problem -> {program text: speedup} from a GPU evaluation's rows, and its backends."""
     from gemmgen.dsl import parse
 
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-        report = json.load(f)
     measured_of = {}
     for row in report["rows"]:
-        speedups = measured_of.setdefault(parse(next(iter(row["candidates"].values()))[0]).problem, {})
-        for method, texts in row.get("candidate_speedups", {}).items():
-            for text, speedup in zip(row["candidates"][method], texts):
-                if speedup:
-                    speedups[text] = max(speedups.get(text, 0.0), speedup)
+        problem = parse(next(iter(row["candidates"].values()))[0]).problem
+        measured_of.setdefault(problem, {}).update(_speedups(row))
     return measured_of, report["summary"].get("backends") or []
+
+
+def run_lists_blend(report: dict, k: int) -> dict | None:
+    """The blend mode on the run's own lists, all of them timed there: the heuristic's first
+    k // 2, then the policy's list (its ranking in a `rank` run); its best over the heuristic's
+    best of k, per problem, geomean."""
+    ratios = []
+    for row in report["rows"]:
+        lists, speedups = row["candidates"], _speedups(row)
+        heuristic, policy = lists.get("heuristic_b8", [])[:k], lists.get("policy_b8", [])
+        if not heuristic or not policy or not all(t in speedups for t in heuristic + policy):
+            continue
+        blend = list(dict.fromkeys(heuristic[:k // 2] + policy))[:k]
+        ratios.append(max(speedups[t] for t in blend) / max(speedups[t] for t in heuristic))
+    if not ratios:
+        return None
+    return {"policy_mode": report["summary"].get("policy_mode"), "problems": len(ratios),
+            "over_heuristic_best": round(geomean(ratios), 4),
+            "better": sum(r > 1.01 for r in ratios), "worse": sum(r < 0.99 for r in ratios)}
 
 
 def main(argv=None) -> int:
@@ -95,11 +126,13 @@ def main(argv=None) -> int:
         if not args.recorded.is_file():
             ap.error(f"--recorded {args.recorded}: no such file")
         try:
-            measured_of, backends = recorded_problems(args.recorded)
-        except (ValueError, KeyError, IndexError, StopIteration) as e:
+            report = read_report(args.recorded)
+            measured_of, backends = recorded_problems(report)
+            blend_of_run = run_lists_blend(report, args.k)
+        except (ValueError, KeyError, IndexError, StopIteration, TypeError, AttributeError) as e:
             ap.error(f"--recorded {args.recorded}: not a policy_eval.py report with candidates ({e!r})")
     else:
-        db, backends = shipped_database(), []
+        db, backends, blend_of_run = shipped_database(), [], None
         measured_of = {p: measured_speedups(db, p, DEFAULT_DEVICE_NAME) for p in data.heldout_problems()
                        if p.b_major == "row" and p.epilogue.signature == "f16"}
     problems = [p for p, measured in measured_of.items() if measured][: args.limit]
@@ -130,12 +163,18 @@ def main(argv=None) -> int:
                          "proposed_per_problem": round(sum(r[name]["proposed"] for r in rows) / len(rows), 2)}
     args.out.mkdir(parents=True, exist_ok=True)
     problem_set = str(args.recorded) if args.recorded else "held-out grid problems, the shipped records"
-    (args.out / "policy_offline_eval.json").write_text(json.dumps(
-        {"k": args.k, "problems": problem_set, "summary": summary, "rows": rows}, indent=1))
+    with gzip.open(args.out / "policy_offline_eval.json.gz", "wt") as f:     # rows of every proposer: gzipped
+        json.dump({"k": args.k, "problems": problem_set, "summary": summary, "rows": rows,
+                   **({"run_lists_blend": blend_of_run} if blend_of_run else {})}, f, indent=1)
     print(f"{'proposer':12} {'problems':>8} {'hit best':>8} {'measured/pr':>11} {'known b8 / db best':>19}")
     for name, s in summary.items():
         print(f"{name:12} {s['problems']:8d} {s['hit_best']:8d} {s['measured_per_problem']:11.2f} "
               f"{s['known_b8_geomean'] or float('nan'):19.3f}")
+    if blend_of_run:
+        b = blend_of_run
+        print(f"the run's own lists blended (its {b['policy_mode']} list after the heuristic's first {args.k // 2}): "
+              f"best {b['over_heuristic_best']:.3f}x the heuristic's best of {args.k} over {b['problems']} problems, "
+              f"better at {b['better']}, worse at {b['worse']}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """`PolicyProposer`: the language model as a Proposer (registered as "policy").
 
-Two ways to propose (`mode`):
+Three ways to propose (`mode`):
 - "sample": it samples answers under the grammar (constrained.py), parses each with the
   prompt into a program, drops what the validator rejects and repeats, and returns up to k
   programs: the greedy answer first (the model's best-of-1), then samples by their
@@ -8,6 +8,8 @@ Two ways to propose (`mode`):
 - "rank": it scores every valid program of the backends' spaces (the programs the heuristic
   ranks) by the model's log-probability of its answer, and returns the k most likely: always
   k distinct valid programs where the space holds k, in the model's order, not the prior's.
+- "blend": the heuristic's first k // 2 programs (the prior's surest picks), then the rest in
+  the model's order, as in "rank". Its best-of-1 is the model's first choice.
 It never compiles or times; the tuning loop does that.
 """
 from __future__ import annotations
@@ -75,10 +77,10 @@ class PolicyProposer:
 
     @property
     def version(self) -> str:
-        """Which weights: the checkpoint's recorded digest, else the path; `+rank` in rank mode, so
-        a record says which way its program was proposed."""
+        """Which weights: the checkpoint's recorded digest, else the path; `+rank` or `+blend` in
+        those modes, so a record says which way its program was proposed."""
 
-        return self._weights_version() + ("+rank" if self.mode == "rank" else "")
+        return self._weights_version() + ("" if self.mode == "sample" else f"+{self.mode}")
 
     def _weights_version(self) -> str:
         source = Path(self.checkpoint) if self.checkpoint else (None if self.base_model else CHECKPOINT_DIR)
@@ -98,7 +100,7 @@ class PolicyProposer:
             return []
         if not problem.is_bound:
             raise GemmgenError("the policy proposes for a concrete shape; bind M, N and K first")
-        if self.mode == "rank":
+        if self.mode != "sample":
             return self._ranked(problem, k)
         model, tokenizer, sampler = self._load()
         prompt = prompt_text(problem)
@@ -137,6 +139,10 @@ class PolicyProposer:
         scores = answer_logprobs(model, tokenizer, prompt_text(problem), [answer_text(p) for p in space])
         # ties keep the heuristic's order (sorted is stable)
         order = sorted(range(len(space)), key=lambda i: -scores[i])
+        if self.mode == "blend":
+            kept = min(k // 2, len(space))       # `space` is in the heuristic's order
+            if kept:
+                order = list(range(kept)) + [i for i in order if i >= kept]
         self.last_stats = {"space": len(space), "scored": len(scores)}
         return [space[i] for i in order[:k]]
 

@@ -44,8 +44,9 @@ ALL_BACKENDS = registry.NAMES
 #: the split multistage ones 6.1 us at M = 32), and bucket order alone spent a whole budget of
 #: 10 on one family there.
 FAMILY_NEAR = 1.25
-#: How the policy proposes (`PolicyProposer.mode`): sample answers, or rank the spaces' programs.
-POLICY_MODES = ("sample", "rank")
+#: How the policy proposes (`PolicyProposer.mode`): sample answers, rank the spaces' programs, or
+#: blend (the heuristic's first half of k, then the model's ranking).
+POLICY_MODES = ("sample", "rank", "blend")
 
 
 @runtime_checkable

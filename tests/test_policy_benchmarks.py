@@ -184,7 +184,8 @@ def test_policy_grpo_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
 
 def test_the_offline_proxy_scores_against_a_recorded_gpu_evaluation(tmp_path, capsys):
     """`--recorded`: the problems and timed candidates of a policy_eval.py report; every proposer
-    is narrowed to that run's backends; a candidate timed twice keeps its best speedup."""
+    is narrowed to that run's backends; a candidate timed twice keeps its best speedup; the run's
+    own lists blended (the heuristic's first k // 2, then the policy's) against its heuristic's."""
     import gzip
 
     from gemmgen.dsl import to_text
@@ -194,20 +195,27 @@ def test_the_offline_proxy_scores_against_a_recorded_gpu_evaluation(tmp_path, ca
     script = load_script("policy_offline_eval")
     problem = Problem(16, 4096, 4096, b_major="col")
     first, second, third = (to_text(p) for p in HeuristicProposer(("triton",)).propose(problem, 3))
-    row = {"problem": problem.key, "candidates": {"heuristic_b8": [first, second], "random_b8": [first, third]},
-           "candidate_speedups": {"heuristic_b8": [0.9, 1.1], "random_b8": [0.95, None]}}
+    row = {"problem": problem.key,
+           "candidates": {"heuristic_b8": [first, second], "random_b8": [first, third], "policy_b8": [third, first]},
+           "candidate_speedups": {"heuristic_b8": [0.9, 1.1], "random_b8": [0.95, None], "policy_b8": [1.3, 0.9]}}
     report = tmp_path / "policy_eval.json.gz"
     with gzip.open(report, "wt") as f:
-        json.dump({"summary": {"backends": ["triton"]}, "rows": [row]}, f)
-    measured_of, backends = script.recorded_problems(report)
-    assert backends == ["triton"] and measured_of == {problem: {first: 0.95, second: 1.1}}
+        json.dump({"summary": {"backends": ["triton"], "policy_mode": "rank"}, "rows": [row]}, f)
+    measured_of, backends = script.recorded_problems(script.read_report(report))
+    assert backends == ["triton"] and measured_of == {problem: {first: 0.95, second: 1.1, third: 1.3}}
 
     assert script.main(["--recorded", str(report), "-k", "2", "--out", str(tmp_path / "out")]) == 0
-    written = json.loads((tmp_path / "out" / "policy_offline_eval.json").read_text())
+    with gzip.open(tmp_path / "out" / "policy_offline_eval.json.gz", "rt") as f:
+        written = json.load(f)
     assert written["problems"] == str(report) and written["summary"]["heuristic"]["problems"] == 1
-    assert written["rows"][0]["heuristic"] == {"hit_best": True, "measured": 2, "known_b8": 1.0, "proposed": 2}
+    assert written["rows"][0]["heuristic"] == {"hit_best": False, "measured": 2,
+                                                "known_b8": pytest.approx(1.1 / 1.3), "proposed": 2}
+    # k = 2: the heuristic's first (0.95), then the policy's first (1.3), against the heuristic's best 1.1
+    assert written["run_lists_blend"] == {"policy_mode": "rank", "problems": 1,
+                                          "over_heuristic_best": round(1.3 / 1.1, 4), "better": 1, "worse": 0}
+    assert "1.182x the heuristic's best of 2" in capsys.readouterr().out
 
-    for bad, words in ((tmp_path / "missing.json", "no such file"), (tmp_path / "out" / "policy_offline_eval.json",
+    for bad, words in ((tmp_path / "missing.json", "no such file"), (tmp_path / "out" / "policy_offline_eval.json.gz",
                                                                      "not a policy_eval.py report")):
         with pytest.raises(SystemExit) as stop:
             script.main(["--recorded", str(bad), "--out", str(tmp_path / "x")])

@@ -112,6 +112,19 @@ def test_rank_mode_returns_the_spaces_k_most_likely_programs(proposer):
     assert ranker._sampler is None                           # ranking needs no grammar (nor llguidance)
 
 
+def test_blend_mode_keeps_the_heuristics_first_half_then_the_models_ranking(proposer):
+    shared = dict(backends=("triton",), model=proposer._model, tokenizer=proposer._tokenizer)
+    blender, ranker = PolicyProposer(mode="blend", **shared), PolicyProposer(mode="rank", **shared)
+    problem = PROBLEMS[1]
+    space = HeuristicProposer(("triton",)).ranked(problem)
+    picked = blender.propose(problem, 8)
+    assert picked[:4] == space[:4] and len(picked) == 8 == len(set(picked))
+    ranked = ranker.propose(problem, len(space))
+    assert picked[4:] == [p for p in ranked if p not in space[:4]][:4]
+    assert blender.propose(problem, 1) == ranked[:1]          # best-of-1 is the model's choice
+    assert blender.version == proposer.version + "+blend"
+
+
 def test_answer_scores_do_not_depend_on_batching(proposer):
     problem = PROBLEMS[0]
     answers = [answer_text(p) for p in HeuristicProposer(("triton",)).ranked(problem)[:6]]
@@ -124,7 +137,7 @@ def test_answer_scores_do_not_depend_on_batching(proposer):
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(GemmgenError, match="sample, rank"):
+    with pytest.raises(GemmgenError, match="sample, rank, blend"):
         PolicyProposer(mode="best")
 
 
@@ -135,3 +148,19 @@ def test_propose_command_rank_mode(capsys):
     assert out.count("# program ") == 3 and "# samples: space " in out
     assert main(["propose", "--shape", "16x4096x4096", "--proposer", "heuristic", "--mode", "rank"]) == 2
     assert "--mode chooses how the policy proposes" in capsys.readouterr().err
+
+
+def test_tune_takes_the_policys_mode_and_refuses_it_for_other_proposers(tmp_path, capsys, monkeypatch):
+    import gemmgen.cli.tune as tune_cli
+
+    shapes = tmp_path / "s.csv"
+    shapes.write_text("M,N,K\n128,128,128\n")
+    args = ["tune", "--shapes", str(shapes), "--db", str(tmp_path / "t.sqlite"), "--policy-mode", "blend"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--policy-mode chooses how the policy proposes" in err and len(err.strip().splitlines()) == 1
+    made = []
+    monkeypatch.setattr(tune_cli, "proposer_for", lambda name, **kw: made.append((name, kw)) or None)
+    main(args + ["--proposer", "policy"])             # then stops: no GPU here
+    assert made and made[0][0] == "policy" and made[0][1]["mode"] == "blend"
+    assert not (tmp_path / "t.sqlite").exists()

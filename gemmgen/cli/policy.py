@@ -33,8 +33,8 @@ def register(subparsers) -> None:
                    help="a .gemm file or a folder of them, re-bound to --shape (implies --proposer programs)")
     p.add_argument("--backends", default=None, help="comma-separated backends to keep (default: all)")
     p.add_argument("--mode", choices=POLICY_MODES, default=None,
-                   help="the policy's way to propose: sample answers, or rank the spaces' programs "
-                        "(default: the policy's own default)")
+                   help="the policy's way to propose: sample answers, rank the spaces' programs, or "
+                        "blend (the heuristic's first half of -k, then the ranking; default: sample)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stats", action="store_true", help="also print how many samples were kept and why not")

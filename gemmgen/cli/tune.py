@@ -10,7 +10,7 @@ from gemmgen.compile import gpu_present as has_gpu
 from gemmgen.errors import GemmgenError, NoGPUError
 from gemmgen.measure.errors import ShapesError
 from gemmgen.measure.shapes import PARTS, read_lines, read_shapes, shard
-from gemmgen.policy.proposers import proposer_for
+from gemmgen.policy.proposers import POLICY_MODES, proposer_for
 from gemmgen.tune import AUTO_BACKENDS, LIBRARY_MIN_GFLOP, LIBRARY_MIN_M, parse_backends, tune_backends
 from gemmgen.tune.adapters import PoolBuilder, WorkerRunner, compare_with_torch
 from gemmgen.tune.distributed import Rank, connect, pin_gpu, run_rank, tune_one_with
@@ -28,6 +28,9 @@ def register(subparsers) -> None:
                       help="CSV of M,N,K[,layout] (layout nn|nt|tn|tt: A then B, n = row-major), or a file "
                            "of problem keys, one a line (8x3584x3584:rcr:f16:f32:bias_n+f16)")
     tune.add_argument("--proposer", default="heuristic", help="heuristic | random | policy | programs")
+    tune.add_argument("--policy-mode", choices=POLICY_MODES, default=None,
+                      help="with --proposer policy: sample answers (default), rank the spaces' programs, or blend "
+                           "(the heuristic's first half of the budget, then the ranking)")
     tune.add_argument("--programs", metavar="PATH", default=None,
                       help="a .gemm file or a folder of them: propose those programs, re-bound to every "
                            "shape of the CSV they fit (implies --proposer programs)")
@@ -125,8 +128,11 @@ def _tune(args) -> int:
     library, backends = parse_backends(args.backends)
     if (args.programs or args.proposer == "programs") and args.backends == AUTO_BACKENDS:
         library = False                              # your programs, measured: no library search unasked
+    if args.policy_mode and (args.proposer != "policy" or args.programs):
+        raise GemmgenError("--policy-mode chooses how the policy proposes; leave it out with another proposer")
     problems = tune_problems(args.shapes, args.shard, args.epilogue, args.part)
-    proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends)
+    options = {"mode": args.policy_mode} if args.policy_mode else {}
+    proposer = (proposer_for(args.proposer, programs=args.programs, backends=backends, **options)
                 if backends or args.programs or args.proposer == "programs" else None)   # else the library only
     if not has_gpu():
         raise NoGPUError("gemmgen tune")
