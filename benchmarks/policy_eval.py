@@ -12,8 +12,9 @@ Per problem, every candidate of every method is built and measured once through 
 (pairs the database already holds are read back, not timed again), then each method scores the
 best checked time among its own candidates:
   policy_b1      the policy's first program: its greedy answer (`--policy-mode sample`, the
-                 default) or the space's program it finds most likely (`--policy-mode rank`)
-  policy_b8      the policy's 8 programs: greedy first, then samples; or the space's 8 most likely
+                 default) or the space's program it finds most likely (`rank` and `blend`)
+  policy_b8      the policy's 8 programs: greedy first, then samples; or the space's 8 most likely;
+                 or (`blend`) the heuristic's first 4, then the space's most likely
   random_b8      8 valid programs of the RandomProposer
   heuristic_b8   the HeuristicProposer's top 8
   space_all      every valid program of the backends' spaces (the exhaustive best), at the first
@@ -285,8 +286,10 @@ class EvalCandidates:
         t0 = time.monotonic()
         policy_programs = self.policy.propose(problem, self.k, seed=self.seed)
         propose_s = time.monotonic() - t0
+        # a blend's list opens with the heuristic's picks; its best-of-1 is the model's own first
+        first = self.policy.propose(problem, 1, seed=self.seed) if self.policy.mode == "blend" else policy_programs[:1]
         texts = {
-            "policy_b1": [to_text(p) for p in policy_programs[:1]],
+            "policy_b1": [to_text(p) for p in first],
             "policy_b8": [to_text(p) for p in policy_programs],
             "random_b8": [to_text(p) for p in self.random.propose(problem, self.k, seed=self.seed)],
             "heuristic_b8": [to_text(p) for p in self.heuristic.propose(problem, self.k)],

@@ -78,6 +78,18 @@ def test_policy_eval_flow_with_stub_measurements(stub_gpu, tmp_path, capsys):
             speedups = r["candidate_speedups"][method]
             assert len(speedups) == len(group) and r[method] == max((x for x in speedups if x), default=None)
     assert (tmp_path / "eval" / "policy_eval.png").is_file()
+
+    # blend: the heuristic's first 1 of 3, then the model's ranking; best-of-1 the model's own first
+    assert ev.main(args[:1] + [str(tmp_path / "blend")] + args[2:] + ["--policy-mode", "blend"]) == 0
+    from gemmgen.dsl import parse, to_text
+    from gemmgen.policy.lm_proposer import PolicyProposer
+
+    ranker = PolicyProposer(mode="rank", backends=("triton", "cutlass", "cuda"))
+    for r in json.loads((tmp_path / "blend" / "policy_eval.json").read_text())["rows"]:
+        group = r["candidates"]
+        assert group["policy_b8"][:1] == group["heuristic_b8"][:1] and len(group["policy_b8"]) == 3
+        problem = parse(group["policy_b8"][0]).problem
+        assert group["policy_b1"] == [to_text(p) for p in ranker.propose(problem, 1)]
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1].startswith("heuristic_b8 / space_all: -")   # no space measured
     assert "policy_b8 / heuristic_b8: " in out
