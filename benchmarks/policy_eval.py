@@ -287,7 +287,9 @@ class EvalCandidates:
         policy_programs = self.policy.propose(problem, self.k, seed=self.seed)
         propose_s = time.monotonic() - t0
         # a blend's list opens with the heuristic's picks; its best-of-1 is the model's own first
-        first = self.policy.propose(problem, 1, seed=self.seed) if self.policy.mode == "blend" else policy_programs[:1]
+        # (any Proposer may stand in for the policy here; only PolicyProposer has modes)
+        blend = getattr(self.policy, "mode", "sample") == "blend"
+        first = self.policy.propose(problem, 1, seed=self.seed) if blend else policy_programs[:1]
         texts = {
             "policy_b1": [to_text(p) for p in first],
             "policy_b8": [to_text(p) for p in policy_programs],

@@ -100,7 +100,7 @@ def run_lists_blend(report: dict, k: int) -> dict | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policy", action="append", default=[], metavar="NAME=CHECKPOINT")
-    ap.add_argument("--policy-modes", default="sample", help="comma-separated policy modes: sample, rank")
+    ap.add_argument("--policy-modes", default="sample", help="comma-separated policy modes: sample, rank, blend")
     ap.add_argument("-k", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="first N held-out problems only")
     ap.add_argument("--recorded", type=Path, help="a policy_eval.json[.gz] whose candidates' speedups to score on")
