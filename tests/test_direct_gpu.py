@@ -160,6 +160,12 @@ def test_compile_serves_the_shipped_direct_winner_and_it_is_right(shipped_gpu):
     from gemmgen.compile import clear_cache
     from gemmgen.measure import check
 
+    from gemmgen.dsl.ir import Problem
+    from gemmgen.tuning_db import shipped_database
+
+    wanted = Problem(1, 1024, 4096, b_major="col")
+    if wanted not in {w.problem for w in shipped_database().winners(shipped_gpu)}:
+        pytest.skip(f"the shipped records hold no winner of {wanted.key} on {shipped_gpu}")   # an H100's
     clear_cache()
     kernel = gemmgen.compile((1, 1024, 4096), b_major="col")
     assert kernel.ir is not None and kernel.ir.mainloop == "direct" and kernel.ir.swap_ab, kernel.describe()
