@@ -82,13 +82,15 @@ def run_lists_blend(report: dict, k: int) -> dict | None:
     """The blend mode on the run's own lists, all of them timed there: the heuristic's first
     k // 2, then the policy's list (its ranking in a `rank` run); its best over the heuristic's
     best of k, per problem, geomean."""
+    from gemmgen.policy.proposers import blended
+
     ratios = []
     for row in report["rows"]:
         lists, speedups = row["candidates"], _speedups(row)
         heuristic, policy = lists.get("heuristic_b8", [])[:k], lists.get("policy_b8", [])
         if not heuristic or not policy or not all(t in speedups for t in heuristic + policy):
             continue
-        blend = list(dict.fromkeys(heuristic[:k // 2] + policy))[:k]
+        blend = blended(heuristic, policy, k)
         ratios.append(max(speedups[t] for t in blend) / max(speedups[t] for t in heuristic))
     if not ratios:
         return None

@@ -27,7 +27,7 @@ from gemmgen.policy import model as policy_model
 from gemmgen.policy.constrained import GrammarSampler, sample
 from gemmgen.policy.model import CHECKPOINT_DIR, read_meta
 from gemmgen.policy.prompt import answer_text, program_from_answer, prompt_text
-from gemmgen.policy.proposers import ALL_BACKENDS, POLICY_MODES, HeuristicProposer
+from gemmgen.policy.proposers import ALL_BACKENDS, POLICY_MODES, HeuristicProposer, blended
 from gemmgen.policy.tokenizer import is_dsl_tokenizer
 
 from gemmgen.errors import GemmgenError
@@ -138,13 +138,10 @@ class PolicyProposer:
         space = HeuristicProposer(self.backends or ALL_BACKENDS).ranked(problem)
         scores = answer_logprobs(model, tokenizer, prompt_text(problem), [answer_text(p) for p in space])
         # ties keep the heuristic's order (sorted is stable)
-        order = sorted(range(len(space)), key=lambda i: -scores[i])
-        if self.mode == "blend":
-            kept = min(k // 2, len(space))       # `space` is in the heuristic's order
-            if kept:
-                order = list(range(kept)) + [i for i in order if i >= kept]
+        ranked = [space[i] for i in sorted(range(len(space)), key=lambda i: -scores[i])]
         self.last_stats = {"space": len(space), "scored": len(scores)}
-        return [space[i] for i in order[:k]]
+        # `space` is in the heuristic's order
+        return blended(space, ranked, k) if self.mode == "blend" else ranked[:k]
 
 
 def answer_logprobs(model, tokenizer, prompt: str, answers: Sequence[str], batch: int = 64) -> list[float]:

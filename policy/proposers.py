@@ -49,6 +49,12 @@ FAMILY_NEAR = 1.25
 POLICY_MODES = ("sample", "rank", "blend")
 
 
+def blended(heuristic_order: Sequence, model_order: Sequence, k: int) -> list:
+    """The blend mode's k proposals (programs or their texts): the heuristic's first k // 2,
+    then the model's order, each once."""
+    return list(dict.fromkeys([*heuristic_order[:k // 2], *model_order]))[:k]
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """Writes up to k candidate programs for a problem; same seed, same programs."""
@@ -264,6 +270,6 @@ def proposer_for(name: str, *, programs: Optional[str] = None, backends: Sequenc
     return get_proposer(name, **({"backends": tuple(backends)} if backends else {}), **options)
 
 
-__all__ = ["FileProposer", "HeuristicProposer", "POLICY_MODES", "Proposer", "ProposerError", "RandomProposer",
+__all__ = ["FileProposer", "HeuristicProposer", "POLICY_MODES", "Proposer", "ProposerError", "RandomProposer", "blended",
            "estimated_seconds", "get_proposer", "present_backends", "proposer_for", "proposer_names",
            "register_proposer"]

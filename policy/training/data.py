@@ -229,11 +229,18 @@ def database_examples(db, device_name: Optional[str] = None, top: int = 2) -> li
     programs = []
     for problem, speedups in measured_programs(db, device_name).items():
         for text, _ in sorted(speedups.items(), key=lambda item: (-item[1], item[0]))[:top]:
-            try:
-                programs.append(replace(parse(text).bind(problem), problem=problem))
-            except ProgramError:
-                continue
+            program = _recorded_program(text, problem)
+            if program is not None:
+                programs.append(program)
     return programs
+
+
+def _recorded_program(text: str, problem: Problem) -> Optional[Program]:
+    """A record's program text bound to its problem; None where it no longer parses."""
+    try:
+        return replace(parse(text).bind(problem), problem=problem)
+    except ProgramError:
+        return None
 
 
 def measured_programs(db, device_name: Optional[str] = None) -> dict[Problem, dict[str, float]]:
@@ -260,11 +267,9 @@ def preference_examples(db, device_name: Optional[str] = None, *, min_gain: floa
         apart = [(a, b) for i, (a, fast) in enumerate(ranked) for b, slow in ranked[i + 1:]
                  if fast >= slow * min_gain]
         for faster, slower in rng.sample(apart, min(per_problem, len(apart))):
-            try:
-                pairs.append((replace(parse(faster).bind(problem), problem=problem),
-                              replace(parse(slower).bind(problem), problem=problem)))
-            except ProgramError:
-                continue
+            pair = (_recorded_program(faster, problem), _recorded_program(slower, problem))
+            if None not in pair:
+                pairs.append(pair)
     return pairs
 
 
