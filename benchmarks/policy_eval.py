@@ -289,7 +289,7 @@ class EvalCandidates:
         # a blend's list opens with the heuristic's picks; its best-of-1 is the model's own first
         # (any Proposer may stand in for the policy here; only PolicyProposer has modes)
         blend = getattr(self.policy, "mode", "sample") == "blend"
-        first = self.policy.propose(problem, 1, seed=self.seed) if blend else policy_programs[:1]
+        first = self.policy.last_ranking[:1] if blend else policy_programs[:1]
         texts = {
             "policy_b1": [to_text(p) for p in first],
             "policy_b8": [to_text(p) for p in policy_programs],

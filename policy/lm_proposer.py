@@ -55,6 +55,7 @@ class PolicyProposer:
         self._model, self._tokenizer = model, tokenizer
         self._sampler = None
         self.last_stats: dict = {}
+        self.last_ranking: list[Program] = []
 
     # -- loading ------------------------------------------------------------------
     def _load_model(self):
@@ -140,6 +141,7 @@ class PolicyProposer:
         # ties keep the heuristic's order (sorted is stable)
         ranked = [space[i] for i in sorted(range(len(space)), key=lambda i: -scores[i])]
         self.last_stats = {"space": len(space), "scored": len(scores)}
+        self.last_ranking = ranked   # the model's own order, which a blend's list hides
         # `space` is in the heuristic's order
         return blended(space, ranked, k) if self.mode == "blend" else ranked[:k]
 

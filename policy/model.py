@@ -126,8 +126,8 @@ def _loading(path, what: str):
     except Exception as exc:   # the libraries raise many kinds; the user needs the file and the reason
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         raise PolicyModelError(f"cannot load {what} from {path}: {exc.__class__.__name__}: {reason} "
-                               "(a damaged or incomplete save? train again, or give another --checkpoint "
-                               "or --base-model)") from None
+                               "(a damaged or incomplete save? train again, or give another policy folder "
+                               "or base model)") from None
 
 
 def load_policy(path: str | Path | None = None):
@@ -139,7 +139,7 @@ def load_policy(path: str | Path | None = None):
     if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
         raise PolicyModelError(
             f"{path} holds no policy checkpoint (no config.json or adapter_config.json); "
-            "pass --checkpoint DIR of a trained policy or --base-model PATH of a causal LM")
+            "give the folder of a trained policy, or a causal LM as the base model")
     _offline()
     # Deferred: transformers (optional, heavy to import).
     from transformers import AutoModelForCausalLM, AutoTokenizer

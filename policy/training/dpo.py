@@ -24,7 +24,7 @@ from gemmgen.errors import GemmgenError
 from gemmgen.policy import model as pm
 from gemmgen.policy.training import data
 from gemmgen.policy.training.curves import copy_curve, write_curves
-from gemmgen.policy.training.sft import _time_budget_callback, last_checkpoint, weights_digest
+from gemmgen.policy.training.sft import time_budget_callback, last_checkpoint, weights_digest
 from gemmgen.tuning_db import Database, shipped_database
 
 CURVE_KEYS = ("loss", "rewards/accuracies", "rewards/margins", "logps/chosen")
@@ -69,7 +69,7 @@ def run_dpo(model, tokenizer, rows: Sequence[dict], out_dir: str | Path, setting
     reference = copy.deepcopy(model).eval()   # trl would reload it by name, which a fresh model lacks
     reference.requires_grad_(False)
     trainer = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=Dataset.from_list(list(rows)),
-                         processing_class=tokenizer, callbacks=[_time_budget_callback(settings.minutes)])
+                         processing_class=tokenizer, callbacks=[time_budget_callback(settings.minutes)])
     trainer.train(resume_from_checkpoint=last_checkpoint(out_dir / "trainer") if resume else None)
     write_curves(trainer.state.log_history, out_dir / "curves", "dpo", CURVE_KEYS)
     return trainer

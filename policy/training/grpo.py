@@ -34,7 +34,7 @@ from gemmgen.policy.training import data
 from gemmgen.policy.training.curves import write_curves
 from gemmgen.policy.training.reward import measure_rewards, problem_to_json
 from gemmgen.policy.training.sft import (
-    _time_budget_callback,
+    time_budget_callback,
     last_checkpoint,
     weights_digest,
 )
@@ -106,10 +106,6 @@ def constrained_rollout(settings: GRPOSettings) -> Callable:
     return rollout
 
 
-def _time_budget(minutes: float):
-    return _time_budget_callback(minutes)
-
-
 def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir: str | Path,
              settings: GRPOSettings = GRPOSettings(), *, resume: bool = False, peft_config=None):
     """One chunk of GRPO; returns the trainer (its model is updated in place)."""
@@ -131,7 +127,7 @@ def run_grpo(model, tokenizer, problems: Sequence[Problem], reward_fn, work_dir:
         gradient_checkpointing=False, dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=grpo_dataset(problems),
                           processing_class=tokenizer, rollout_func=constrained_rollout(settings),
-                          callbacks=[_time_budget(settings.minutes)], peft_config=peft_config)
+                          callbacks=[time_budget_callback(settings.minutes)], peft_config=peft_config)
 
     trainer.train(resume_from_checkpoint=last_checkpoint(work_dir / "trainer") if resume else None)
 

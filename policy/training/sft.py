@@ -43,7 +43,7 @@ class SFTSettings:
     max_length: int = 192
 
 
-def _time_budget_callback(minutes: float):
+def time_budget_callback(minutes: float):
     # Deferred: transformers (optional, heavy to import).
     from transformers import TrainerCallback
 
@@ -101,7 +101,7 @@ def run_sft(model, tokenizer, rows: Sequence[dict], out_dir: str | Path, setting
         seed=settings.seed, use_cpu=not cuda, bf16=cuda, disable_tqdm=True, dataloader_num_workers=0,
         eos_token=tokenizer.eos_token)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
-                         processing_class=tokenizer, callbacks=[_time_budget_callback(settings.minutes)],
+                         processing_class=tokenizer, callbacks=[time_budget_callback(settings.minutes)],
                          peft_config=peft_config)
     trainer.train(resume_from_checkpoint=last_checkpoint(out_dir / "trainer") if resume else None)
 
