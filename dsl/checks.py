@@ -141,10 +141,6 @@ def check_threads(p: Program, hw: Hardware) -> Iterator[Finding]:
         if math_warps % hw.warps_per_warpgroup:
             yield "warps", (f"mainloop {p.mainloop} runs whole consumer warpgroups: warps {wm}x{wn} = "
                             f"{math_warps} warps is not a multiple of 4")
-        elif p.mainloop == "ws_cooperative" and math_warps < 2 * hw.warps_per_warpgroup:
-            yield "warps", (f"mainloop ws_cooperative splits each tile over at least 2 consumer warpgroups "
-                            f"(8 warps, tile_m >= 128); warps {wm}x{wn} has one: use `warps 8x1` with "
-                            f"tile_m >= 128, or mainloop ws_pingpong")
     acc = res.acc_regs_per_thread(p, hw)
     if acc + res.REG_RESERVE > hw.max_regs_per_thread:
         both = " (gate and up)" if res.b_tiles(p) > 1 else ""

@@ -207,6 +207,25 @@ def test_pingpong_compiles_with_hgmma_and_setmaxnreg():
 
 
 @needs_compiler
+def test_one_consumer_warpgroup_a_tile_compiles_and_cutlass_refuses_it():
+    """`ws_cooperative` with `warps 4x1`: 64-row tiles, twice the CTAs of 128-row ones on a
+    skinny weight (x @ W.T at M = 32 over 4096 rows: 64 tiles). Raw CUDA builds it with 256
+    threads and no spills; CUTLASS's cooperative kernel needs two warpgroups; three are refused."""
+    from gemmgen.backends.cuda import hopper as ws
+
+    program = replace(hopper(Problem(32, 4096, 4096, b_major="col"), tile=(64, 32, 64), warps=(4, 1), stages=8),
+                      swap_ab=True)
+    assert diagnose(program) == []
+    assert ws.geometry(program.computed).threads == 256
+    report = cuda.kernel_report(cuda.build(lower(program)))
+    assert report["sass"]["HGMMA"] > 0 and report["sass"]["LDL"] == 0
+    assert report["resources"]["gemm_hopper_ws"]["spill_stores"] == 0
+    assert any("fixes its consumer warps" in d.message for d in diagnose(replace(program, backend="cutlass")))
+    three = hopper(Problem(4096, 4096, 4096), tile=(192, 128, 64), warps=(12, 1))
+    assert any("1 or 2 consumer warpgroups" in d.message for d in diagnose(three))
+
+
+@needs_compiler
 def test_pingpong_mainloops_take_turns_through_named_barriers():
     """Without turns, the second warpgroup ran ahead into full barriers two phases behind
     (their parity reads as complete) and the kernel faulted on the H200 at 4096^3."""

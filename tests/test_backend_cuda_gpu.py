@@ -253,6 +253,32 @@ def test_hopper_swapped_programs_store_the_transpose(index, runner):
     _check(program, _build_all([program])[0], runner)
 
 
+# One consumer warpgroup a tile (`warps 4x1`): 64-row tiles, so a skinny weight gets twice the CTAs
+# of 128-row ones. Swapped (`x @ W.T`) at M = 1, 3, 17, 100, unaligned N and K, both majors of the
+# weight, every epilogue kind, persistent and one tile a CTA, a 2-CTA cluster, 2 K slices; and
+# unswapped with A column-major.
+ONE_CONSUMER = [replace(program, swap_ab=swap) for program, swap in (
+    (hopper(Problem(1, 4096, 4096, b_major="col"), tile=(64, 16, 64), warps=(4, 1), stages=12), True),
+    (hopper(Problem(3, 1000, 4104, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),
+            tile=(64, 16, 64), warps=(4, 1), stages=10, scheduler="tile"), True),
+    (hopper(Problem(17, 1000, 4104, b_major="col", epilogue=Epilogue(residual=True, alpha=0.5, beta=0.5)),
+            tile=(64, 32, 64), warps=(4, 1), stages=8), True),
+    (hopper(Problem(100, 4096, 520, b_major="row", epilogue=Epilogue(bias="m", activation="silu",
+                                                                       out_dtype="f32")),
+            tile=(64, 128, 64), warps=(4, 1), stages=6, cluster=(2, 1)), True),
+    (hopper(Problem(776, 1000, 264, a_major="col", b_major="row", epilogue=Epilogue(out_dtype="bf16")),
+            tile=(64, 128, 64), warps=(4, 1)), False),
+)] + [replace(hopper(Problem(32, 4096, 4104, b_major="col", epilogue=Epilogue(bias="n")), tile=(64, 32, 64),
+                     warps=(4, 1), stages=8, scheduler="tile"),
+              split_k=2, split_k_reduce=CLUSTER_REDUCE, swap_ab=True)]
+
+
+@pytest.mark.parametrize("index", range(len(ONE_CONSUMER)))
+def test_hopper_one_consumer_programs(index, runner):
+    program = ONE_CONSUMER[index]
+    _check(program, _build_all([program])[0], runner)
+
+
 def _split(problem, tile, warps, split, stages=4, b="col", swap=False):
     """`split_k S cluster` in the TMA family: one CTA a tile's K slice, the S slices of a tile one
     cluster summing their partials through distributed shared memory; with `swap`, C^T = W x^T

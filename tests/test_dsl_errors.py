@@ -100,7 +100,6 @@ ILLEGAL = [
      "multiple of the instruction's N=128; use instr wgmma 64x192x16"),
     ({"instr": "instr wgmma 128x128x16"}, "instr", "does not exist for fp16"),
     ({"instr": "instr mma 16x16x16"}, "instr", "write `instr mma 16x8x16`"),
-    ({**WS, "warps": "warps 4x1"}, "warps", "at least 2 consumer warpgroups"),
     ({**WS, "mainloop": "mainloop ws_pingpong", "warps": "warps 2x2", "tile": "tile 128x128x64",
       "instr": "instr auto"}, "warps", "wgmma runs on warpgroups of 4 warps stacked along M"),
     ({"warps": "warps 16x4", "tile": "tile 256x256x32", "stages": "stages 2"}, "warps",

@@ -164,9 +164,10 @@ def rules(program: Program) -> list[tuple[str, str]]:
     if pingpong and (wgs_m, wgs_n) != (1, 1):
         out.append(("warps", f"mainloop ws_pingpong gives each of its two consumer warpgroups a whole tile: "
                              f"write `warps 4x1`, not {wm}x{wn}"))
-    elif not pingpong and wgs_m * wgs_n != 2:
-        out.append(("warps", f"mainloop ws_cooperative shares each tile between 2 consumer warpgroups "
-                             f"(`warps 8x1` or `warps 4x2`); warps {wm}x{wn} makes {wgs_m * wgs_n}"))
+    elif not pingpong and wgs_m * wgs_n > 2:
+        # one warpgroup a tile is allowed: 64-row tiles give a skinny weight twice the CTAs
+        out.append(("warps", f"mainloop ws_cooperative shares each tile between 1 or 2 consumer warpgroups "
+                             f"(`warps 4x1`, `warps 8x1` or `warps 4x2`); warps {wm}x{wn} makes {wgs_m * wgs_n}"))
     if t.m % wgs_m or (t.m // wgs_m) % 64 or t.m > 256:
         out.append(("tile", f"each consumer warpgroup needs a multiple of 64 rows: tile M {t.m} over {wgs_m} "
                             f"warpgroup(s) along M (tile M at most 256, the TMA box limit)"))
