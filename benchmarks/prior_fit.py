@@ -50,7 +50,7 @@ from gemmgen.tuning_db.store import SHIPPED_FILES
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_db" / "shipped" / SHIPPED_FILES[0]
 SMALL_S = 12e-6
 #: per-SM streaming rates to score the prior with (bytes/s), around the hardware model's 150 GB/s
-SM_RATES = (60e9, 100e9, 150e9, 250e9, 500e9)
+SM_RATES = (60e9, 75e9, 100e9, 150e9, 250e9, 500e9)
 #: the prior before the per-SM cap and the summing table: a second launch for every split
 #: except the register ring's last-CTA sum
 PLAIN = {"sm_load_bytes_per_s": math.inf,
