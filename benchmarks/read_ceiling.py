@@ -9,8 +9,8 @@ fraction of the bandwidth floor (bytes / 4.8 TB/s, `Problem.floor_s`) and the ra
 A small weight cannot reach HBM's sustained rate: the launch, the first load's latency and the
 last wave's tail are a fixed cost its few bytes do not hide.
 
-With `--ctas`, it times instead reads by a fixed number of CTAs (each walking every C-th block,
-`--unroll`-many blocks in flight) of the weights named by `--weights`: how many CTAs a kernel
+With `--ctas`, it times instead reads by a fixed number of CTAs (each walking every C-th run of
+blocks, 2-16 blocks in flight) of the weights named by `--weights`: how many CTAs a kernel
 needs to stream a weight at the read's rate, which bounds a product that gives the weight to
 fewer tiles than there are SMs (at M <= 128, N / tile rows of them).
 
