@@ -164,7 +164,6 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from gemmgen.dsl.ir import Problem
     from gemmgen.errors import NoGPUError
     from gemmgen.measure.timing import TimingOptions, flusher
 
@@ -176,20 +175,31 @@ def main(argv=None) -> int:
     rows = []
     for n, k in tqdm(weights(args.shapes, args.part), desc="weights"):
         w = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        times = {name: device_us(fn, flush) for name, fn in readers(w).items()}
-        best = min(times, key=times.get)
-        floor_us = Problem(1, n, k, b_major="col").floor_s * 1e6
-        rows.append({"n": n, "k": k, "bytes": 2 * n * k, "best": best, "device_us": times[best],
-                     "fraction_of_floor": floor_us / times[best], "tb_per_s": 2 * n * k / times[best] / 1e6,
-                     "all_us": times})
+        rows.append(read_row(w, readers(w), flush))
         del w
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "read_ceiling.json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
     lines = [f"{'N':>7} {'K':>6} {'MB':>7} {'read us':>8} {'floor':>6} {'TB/s':>5}  fastest reader"]
     lines += [f"{r['n']:>7} {r['k']:>6} {r['bytes'] / 1e6:>7.1f} {r['device_us']:>8.2f} "
               f"{r['fraction_of_floor']:>6.3f} {r['tb_per_s']:>5.2f}  {r['best']}" for r in rows]
-    (out / "table.txt").write_text("\n".join(lines) + "\n")
+    return write_results(Path(args.out), "read_ceiling.json", "table.txt", rows, lines)
+
+
+def read_row(w, named_readers: dict, flush) -> dict:
+    """The fastest of `named_readers` over the weight w: its time, fraction of the floor, rate."""
+    from gemmgen.dsl.ir import Problem
+
+    n, k = w.shape
+    times = {name: device_us(fn, flush) for name, fn in named_readers.items()}
+    best = min(times, key=times.get)
+    floor_us = Problem(1, n, k, b_major="col").floor_s * 1e6
+    return {"n": n, "k": k, "bytes": 2 * n * k, "best": best, "device_us": times[best],
+            "fraction_of_floor": floor_us / times[best], "tb_per_s": 2 * n * k / times[best] / 1e6,
+            "all_us": times}
+
+
+def write_results(out: Path, json_name: str, table_name: str, rows: list, lines: list) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / json_name).write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    (out / table_name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
@@ -198,26 +208,16 @@ def _by_ctas(chosen, ctas, flush, out: Path) -> int:
     import torch
     from tqdm import tqdm
 
-    from gemmgen.dsl.ir import Problem
-
     rows = []
     for (n, k), c in tqdm([(nk, c) for nk in chosen for c in ctas], desc="weights x CTAs"):
         w = torch.randn(n, k, device="cuda", dtype=torch.float16)
-        times = {name: device_us(fn, flush) for name, fn in strided_readers(w, c).items()}
-        best = min(times, key=times.get)
-        floor_us = Problem(1, n, k, b_major="col").floor_s * 1e6
-        rows.append({"n": n, "k": k, "ctas": c, "bytes": 2 * n * k, "best": best, "device_us": times[best],
-                     "fraction_of_floor": floor_us / times[best], "tb_per_s": 2 * n * k / times[best] / 1e6,
-                     "gb_per_s_per_cta": 2 * n * k / times[best] / 1e3 / c, "all_us": times})
+        row = read_row(w, strided_readers(w, c), flush)
+        rows.append({**row, "ctas": c, "gb_per_s_per_cta": row["tb_per_s"] * 1e3 / c})
         del w
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "read_by_ctas.json").write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
     lines = [f"{'N':>7} {'K':>6} {'CTAs':>5} {'read us':>8} {'floor':>6} {'TB/s':>5} {'GB/s a CTA':>10}  fastest"]
     lines += [f"{r['n']:>7} {r['k']:>6} {r['ctas']:>5} {r['device_us']:>8.2f} {r['fraction_of_floor']:>6.3f} "
               f"{r['tb_per_s']:>5.2f} {r['gb_per_s_per_cta']:>10.1f}  {r['best']}" for r in rows]
-    (out / "ctas.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_results(out, "read_by_ctas.json", "ctas.txt", rows, lines)
 
 
 if __name__ == "__main__":
