@@ -1,5 +1,5 @@
-"""benchmarks/read_ceiling.py on CPU: its arguments, and the CTA-limited reader builds for sm_90a
-with 16-byte loads, UNROLL blocks a step."""
+"""benchmarks/read_ceiling.py on CPU: its arguments, both modes end to end with the GPU parts
+stubbed, and the CTA-limited reader builds for sm_90a with 16-byte loads, UNROLL blocks a step."""
 import pytest
 
 from benchmark_scripts import load_script
