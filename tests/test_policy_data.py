@@ -69,19 +69,28 @@ def test_the_prompt_states_problem_and_hardware_and_parses_as_dsl():
     assert parse(text + answer).problem == problem
 
 
-def test_database_examples_are_the_fastest_checked_programs_winners_or_not(tmp_path):
-    """The policy is judged against the fastest program the database holds, so that is what it
-    learns from, even where cuBLAS was faster still; held-out problems never."""
+def _train_held_and_variants():
+    """The first training and the first held-out grid problem, and four texts of one Triton
+    program at the training problem (2-5 stages)."""
     from dataclasses import replace
 
     from gemmgen.dsl import to_text
-    from gemmgen.tuning_db import Database
-    from tuning_fakes import TEST_GPU, triton_program, trial
+    from tuning_fakes import triton_program
 
     train = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if not data.is_heldout_shape(m, n, k))
     held = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if data.is_heldout_shape(m, n, k))
     base = triton_program(train)
-    variants = [to_text(replace(base, stages=s)) for s in (2, 3, 4, 5)]
+    return train, held, [to_text(replace(base, stages=s)) for s in (2, 3, 4, 5)]
+
+
+def test_database_examples_are_the_fastest_checked_programs_winners_or_not(tmp_path):
+    """The policy is judged against the fastest program the database holds, so that is what it
+    learns from, even where cuBLAS was faster still; held-out problems never."""
+    from gemmgen.dsl import to_text
+    from gemmgen.tuning_db import Database
+    from tuning_fakes import TEST_GPU, trial
+
+    train, held, variants = _train_held_and_variants()
     with Database(tmp_path / "t.sqlite") as db:
         for text, ms, passed in zip(variants, (1.5, 1.3, 1.4, 1.0), (True, True, True, False)):
             db.record(trial(train, device_ms=ms, baseline_ms=1.2, program=text, check_passed=passed))
@@ -95,16 +104,11 @@ def test_database_examples_are_the_fastest_checked_programs_winners_or_not(tmp_p
 def test_preference_pairs_prefer_the_faster_program_beyond_the_noise(tmp_path):
     """Pairs come from programs measured at the same training problem: the faster preferred,
     only where the speedups are `min_gain` apart; failed checks and held-out problems never."""
-    from dataclasses import replace
-
     from gemmgen.dsl import to_text
     from gemmgen.tuning_db import Database
-    from tuning_fakes import TEST_GPU, triton_program, trial
+    from tuning_fakes import TEST_GPU, trial
 
-    train = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if not data.is_heldout_shape(m, n, k))
-    held = next(Problem(m, n, k) for m, n, k in data.grid_shapes() if data.is_heldout_shape(m, n, k))
-    base = triton_program(train)
-    texts = [to_text(replace(base, stages=s)) for s in (2, 3, 4, 5)]
+    train, held, texts = _train_held_and_variants()
     with Database(tmp_path / "t.sqlite") as db:
         # 1.00 and 1.02 ms are within the gain; 1.30 is apart from both; 0.5 ms failed its check
         for text, ms, passed in zip(texts, (1.00, 1.02, 1.30, 0.50), (True, True, True, False)):

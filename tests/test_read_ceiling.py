@@ -1,5 +1,7 @@
 """benchmarks/read_ceiling.py on CPU: its arguments, both modes end to end with the GPU parts
 stubbed, and the CTA-limited reader builds for sm_90a with 16-byte loads, UNROLL blocks a step."""
+import json
+
 import pytest
 
 from benchmark_scripts import load_script
@@ -43,11 +45,10 @@ def test_the_strided_reader_compiles_for_sm90a_with_its_loads_unrolled(unroll):
     assert "evict_first" in ptx
 
 
-def test_cta_reads_write_the_fastest_reader_per_weight_and_count(tmp_path, monkeypatch):
-    """The --ctas flow end to end with the GPU parts stubbed: one row per weight and CTA count,
-    the fastest reader's time, its rate a CTA, and the table beside the JSON."""
-    import json
-
+@pytest.fixture
+def stubbed_gpu(monkeypatch):
+    """read_ceiling with its GPU parts stubbed: CUDA "present", weights on the CPU, no flush, and
+    each reader's time the number the stub reader returns."""
     torch = pytest.importorskip("torch")
     from gemmgen.measure import timing
 
@@ -56,13 +57,20 @@ def test_cta_reads_write_the_fastest_reader_per_weight_and_count(tmp_path, monke
     monkeypatch.setattr(timing, "flusher", lambda options, device: lambda: None)
     real_randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: real_randn(*shape, dtype=dtype))
+    monkeypatch.setattr(script, "device_us", lambda fn, flush: fn())
+    return script
+
+
+def test_cta_reads_write_the_fastest_reader_per_weight_and_count(tmp_path, monkeypatch, stubbed_gpu):
+    """The --ctas flow end to end with the GPU parts stubbed: one row per weight and CTA count,
+    the fastest reader's time, its rate a CTA, and the table beside the JSON."""
+    script = stubbed_gpu
     # each stub reader returns its own time: 10 us at 32 CTAs, halved at 64, 1 us more unrolled 16
 
     def readers(w, ctas):
         return {f"b2048 u{u} w8": (lambda u=u: 320.0 / ctas + (1.0 if u == 16 else 0.0)) for u in (8, 16)}
 
     monkeypatch.setattr(script, "strided_readers", readers)
-    monkeypatch.setattr(script, "device_us", lambda fn, flush: fn())
     assert script.main(["--ctas", "32,64", "--weights", "1024x2048", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "read_by_ctas.json").read_text())["rows"]
     assert [(r["n"], r["k"], r["ctas"], r["best"], r["device_us"]) for r in rows] == [
@@ -71,21 +79,11 @@ def test_cta_reads_write_the_fastest_reader_per_weight_and_count(tmp_path, monke
     assert len((tmp_path / "ctas.txt").read_text().splitlines()) == 3
 
 
-def test_weight_reads_write_one_row_per_distinct_weight(tmp_path, monkeypatch):
+def test_weight_reads_write_one_row_per_distinct_weight(tmp_path, monkeypatch, stubbed_gpu):
     """The default flow with the GPU parts stubbed: each distinct weight of the shapes file read
     once, the fastest reader kept, read_ceiling.json and table.txt written."""
-    import json
-
-    torch = pytest.importorskip("torch")
-    from gemmgen.measure import timing
-
-    script = load_script("read_ceiling")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(timing, "flusher", lambda options, device: lambda: None)
-    real_randn = torch.randn
-    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None: real_randn(*shape, dtype=dtype))
+    script = stubbed_gpu
     monkeypatch.setattr(script, "readers", lambda w: {"slow": lambda: 9.0, "fast": lambda: w.numel() / 1e6})
-    monkeypatch.setattr(script, "device_us", lambda fn, flush: fn())
     shapes = tmp_path / "shapes.csv"
     shapes.write_text("M,N,K,layout\n1,1024,2048,nt\n8,1024,2048,nt\n1,512,512,nt\n")
     assert script.main(["--shapes", str(shapes), "--part", "all", "--out", str(tmp_path / "out")]) == 0
