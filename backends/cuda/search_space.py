@@ -196,6 +196,52 @@ def direct_programs(problem: Problem) -> list[Program]:
                               key=lambda q: direct_rank(q, p)) for cluster in (False, True)])
 
 
+# The TMA family under swap_ab at a batch past the direct family's: one consumer warpgroup a
+# 64-row tile of the weight (wgmma's M side), the batch rounded up to the tile's N. 64-row tiles
+# give a 4096-row weight 64 CTAs where 128-row ones gave 32, and one CTA draws at most 70-76
+# GB/s (benchmarks/results/read_by_ctas_h100/). On the H100 (tune_tma_one_consumer_h100/) their
+# best ran 1.033x / 0.994x torch.matmul at Llama's layers at M = 32 / 64, where 128-row tiles
+# ran 0.868x / 0.841x; K split in 2 or 4 by a cluster won where the weight has few tiles
+# (1,024 rows) or K is deep (14,336), persistent CTAs elsewhere.
+SWAPPED_TMA_MAX_M = 128
+# (batch tile, ring depth): the deepest ring that fits beside one CTA's other shared memory
+SWAPPED_TMA_TILES = ((32, 10), (64, 8), (128, 6))
+SWAPPED_TMA_SPLITS = (1, 2, 4)
+# The grid the family's order aims for first: the measured reads needed about 64 CTAs to come
+# within 10 % of the device's rate.
+SWAPPED_TMA_CTAS = 64
+
+
+def swapped_tma_programs(problem: Problem) -> list[Program]:
+    """swap_ab programs of the TMA family for `x @ W.T` at a batch of 17-128: 64-row tiles on
+    one consumer warpgroup, K unsplit (persistent) or split in 2 or 4 across a cluster; the
+    split that first gives SWAPPED_TMA_CTAS CTAs first, then the others by their distance."""
+    try:
+        from gemmgen.backends.cuda import hopper as hop
+    except ImportError:
+        return []
+    p = _bound(problem)
+    if not DIRECT_MAX_M < p.m <= SWAPPED_TMA_MAX_M or (p.a_major, p.b_major) != ("row", "col") \
+            or problem.epilogue.gate:
+        return []
+    batch_tile, stages = next((n, s) for n, s in SWAPPED_TMA_TILES if n >= p.m)
+    tiles = math.ceil(p.n / 64) * math.ceil(p.m / batch_tile)
+    first = next((s for s in SWAPPED_TMA_SPLITS if tiles * s >= SWAPPED_TMA_CTAS), SWAPPED_TMA_SPLITS[-1])
+    out = []
+    # every K slice at least one k tile (the language's split_k rule)
+    splits = [s for s in SWAPPED_TMA_SPLITS if s * 64 <= p.k or s == 1]
+    for split in sorted(splits, key=lambda s: abs(math.log2(s / first))):
+        prog = Program(problem=problem, backend="cuda", tile=Tile(64, batch_tile, 64), warps=(4, 1),
+                       mainloop="ws_cooperative", instr=Instr("wgmma", 64, batch_tile, 16), stages=stages,
+                       scheduler="persistent" if split == 1 else "tile", raster="m", swizzle=1,
+                       smem_swizzle=128, split_k=split,
+                       split_k_reduce=CLUSTER_REDUCE if split > 1 else "workspace", swap_ab=True)
+        computed = prog.bind(p).computed
+        if not hop.rules(computed) and not any(check_alignment(computed, SM90A)):
+            out.append(prog)
+    return out
+
+
 def direct_rank(program: Program, problem: Problem) -> tuple:
     """The direct family's order, read off the H200 sweep of every program at M = 1 and 16
     (best of the first 4 within 0.97 of the best of all, geomean over 6 shapes): a grid near
@@ -345,14 +391,15 @@ def space(problem: Problem, limit: int = 40) -> list[Program]:
     """The families' candidates for `problem`, best first, at most `limit`.
 
     Half the slots go to each of multistage and the TMA family when both have candidates, so a
-    search always measures some of both; at a small batch of `x @ W.T` the direct family's
-    best come first and take half.
+    search always measures some of both; at a small batch of `x @ W.T` the swapped head (the
+    direct family's best up to DIRECT_MAX_M, then the TMA family's 64-row tiles up to
+    SWAPPED_TMA_MAX_M) comes first, at most half.
     """
     p = _bound(problem)
-    direct_ranked = direct_programs(problem)
+    swapped_head = direct_programs(problem) or swapped_tma_programs(problem)
     ms = _round_robin(_multistage(problem), p)
     hop = _round_robin(_hopper(problem), p)
-    first = direct_ranked[: limit // 2] if direct_ranked else []
+    first = swapped_head[: limit // 2]
     rest = limit - len(first)
     half = rest // 2
     take_hop = min(len(hop), max(half, rest - len(ms)))
