@@ -202,8 +202,6 @@ class FileProposer:
     version = "1"
 
     def __init__(self, path: Optional[str] = None, backends: Sequence[str] = ALL_BACKENDS):
-
-
         if not path:
             raise ProposerError("the programs proposer reads .gemm files: give them with --programs FILE_OR_FOLDER")
         root = Path(path)
