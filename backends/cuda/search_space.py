@@ -15,7 +15,7 @@ from gemmgen.backends.cuda import direct
 from gemmgen.backends.cuda import multistage as ms
 from gemmgen.backends.cuda.launch import stream_k_grid
 from gemmgen.backends.ranking import near_first, take_turns
-from gemmgen.dsl.checks import check_alignment
+from gemmgen.dsl.checks import check_alignment, check_split_k
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import CLUSTER_REDUCE, Instr, Problem, Program, Tile
 from gemmgen.dsl.resources import b_tiles
@@ -149,10 +149,15 @@ def _hopper(problem: Problem) -> list[Program]:
                            cluster=cluster, stages=stages, scheduler="persistent", raster="m",
                            swizzle=8 if p.m >= p.n else 4, smem_swizzle=128)
             bound = prog.bind(p) if not problem.is_bound else prog
-            # the language's TMA rule covers the output's rows too (`dsl.checks.check_alignment`)
-            if not hop.rules(bound) and not any(check_alignment(bound, SM90A)):
+            if _tma_accepts(hop, bound):
                 out.append(prog)
     return out
+
+
+def _tma_accepts(hop, program: Program) -> bool:
+    """The TMA family's rules and the language's rules they lean on: its TMA alignment, which
+    covers the output's rows too, and every K slice at least one k tile."""
+    return not (hop.rules(program) or any(check_alignment(program, SM90A)) or any(check_split_k(program, SM90A)))
 
 
 # The direct family (operands straight into registers) is for `x @ W.T` at a small batch: the
@@ -230,16 +235,13 @@ def swapped_tma_programs(problem: Problem) -> list[Program]:
     tiles = math.ceil(p.n / SWAPPED_TMA_ROWS) * math.ceil(p.m / batch_tile)
     first = next((s for s in SWAPPED_TMA_SPLITS if tiles * s >= SWAPPED_TMA_CTAS), SWAPPED_TMA_SPLITS[-1])
     out = []
-    # every K slice at least one k tile (the language's split_k rule)
-    splits = [s for s in SWAPPED_TMA_SPLITS if s * hop.BK <= p.k or s == 1]
-    for split in sorted(splits, key=lambda s: abs(math.log2(s / first))):
+    for split in sorted(SWAPPED_TMA_SPLITS, key=lambda s: abs(math.log2(s / first))):
         prog = Program(problem=problem, backend="cuda", tile=Tile(SWAPPED_TMA_ROWS, batch_tile, hop.BK), warps=(4, 1),
                        mainloop="ws_cooperative", instr=Instr("wgmma", 64, batch_tile, 16), stages=stages,
                        scheduler="persistent" if split == 1 else "tile", raster="m", swizzle=1,
                        smem_swizzle=128, split_k=split,
                        split_k_reduce=CLUSTER_REDUCE if split > 1 else "workspace", swap_ab=True)
-        computed = prog.bind(p).computed
-        if not hop.rules(computed) and not any(check_alignment(computed, SM90A)):
+        if _tma_accepts(hop, prog.bind(p).computed):
             out.append(prog)
     return out
 
