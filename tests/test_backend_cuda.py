@@ -225,7 +225,7 @@ def test_one_consumer_warpgroup_a_tile_compiles_and_cutlass_refuses_it():
     assert any("1 or 2 consumer warpgroups" in d.message for d in diagnose(three))
 
 
-def test_space_heads_a_batch_of_17_to_128_with_swapped_one_consumer_tiles():
+def test_space_heads_a_batch_of_17_to_64_with_swapped_one_consumer_tiles():
     """Past the direct family's batch, `x @ W.T` leads with 64-row TMA tiles under swap_ab, the
     batch rounded up to the tile's N, K split so the grid first reaches 64 CTAs."""
     from gemmgen.backends.cuda.search_space import SWAPPED_TMA_MAX_M, space, swapped_tma_programs
@@ -239,7 +239,7 @@ def test_space_heads_a_batch_of_17_to_128_with_swapped_one_consumer_tiles():
     assert head(32, 4096) == [(32, 1, "persistent"), (32, 2, "tile"), (32, 4, "tile")]   # 64 tiles
     assert head(32, 1024) == [(32, 4, "tile"), (32, 2, "tile"), (32, 1, "persistent")]  # 16 tiles
     assert head(17, 1000, 72)[0] == (32, 1, "persistent")          # unaligned N, K too short to split
-    assert [t for t, _, _ in head(64, 4096)] == [64] * 3 and head(100, 6144)[0][0] == 128
+    assert [t for t, _, _ in head(64, 4096)] == [64] * 3 and head(33, 6144)[0][0] == 64
     assert head(16, 4096) == [] and head(SWAPPED_TMA_MAX_M + 1, 4096) == []
     assert swapped_tma_programs(Problem(32, 4096, 4096)) == []                   # b=row
     first = space(Problem(32, 4096, 4096, b_major="col"))

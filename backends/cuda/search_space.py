@@ -207,12 +207,14 @@ def direct_programs(problem: Problem) -> list[Program]:
 # GB/s (benchmarks/results/read_by_ctas_h100/). On the H100 (tune_tma_one_consumer_h100/) their
 # best ran 1.033x / 0.994x torch.matmul at Llama's layers at M = 32 / 64, where 128-row tiles
 # ran 0.868x / 0.841x; K split in 2 or 4 by a cluster won where the weight has few tiles
-# (1,024 rows) or K is deep (14,336), persistent CTAs elsewhere. The 128-wide batch tile (M
-# 65-128) builds and passes its checks at M = 100 but is not yet timed.
-SWAPPED_TMA_MAX_M = 128
+# (1,024 rows) or K is deep (14,336), persistent CTAs elsewhere. Over the layer set's tuning
+# part (tune_llm_swapped_tma_h100/) they beat torch.matmul and cuBLASLt's heuristic, timed
+# beside them, at 10 of the 24 layers reached at M = 32 and 10 of 31 at 64; a 128-wide batch
+# tile at 1 of 43 at M = 128 (best per layer 0.908x torch.matmul), so the head stops at 64.
+SWAPPED_TMA_MAX_M = 64
 SWAPPED_TMA_ROWS = 64
 # (batch tile, ring depth): the deepest ring that fits beside one CTA's other shared memory
-SWAPPED_TMA_TILES = ((32, 10), (64, 8), (128, 6))
+SWAPPED_TMA_TILES = ((32, 10), (64, 8))
 SWAPPED_TMA_SPLITS = (1, 2, 4)
 # The grid the family's order aims for first: the measured reads needed about 64 CTAs to come
 # within 10 % of the device's rate.
@@ -220,7 +222,7 @@ SWAPPED_TMA_CTAS = 64
 
 
 def swapped_tma_programs(problem: Problem) -> list[Program]:
-    """swap_ab programs of the TMA family for `x @ W.T` at a batch of 17-128: 64-row tiles on
+    """swap_ab programs of the TMA family for `x @ W.T` at a batch of 17-64: 64-row tiles on
     one consumer warpgroup, K unsplit (persistent) or split in 2 or 4 across a cluster; the
     split that first gives SWAPPED_TMA_CTAS CTAs first, then the others by their distance."""
     try:
