@@ -96,6 +96,4 @@ SM90A = Hardware(
     l2_bytes=60 * 1024 * 1024,       # H200 as measured; an H100 has 50 MiB
 )
 
-H100_L2_BYTES = 50 * 1024 * 1024
-
 is_pow2 = _is_pow2
