@@ -15,7 +15,7 @@ from gemmgen.backends import cuda
 from gemmgen.backends.cuda.compile import nvrtc_usable
 from gemmgen.dsl import examples, parse
 from gemmgen.backends import diagnose, lower
-from gemmgen.dsl.ir import Epilogue, Instr, Problem, Tile
+from gemmgen.dsl.ir import CLUSTER_REDUCE, Epilogue, Instr, Problem, Tile
 
 from cuda_backend_cases import hopper, multistage, random_multistage
 
@@ -225,9 +225,36 @@ def test_one_consumer_warpgroup_a_tile_compiles_and_cutlass_refuses_it():
     assert any("1 or 2 consumer warpgroups" in d.message for d in diagnose(three))
 
 
+@needs_compiler
+def test_one_consumer_tile_program_whose_ring_fits_twice_is_built_for_two_ctas_an_sm():
+    """Two CTAs of one consumer warpgroup share an SM when both rings fit in its 228 KB: the
+    kernel is then built for two (128 registers a thread at launch, so 256 threads x 2 fit the
+    register file), and the consumer's raise leaves the producer's given-back registers to it.
+    A persistent program (one CTA an SM by design) and a larger ring stay at one."""
+    from gemmgen.backends.cuda import hopper as ws
+
+    def swapped(stages, scheduler="tile"):
+        return replace(hopper(Problem(32, 14336, 4096, b_major="col"), tile=(64, 32, 64), warps=(4, 1),
+                              stages=stages, scheduler=scheduler),
+                       split_k=2, split_k_reduce=CLUSTER_REDUCE, swap_ab=True)
+
+    two, big, persistent = swapped(8), swapped(10), replace(swapped(8, "persistent"), split_k=1)
+    assert [ws.ctas_per_sm(p.computed) for p in (two, big, persistent)] == [2, 1, 1]
+    assert 2 * (ws.smem_bytes(two.computed) + 1024) <= 228 * 1024 < 2 * (ws.smem_bytes(big.computed) + 1024)
+    defines = ws.defines(two.computed)
+    assert defines["CTAS_PER_SM"] == 2
+    # the producer gives back 128 x (128 - 40) registers; the consumer takes exactly those
+    assert 128 * (defines["CONSUMER_REGS"] - 128) == 128 * (128 - ws.PRODUCER_REGS)
+    for program, regs in ((two, 128), (big, 240)):
+        report = cuda.kernel_report(cuda.build(lower(program)))
+        res = report["resources"]["gemm_hopper_ws"]
+        assert res["registers"] == regs and res["spill_stores"] == 0 and report["sass"]["LDL"] == 0, res
+
+
 def test_space_heads_a_batch_of_17_to_64_with_swapped_one_consumer_tiles():
     """Past the direct family's batch, `x @ W.T` leads with 64-row TMA tiles under swap_ab, the
-    batch rounded up to the tile's N, K split so the grid first reaches 64 CTAs."""
+    batch rounded up to the tile's N, K split so the grid first reaches 64 CTAs; a grid past
+    the SMs gets a ring that two CTAs an SM can share."""
     from gemmgen.backends.cuda.search_space import SWAPPED_TMA_MAX_M, space, swapped_tma_programs
 
     def head(m, n, k=4096):
@@ -237,6 +264,16 @@ def test_space_heads_a_batch_of_17_to_64_with_swapped_one_consumer_tiles():
         return [(p.tile.n, p.split_k, p.scheduler) for p in progs]
 
     assert head(32, 4096) == [(32, 1, "persistent"), (32, 2, "tile"), (32, 4, "tile")]   # 64 tiles
+    # More CTAs than SMs: the deepest ring two CTAs can share an SM with; else the deepest one.
+    from gemmgen.backends.cuda import hopper as ws
+
+    def rings(m, n):
+        problem = Problem(m, n, 4096, b_major="col")
+        return [(p.split_k, p.stages, ws.ctas_per_sm(p.bind(problem).computed))
+                for p in swapped_tma_programs(problem)]
+
+    assert rings(32, 4096) == [(1, 10, 1), (2, 10, 1), (4, 8, 2)]
+    assert rings(64, 14336) == [(1, 6, 2), (2, 5, 2), (4, 5, 2)] and head(64, 14336)[0][2] == "tile"
     assert head(32, 1024) == [(32, 4, "tile"), (32, 2, "tile"), (32, 1, "persistent")]  # 16 tiles
     assert head(17, 1000, 72)[0] == (32, 1, "persistent")          # unaligned N, K too short to split
     assert [t for t, _, _ in head(64, 4096)] == [64] * 3 and head(33, 6144)[0][0] == 64

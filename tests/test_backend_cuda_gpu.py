@@ -279,6 +279,20 @@ def test_hopper_one_consumer_programs(index, runner):
     _check(program, _build_all([program])[0], runner)
 
 
+def test_one_consumer_rings_that_fit_twice_get_two_ctas_an_sm():
+    """The kernel built for two CTAs an SM (`hopper.ctas_per_sm`) gets them from the driver: its
+    registers and its ring both leave room for a second CTA."""
+    from gemmgen.backends import cuda
+    from gemmgen.backends.cuda import hopper as ws, launch as cuda_launch
+
+    twos = [p.computed for p in ONE_CONSUMER if ws.ctas_per_sm(p.computed) == 2]
+    assert len(twos) >= 2
+    for program in twos:
+        fn = cuda.load(cuda.compile_program(program), program)
+        geo = ws.geometry(program)
+        assert cuda_launch.resident_ctas(fn.fn, geo.threads, geo.smem) == 2, program
+
+
 def _split(problem, tile, warps, split, stages=4, b="col", swap=False):
     """`split_k S cluster` in the TMA family: one CTA a tile's K slice, the S slices of a tile one
     cluster summing their partials through distributed shared memory; with `swap`, C^T = W x^T

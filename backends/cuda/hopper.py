@@ -16,7 +16,8 @@ so `swap_ab` (C^T = W x^T, c=col) runs here too: the weight's rows fill wgmma's 
 `scheduler stream_k` (ws_cooperative): one wave of CTAs deals out the (tile, k tile) iterations
 evenly, the producer streams its share across tile boundaries, and the CTA that began a tile adds
 the others' partials in K order from a workspace slot per CTA. ws_cooperative stores C^T too
-(c=col, each element at its transposed place), under every scheduler.
+(c=col, each element at its transposed place), under every scheduler. A one-consumer program of
+`scheduler tile` whose ring fits twice in an SM is built for two CTAs an SM (`ctas_per_sm`).
 """
 from __future__ import annotations
 
@@ -130,9 +131,20 @@ def out_n(program: Program) -> int:
     return instr_n(program) // (2 if joins_halves(program) else 1)
 
 
-def consumer_regs(consumers: int) -> int:
-    """What each consumer thread may take once the producer gave back its registers."""
-    free = 65536 - 128 * PRODUCER_REGS
+def ctas_per_sm(program: Program) -> int:
+    """CTAs an SM runs at once: two for a one-consumer program of `scheduler tile` whose ring
+    fits twice in an SM's shared memory (their loads then overlap, and a grid of up to 2 x SMs
+    CTAs is one wave), else one. The kernel is built for that many (`__launch_bounds__`)."""
+    if consumers(program) != 1 or program.scheduler != "tile" or stream_k(program):
+        return 1
+    per_cta = smem_bytes(program) + SM90A.smem_reserved_per_block
+    return 2 if 2 * per_cta <= SM90A.smem_per_sm else 1
+
+
+def consumer_regs(consumers: int, ctas: int = 1) -> int:
+    """What each consumer thread may take once the producer gave back its registers, with
+    `ctas` CTAs sharing the SM's register file."""
+    free = SM90A.regs_per_sm // ctas - 128 * PRODUCER_REGS
     return min(240, free // (128 * consumers) // 8 * 8)
 
 
@@ -248,7 +260,8 @@ def defines(program: Program) -> dict[str, int]:
          "CLUSTER_M": program.cluster[0], "SPLIT_K": program.split_k, "PARTIAL_PAD": PARTIAL_PAD,
          "STREAM_K": int(stream_k(program)),
          "STORE_T": int(program.problem.c_major == "col"),
-         "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers)}
+         "CTAS_PER_SM": ctas_per_sm(program),
+         "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers, ctas_per_sm(program))}
     d.update(layout_defines(program))
     # the epilogue's row, column, bias axis and operands are those of the stored matrix
     d.update(epilogue_defines(stored(program)))

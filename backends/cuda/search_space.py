@@ -211,6 +211,9 @@ def direct_programs(problem: Problem) -> list[Program]:
 # part (tune_llm_swapped_tma_h100/) they beat torch.matmul and cuBLASLt's heuristic, timed
 # beside them, at 10 of the 24 layers reached at M = 32 and 10 of 31 at 64; a 128-wide batch
 # tile at 1 of 43 at M = 128 (best per layer 0.908x torch.matmul), so the head stops at 64.
+# Where a program has more CTAs than SMs, a ring shallow enough for two CTAs an SM
+# (`hopper.ctas_per_sm`) beat the deepest one-CTA ring at all 20 such (layer, split) pairs of
+# tune_two_ctas_h100/ (by 0.5-26 %), and lost or tied at 15 of the 16 with fewer CTAs.
 SWAPPED_TMA_MAX_M = 64
 SWAPPED_TMA_ROWS = 64
 # (batch tile, ring depth): the deepest ring that fits beside one CTA's other shared memory
@@ -223,8 +226,10 @@ SWAPPED_TMA_CTAS = 64
 
 def swapped_tma_programs(problem: Problem) -> list[Program]:
     """swap_ab programs of the TMA family for `x @ W.T` at a batch of 17-64: 64-row tiles on
-    one consumer warpgroup, K unsplit (persistent) or split in 2 or 4 across a cluster; the
-    split that first gives SWAPPED_TMA_CTAS CTAs first, then the others by their distance."""
+    one consumer warpgroup, K unsplit or split in 2 or 4 across a cluster; the split that first
+    gives SWAPPED_TMA_CTAS CTAs first, then the others by their distance. A program with at most
+    one CTA an SM takes the deepest ring (persistent when unsplit), one with more takes the
+    deepest ring that lets two CTAs share an SM."""
     try:
         from gemmgen.backends.cuda import hopper as hop
     except ImportError:
@@ -243,9 +248,21 @@ def swapped_tma_programs(problem: Problem) -> list[Program]:
                        scheduler="persistent" if split == 1 else "tile", raster="m", swizzle=1,
                        smem_swizzle=128, split_k=split,
                        split_k_reduce=CLUSTER_REDUCE if split > 1 else "workspace", swap_ab=True)
+        if tiles * split > SMS:
+            prog = _two_ctas_an_sm(hop, replace(prog, scheduler="tile"), p)
         if _tma_accepts(hop, prog.bind(p).computed):
             out.append(prog)
     return out
+
+
+def _two_ctas_an_sm(hop, program: Program, problem: Problem) -> Program:
+    """The program with the deepest ring that lets two of its CTAs share an SM (unchanged if
+    none does)."""
+    for stages in range(program.stages - 1, 1, -1):
+        shallower = replace(program, stages=stages)
+        if hop.ctas_per_sm(shallower.bind(problem).computed) == 2:
+            return shallower
+    return program
 
 
 def direct_rank(program: Program, problem: Problem) -> tuple:

@@ -182,7 +182,8 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
-// ---- register budget of the two roles (setmaxnreg needs __launch_bounds__(.., 1))
+// ---- register budget of the two roles (setmaxnreg needs __launch_bounds__; CONSUMER_REGS
+//      leaves room for CTAS_PER_SM CTAs an SM)
 __device__ __forceinline__ void producer_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(PRODUCER_REGS));
 }
@@ -200,7 +201,7 @@ __device__ __forceinline__ bool tile_coords(int t, int tiles_m, int tiles_n, uns
   return true;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, CTAS_PER_SM)
 gemm_hopper_ws(const __grid_constant__ TmaDescriptor tmap_a, const __grid_constant__ TmaDescriptor tmap_b,
                const ProblemArgs args, const EpilogueArgs epi) {
   extern __shared__ unsigned char smem_raw[];
