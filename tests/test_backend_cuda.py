@@ -230,7 +230,8 @@ def test_one_consumer_tile_program_whose_ring_fits_twice_is_built_for_two_ctas_a
     """Two CTAs of one consumer warpgroup share an SM when both rings fit in its 228 KB: the
     kernel is then built for two (128 registers a thread at launch, so 256 threads x 2 fit the
     register file), and the consumer's raise leaves the producer's given-back registers to it.
-    A persistent program (one CTA an SM by design) and a larger ring stay at one."""
+    A persistent program (one CTA an SM by design), a larger ring and more accumulators than
+    128 registers hold stay at one."""
     from gemmgen.backends.cuda import hopper as ws
 
     def swapped(stages, scheduler="tile"):
@@ -245,7 +246,11 @@ def test_one_consumer_tile_program_whose_ring_fits_twice_is_built_for_two_ctas_a
     assert defines["CTAS_PER_SM"] == 2
     # the producer gives back 128 x (128 - 40) registers; the consumer takes exactly those
     assert 128 * (defines["CONSUMER_REGS"] - 128) == 128 * (128 - ws.PRODUCER_REGS)
-    for program, regs in ((two, 128), (big, 240)):
+    # a 64x256 tile's 128 accumulators do not fit 128 registers: one CTA, however small its ring
+    wide = hopper(Problem(4096, 4096, 4096, b_major="col"), tile=(64, 256, 64), warps=(4, 1), stages=2,
+                  scheduler="tile")
+    assert 2 * (ws.smem_bytes(wide) + 1024) <= 228 * 1024 and ws.ctas_per_sm(wide) == 1
+    for program, regs in ((two, 128), (big, 240), (wide, 240)):
         report = cuda.kernel_report(cuda.build(lower(program)))
         res = report["resources"]["gemm_hopper_ws"]
         assert res["registers"] == regs and res["spill_stores"] == 0 and report["sass"]["LDL"] == 0, res

@@ -44,6 +44,9 @@ MAX_SMEM = SM90A.max_smem_per_block
 SMS = SM90A.sms
 BK = 64                      # one 128-byte swizzle atom of fp16 along K
 MAX_ACC_PER_THREAD = 128
+# Accumulators a consumer thread may hold in a kernel built for two CTAs an SM, that is for 128
+# registers a thread: 64 build without spills, 128 (a 64x256 tile) do not build at all.
+TWO_CTAS_MAX_ACC = 64
 PRODUCER_REGS = 40
 ENTRY = "gemm_hopper_ws"
 
@@ -133,9 +136,11 @@ def out_n(program: Program) -> int:
 
 def ctas_per_sm(program: Program) -> int:
     """CTAs an SM runs at once: two for a one-consumer program of `scheduler tile` whose ring
-    fits twice in an SM's shared memory (their loads then overlap, and a grid of up to 2 x SMs
-    CTAs is one wave), else one. The kernel is built for that many (`__launch_bounds__`)."""
-    if consumers(program) != 1 or program.scheduler != "tile" or stream_k(program):
+    fits twice in an SM's shared memory and whose accumulators fit in half the registers (their
+    loads then overlap, and a grid of up to 2 x SMs CTAs is one wave), else one. The kernel is
+    built for that many (`__launch_bounds__`)."""
+    if consumers(program) != 1 or program.scheduler != "tile" or stream_k(program) \
+            or acc_per_thread(program) > TWO_CTAS_MAX_ACC:
         return 1
     per_cta = smem_bytes(program) + SM90A.smem_reserved_per_block
     return 2 if 2 * per_cta <= SM90A.smem_per_sm else 1
