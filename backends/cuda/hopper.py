@@ -139,8 +139,7 @@ def ctas_per_sm(program: Program) -> int:
     fits twice in an SM's shared memory and whose accumulators fit in half the registers (their
     loads then overlap, and a grid of up to 2 x SMs CTAs is one wave), else one. The kernel is
     built for that many (`__launch_bounds__`)."""
-    if consumers(program) != 1 or program.scheduler != "tile" or stream_k(program) \
-            or acc_per_thread(program) > TWO_CTAS_MAX_ACC:
+    if consumers(program) != 1 or program.scheduler != "tile" or acc_per_thread(program) > TWO_CTAS_MAX_ACC:
         return 1
     per_cta = smem_bytes(program) + SM90A.smem_reserved_per_block
     return 2 if 2 * per_cta <= SM90A.smem_per_sm else 1
