@@ -54,6 +54,10 @@ class Hardware:
         cm, cn = cluster
         return (_is_pow2(cm) and _is_pow2(cn) and cm * cn <= self.max_cluster_size)
 
+    def ctas_by_smem(self, smem_bytes: int) -> int:
+        """CTAs of `smem_bytes` of shared memory each that one SM holds at once."""
+        return self.smem_per_sm // (smem_bytes + self.smem_reserved_per_block)
+
     def persistent_grid(self, cluster_size: int) -> int:
         """CTAs a persistent kernel launches: whole clusters filling the SMs once."""
         return (self.sms // cluster_size) * cluster_size

@@ -141,8 +141,7 @@ def ctas_per_sm(program: Program) -> int:
     built for that many (`__launch_bounds__`)."""
     if consumers(program) != 1 or program.scheduler != "tile" or acc_per_thread(program) > TWO_CTAS_MAX_ACC:
         return 1
-    per_cta = smem_bytes(program) + SM90A.smem_reserved_per_block
-    return 2 if 2 * per_cta <= SM90A.smem_per_sm else 1
+    return 2 if SM90A.ctas_by_smem(smem_bytes(program)) >= 2 else 1
 
 
 def consumer_regs(consumers: int, ctas: int = 1) -> int:
@@ -257,15 +256,15 @@ def _stream_k_findings(program: Program) -> list[str]:
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     wgs_m, wgs_n = warpgroups(program)
-    n_consumers = consumers(program)
+    n_consumers, ctas = consumers(program), ctas_per_sm(program)
     d = {"BM": t.m, "BN": t.n, "BK": t.k, "STAGES": stages_of(program), "CONSUMERS": n_consumers,
          "PINGPONG": int(program.mainloop == "ws_pingpong"),
          "WGS_M": wgs_m, "WGS_N": wgs_n, "INSTR_N": out_n(program), "JOINED_HALVES": int(joins_halves(program)),
          "CLUSTER_M": program.cluster[0], "SPLIT_K": program.split_k, "PARTIAL_PAD": PARTIAL_PAD,
          "STREAM_K": int(stream_k(program)),
          "STORE_T": int(program.problem.c_major == "col"),
-         "CTAS_PER_SM": ctas_per_sm(program),
-         "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers, ctas_per_sm(program))}
+         "CTAS_PER_SM": ctas,
+         "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": consumer_regs(n_consumers, ctas)}
     d.update(layout_defines(program))
     # the epilogue's row, column, bias axis and operands are those of the stored matrix
     d.update(epilogue_defines(stored(program)))

@@ -243,13 +243,14 @@ def swapped_tma_programs(problem: Problem) -> list[Program]:
     first = next((s for s in SWAPPED_TMA_SPLITS if tiles * s >= SWAPPED_TMA_CTAS), SWAPPED_TMA_SPLITS[-1])
     out = []
     for split in sorted(SWAPPED_TMA_SPLITS, key=lambda s: abs(math.log2(s / first))):
+        two_ctas = tiles * split > SMS
         prog = Program(problem=problem, backend="cuda", tile=Tile(SWAPPED_TMA_ROWS, batch_tile, hop.BK), warps=(4, 1),
                        mainloop="ws_cooperative", instr=Instr("wgmma", 64, batch_tile, 16), stages=stages,
-                       scheduler="persistent" if split == 1 else "tile", raster="m", swizzle=1,
+                       scheduler="persistent" if split == 1 and not two_ctas else "tile", raster="m", swizzle=1,
                        smem_swizzle=128, split_k=split,
                        split_k_reduce=CLUSTER_REDUCE if split > 1 else "workspace", swap_ab=True)
-        if tiles * split > SMS:
-            prog = _two_ctas_an_sm(hop, replace(prog, scheduler="tile"), p)
+        if two_ctas:
+            prog = _two_ctas_an_sm(hop, prog, p)
         if _tma_accepts(hop, prog.bind(p).computed):
             out.append(prog)
     return out
@@ -289,7 +290,7 @@ def _resident(program: Program) -> int:
     regs_per_thread = min(SM90A.max_regs_per_thread, 1.5 * acc + 56)
     regs_per_warp = math.ceil(regs_per_thread * SM90A.warp_size / 256) * 256
     by_regs = SM90A.regs_per_sm // (regs_per_warp * program.num_warps)
-    by_smem = SM90A.smem_per_sm // (ms.smem_bytes(program) + SM90A.smem_reserved_per_block)
+    by_smem = SM90A.ctas_by_smem(ms.smem_bytes(program))
     return max(1, min(by_regs, by_smem))
 
 
