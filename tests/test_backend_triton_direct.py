@@ -31,6 +31,9 @@ FULL = Epilogue(alpha=2.0, beta=0.5, bias="n", activation="silu", residual=True)
     (direct(1, 4096, 4096, (16, 1, 256), 4, split_k=2, split_k_reduce="unordered"), "`split_k 1`"),
     (direct(1, 4096, 4096, (16, 1, 256), 4, scheduler="stream_k"), "`scheduler tile`"),
     (direct(1, 4096, 4096, (4, 1, 256), 8), "tile_m must be a multiple of 8"),
+    (direct(1, 4096, 4096, (8, 1, 1024), 4, stages=9), "1 to 8 K steps of loads in flight, not 9"),
+    (direct(2, 4096, 4096, (8, 2, 512), 4, stages=2), "only at tile N 1, not 2: write stages 1"),
+    (direct(1, 4096, 4096, (8, 1, 1024), 4, stages=4), "take 144 registers a thread (most 128)"),
 ])
 def test_what_direct_cannot_do_is_refused_with_what_to_write(p, what):
     found = backends.diagnose(p)
@@ -120,6 +123,11 @@ CASES = [  # unaligned N and K, batches 1-4 and past the tile, every epilogue pi
     (direct(2, 33, 130, (4, 2, 128), 1, epilogue=Epilogue(bias="n", activation="gelu", out_dtype="f32")), None),
     (direct(5, 64, 256, (16, 4, 64), 4, epilogue=Epilogue(residual=True)), None),
     (direct(None, None, None, (16, 1, 256), 4), (1, 77, 300)),
+    # a ring of K steps in flight: K past one step, an uneven last step, K under the ring
+    (direct(1, 100, 1000, (8, 1, 128), 2, stages=2, epilogue=FULL), None),
+    (direct(1, 45, 520, (4, 1, 64), 1, stages=3), None),
+    (direct(1, 33, 72, (8, 1, 64), 4, stages=4), None),
+    (direct(None, None, None, (8, 1, 128), 4, stages=2), (1, 64, 1024)),
 ]
 
 

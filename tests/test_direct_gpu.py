@@ -10,6 +10,8 @@ epilogue, one and several K slices (summed in arrival order or across a cluster)
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gemmgen.dsl.ir import Epilogue, Instr, Problem, Program, Tile
@@ -84,6 +86,12 @@ def _triton_cases() -> list[Program]:
     # the space's own direct programs at a batch of one and two, unaligned N and K
     out += direct_head(Problem(1, 2999, 4104, a_major="row", b_major="col"))
     out += direct_head(Problem(2, 2999, 4104, a_major="row", b_major="col"))
+    # a ring of 2 and 3 K steps in flight (tile N 1: a CTA a batch column), with each epilogue:
+    # an uneven last step, and K shorter than the ring
+    ring = dict(tile=Tile(8, 1, 1024), warps=(4, 1), stages=2)
+    out += [replace(_triton(m, 2999, 4104, e), **ring) for m in (1, 3) for e in EPILOGUES]
+    out += [replace(_triton(m, 1000, 72, e), tile=Tile(8, 1, 64), warps=(2, 1), stages=3) for m in (1, 17)
+            for e in EPILOGUES]
     found = [diagnose(p) for p in out if diagnose(p)]
     assert not found, found[0]
     return out

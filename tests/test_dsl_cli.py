@@ -118,10 +118,10 @@ def test_inspect_binds_a_shape(capsys):
 
 
 def test_inspect_shows_what_the_backend_realises_otherwise(capsys):
-    # Triton's direct kernel ignores `stages` and keeps partial sums, not mma accumulators.
+    # Triton's direct kernel keeps its stages in registers and partial sums, not mma accumulators.
     code, out, _ = run(capsys, "inspect", str(examples()["triton_direct_decode"]))
     assert code == 0
-    assert "pipeline stages               none: the K loop has no dot" in out
+    assert "pipeline stages               1 K step of loads in flight, in registers (36 a thread)" in out
     assert "accumulators per math thread  64 fp32 partial sums" in out      # 8 x 1 x 1024 over 128 threads
     code, out, _ = run(capsys, "inspect", str(examples()["cuda_direct_decode"]))
     assert "pipeline stages               4" in out                            # raw CUDA's register ring

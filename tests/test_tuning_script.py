@@ -239,3 +239,26 @@ def test_the_tma_stream_k_programs_fit_every_probe_layer():
         for r in rows:
             bound = program.bind(Problem(int(r["M"]), int(r["N"]), int(r["K"]), b_major="col"))
             assert diagnose(bound) == [], (path.name, r, diagnose(bound))
+
+
+def test_the_direct_ring_programs_fit_every_m1_probe_layer():
+    """benchmarks/programs/direct_ring/: each program is a Triton direct program whose `stages`
+    is the one its file name says, valid at every layer of llm_layers_m1_probe.csv."""
+    import csv
+
+    from benchmark_scripts import BENCHMARKS
+    from gemmgen.backends import diagnose
+    from gemmgen.dsl import parse
+    from gemmgen.dsl.ir import Problem
+
+    files = sorted((BENCHMARKS / "programs/direct_ring").glob("*.gemm"))
+    with open(BENCHMARKS / "shapes/llm_layers_m1_probe.csv") as f:
+        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#"))]
+    assert len(files) == 10 and len(rows) == 13 and {r["M"] for r in rows} == {"1"}
+    for path in files:
+        program = parse(path.read_text(), str(path))
+        assert (program.backend, program.mainloop, program.swap_ab) == ("triton", "direct", True), path.name
+        assert path.stem.endswith(f"_s{program.stages or 'auto'}"), path.name
+        for r in rows:
+            bound = program.bind(Problem(int(r["M"]), int(r["N"]), int(r["K"]), b_major="col"))
+            assert diagnose(bound) == [], (path.name, r, diagnose(bound))

@@ -15,7 +15,8 @@ Three kernel shapes come out of here, each with the whole epilogue fused:
 * `mainloop direct`: for decode products (`x @ W.T` at a batch of one or two, written
   swap_ab), no tensor cores and nothing staged in shared memory: each CTA owns a few weight
   rows and loads tile K contiguous elements of each per step, multiplying by FMA into fp32
-  partial sums that are added along K once at the end. Row-contiguous steps read the weight
+  partial sums that are added along K once at the end (`stages` S > 1: S steps of loads in
+  flight in registers, `_direct_ring`). Row-contiguous steps read the weight
   nearly as fast as a plain read does (benchmarks/gemv_patterns.py); mma fragments would
   scatter each load over eight rows.
 
@@ -66,13 +67,23 @@ def epilogue_scratch_bytes(program: Program) -> int:
     return program.tile.m * program.tile.n * 2
 
 
-DIRECT_AUTO_STAGES = 3     # Triton's default; the loop has no dot, so nothing is pipelined
+DIRECT_TRITON_STAGES = 3   # Triton's default; the loop has no dot, so Triton pipelines nothing
 
 
 def num_stages(program: Program) -> int:
+    """Triton's `num_stages`. A direct program's own `stages` are its register ring
+    (`direct_ring`), written into the source."""
+    if program.mainloop == "direct":
+        return DIRECT_TRITON_STAGES
     if program.stages is not None:
         return program.stages
-    return DIRECT_AUTO_STAGES if program.mainloop == "direct" else auto_stages(program)
+    return auto_stages(program)
+
+
+def direct_ring(program: Program) -> int:
+    """K steps of a direct program's loads in flight in each thread's registers; `auto` is one
+    (each step's loads are used before the next are issued)."""
+    return program.stages or 1
 
 
 def kernel_name(program: Program) -> str:
@@ -165,7 +176,8 @@ def _direct_kernel(program: Program, name: str, bound: bool, epi_params: list[st
                   "EVEN_K": bound and p.k % t.k == 0}
     for c in constexprs:
         args.add(c, "constexpr", "const")
-    loop = _direct_one_column() if t.n == 1 else _direct_columns(t.n)
+    ring = direct_ring(program)
+    loop = (_direct_one_column() if ring == 1 else _direct_ring(ring)) if t.n == 1 else _direct_columns(t.n)
     text = f'''@triton.jit
 def {name}(
 {args.text()}
@@ -199,6 +211,34 @@ def _direct_one_column() -> str:
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     acc = tl.sum(part, axis=1)[:, None]"""
+
+
+def _direct_ring(stages: int) -> str:
+    """A batch of one with `stages` K steps of loads in flight: each step's loads are issued
+    before the oldest step's products are added, so a thread's registers hold stages - 1 steps
+    while it waits on one. Steps past K load nothing (a masked load)."""
+    def load(tag: str, step: str) -> list[str]:
+        return ["        if EVEN_K:",
+                f"            in_k = {step} < n_k",
+                "        else:",
+                f"            in_k = offs_k[None, :] < K - ({step}) * BLOCK_K",
+                f"        a{tag} = tl.load(a_ptrs, mask=in_k, other=0.0, eviction_policy=\"evict_first\")",
+                f"        b{tag} = tl.load(b_ptrs, mask=in_k, other=0.0)",
+                "        a_ptrs += BLOCK_K",
+                "        b_ptrs += BLOCK_K"]
+    held = range(stages - 1)
+    lines = ["    b_ptrs = b_ptr + (offs_n % N)[:, None] * stride_b + offs_k[None, :]",
+             "    part = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)",
+             "    n_k = tl.cdiv(K, BLOCK_K)"]
+    for s in held:
+        lines += [line[4:] for line in load(str(s), str(s))]
+    lines += ["    for kt in range(0, n_k):"]
+    lines += load("_next", f"kt + {stages - 1}")
+    lines += ["        part += a0.to(tl.float32) * b0.to(tl.float32)"]
+    lines += [f"        a{s}, b{s} = a{s + 1}, b{s + 1}" for s in held[:-1]]
+    lines += [f"        a{stages - 2}, b{stages - 2} = a_next, b_next",
+              "    acc = tl.sum(part, axis=1)[:, None]"]
+    return "\n".join(lines)
 
 
 def _direct_columns(n: int) -> str:

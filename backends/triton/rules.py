@@ -3,10 +3,10 @@ validator reads (docs/backends.md, "Triton")."""
 from __future__ import annotations
 
 from gemmgen.backends.base import INT32_LIMIT, Support, int32_overflows
-from gemmgen.backends.triton.lowering import epilogue_staging_bytes, num_stages
+from gemmgen.backends.triton.lowering import direct_ring, epilogue_staging_bytes, num_stages
 from gemmgen.dsl.hardware import SM90A
 from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, DTYPE_BYTES, INPUT_DTYPES, Problem, Program
-from gemmgen.dsl.resources import b_tiles
+from gemmgen.dsl.resources import DIRECT_MAX_STAGES, b_tiles
 
 WARP_COUNTS = (4, 8, 16)
 MAX_TILE = {"m": 256, "n": 256, "k": 128}
@@ -18,6 +18,7 @@ INDEXES = "the Triton kernels compute element offsets (row x stride + column) in
 DIRECT_TILE = {"m": (1, 64), "n": (1, 16), "k": (64, 2048)}
 DIRECT_WARPS = (1, 2, 4, 8)
 DIRECT_MAX_PARTIALS = 64     # fp32 partial sums a thread keeps (direct_partials)
+DIRECT_MAX_RING_REGS = 128   # registers a thread's ring of loads in flight may take (direct_ring_regs)
 
 __all__ = ["INDEXES", "INT32_LIMIT", "SUPPORT", "index_counts", "tma_misaligned"]
 
@@ -64,12 +65,21 @@ def direct_partials(p: Program) -> int:
     return p.tile.m * p.tile.n * p.tile.k // (32 * p.num_warps)
 
 
+def direct_ring_regs(p: Program) -> int:
+    """Registers a thread of a direct kernel holds its ring's loads in: `stages` K steps of
+    the tile's rows and columns, two fp16 values a register."""
+    t = p.tile
+    return direct_ring(p) * (t.m + t.n) * t.k // (32 * p.num_warps * 2)
+
+
 def _fact_rows(program: Program) -> list[tuple[str, str]]:
     """What `mainloop direct` does otherwise than the language's model of a mainloop."""
     if program.mainloop != "direct":
         return []
     p = program.computed
-    return [("pipeline stages", "none: the K loop has no dot, so Triton pipelines nothing"),
+    ring = direct_ring(p)
+    return [("pipeline stages", f"{ring} K step{'s' if ring > 1 else ''} of loads in flight, in registers "
+                                f"({direct_ring_regs(p)} a thread); Triton pipelines no dot-less loop"),
             ("accumulators per math thread", f"{direct_partials(p)} fp32 partial sums"),
             ("registers per CTA (model)", "not modelled for mainloop direct")]
 
@@ -98,8 +108,16 @@ def _direct_rules(p: Program) -> list[tuple[str, str]]:
                                  "and `split_k 1`"))
     if pr.epilogue.gate:
         out.append(("epilogue", "mainloop direct has no gated epilogue: use mainloop multistage"))
-    if p.stages is not None and not 1 <= p.stages <= MAX_STAGES:
-        out.append(("stages", f"stages {p.stages}: Triton pipelines 1 to {MAX_STAGES} stages; write stages 1"))
+    if p.stages is not None and not 1 <= p.stages <= DIRECT_MAX_STAGES:
+        out.append(("stages", f"mainloop direct keeps 1 to {DIRECT_MAX_STAGES} K steps of loads in flight, "
+                              f"not {p.stages}"))
+    elif direct_ring(p) > 1 and t.n > 1:
+        out.append(("stages", f"mainloop direct keeps more than one K step in flight only at tile N 1, "
+                              f"not {t.n}: write stages 1"))
+    elif direct_ring_regs(p) > DIRECT_MAX_RING_REGS:
+        out.append(("stages", f"{direct_ring(p)} K steps of a {t.m}x{t.n}x{t.k} tile over {p.num_warps} warps "
+                              f"take {direct_ring_regs(p)} registers a thread (most {DIRECT_MAX_RING_REGS}): "
+                              "use fewer stages, a shorter tile K or more warps"))
     return out
 
 
