@@ -2,6 +2,8 @@
 record, ship every trial (winners are a query), summarise per FLOP bucket."""
 import json
 
+import pytest
+
 from gemmgen.compile import clear_cache
 from gemmgen.tuning_db import Database
 from gemmgen.tuning_db.exchange import read_jsonl
@@ -241,9 +243,15 @@ def test_the_tma_stream_k_programs_fit_every_probe_layer():
             assert diagnose(bound) == [], (path.name, r, diagnose(bound))
 
 
-def test_the_direct_ring_programs_fit_every_m1_probe_layer():
-    """benchmarks/programs/direct_ring/: each program is a Triton direct program whose `stages`
-    is the one its file name says, valid at every layer of llm_layers_m1_probe.csv."""
+@pytest.mark.parametrize("folder, shapes, count", [
+    ("direct_ring", "llm_layers_m1_probe.csv", 10),
+    ("direct_small_weights", "llm_layers_small_weights.csv", 11),
+    ("direct_cluster_wide", "llm_layers_m4_16_probe.csv", 11),
+])
+def test_the_direct_programs_fit_every_layer_they_were_timed_on(folder, shapes, count):
+    """benchmarks/programs/<folder>/: each program is a swapped `x @ W.T` program, valid at every
+    layer of the shapes file at M <= 16 (a direct-ring program's `stages` is the one its file
+    name says)."""
     import csv
 
     from benchmark_scripts import BENCHMARKS
@@ -251,14 +259,15 @@ def test_the_direct_ring_programs_fit_every_m1_probe_layer():
     from gemmgen.dsl import parse
     from gemmgen.dsl.ir import Problem
 
-    files = sorted((BENCHMARKS / "programs/direct_ring").glob("*.gemm"))
-    with open(BENCHMARKS / "shapes/llm_layers_m1_probe.csv") as f:
-        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#"))]
-    assert len(files) == 10 and len(rows) == 13 and {r["M"] for r in rows} == {"1"}
+    files = sorted((BENCHMARKS / "programs" / folder).glob("*.gemm"))
+    with open(BENCHMARKS / "shapes" / shapes) as f:
+        rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#")) if int(r["M"]) <= 16]
+    assert len(files) == count and rows
     for path in files:
         program = parse(path.read_text(), str(path))
-        assert (program.backend, program.mainloop, program.swap_ab) == ("triton", "direct", True), path.name
-        assert path.stem.endswith(f"_s{program.stages or 'auto'}"), path.name
+        assert program.swap_ab and program.problem.m is None, path.name
+        if folder == "direct_ring":
+            assert path.stem.endswith(f"_s{program.stages or 'auto'}"), path.name
         for r in rows:
             bound = program.bind(Problem(int(r["M"]), int(r["N"]), int(r["K"]), b_major="col"))
             assert diagnose(bound) == [], (path.name, r, diagnose(bound))

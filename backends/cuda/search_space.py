@@ -167,8 +167,13 @@ def _tma_accepts(hop, program: Program) -> bool:
 # 0.27-0.63x torch.matmul on the H200 (benchmarks/results/small_m_direct/).
 DIRECT_MAX_M = 16
 # The grid a direct program aims for: about 4 CTAs an SM (the best programs of the H200 sweep
-# ran 224-896 CTAs), each thread keeping up to 512 bytes of loads in flight.
+# ran 224-896 CTAs), each thread keeping up to 512 bytes of loads in flight. With the K slices
+# summed across a cluster, about 2: 32-row tiles on 2 warps, 256 CTAs, ran best at the 512- and
+# 1,024-row weights at M = 4-16 (H100, results/direct_small_weights_h100/), and a cluster sum
+# beat the arrival-order one at every one of those 15 problems and of 12 on wider weights
+# (results/direct_cluster_wide_h100/), so it goes first.
 DIRECT_CTAS = 4 * SMS
+DIRECT_CLUSTER_CTAS = 2 * SMS
 DIRECT_IN_FLIGHT = 512
 
 
@@ -196,9 +201,9 @@ def direct_programs(problem: Problem) -> list[Program]:
                            split_k=split, split_k_reduce=reduce, swap_ab=True)
             if not direct.rules(prog.bind(p).computed):
                 out.append(prog)
-    # the two ways of summing the K slices take turns (the cluster's is not yet measured)
+    # the two ways of summing the K slices take turns, the cluster's first
     return take_turns([sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster),
-                              key=lambda q: direct_rank(q, p)) for cluster in (False, True)])
+                              key=lambda q: direct_rank(q, p)) for cluster in (True, False)])
 
 
 # The TMA family under swap_ab at a batch past the direct family's: one consumer warpgroup a
@@ -269,13 +274,14 @@ def _two_ctas_an_sm(hop, program: Program, problem: Problem) -> Program:
 def direct_rank(program: Program, problem: Problem) -> tuple:
     """The direct family's order, read off the H200 sweep of every program at M = 1 and 16
     (best of the first 4 within 0.97 of the best of all, geomean over 6 shapes): a grid near
-    DIRECT_CTAS, then more bytes of loads in flight a thread (up to DIRECT_IN_FLIGHT), then
-    4 warps a CTA, then fewer K slices."""
+    DIRECT_CTAS (DIRECT_CLUSTER_CTAS for a cluster sum), then more bytes of loads in flight a
+    thread (up to DIRECT_IN_FLIGHT), then 4 warps a CTA, then fewer K slices."""
     c = program.bind(problem).computed
     t = program.tile
     ctas = math.ceil(c.problem.m / t.m) * math.ceil(c.problem.n / t.n) * program.split_k
+    aim = DIRECT_CLUSTER_CTAS if program.split_k_reduce == CLUSTER_REDUCE else DIRECT_CTAS
     in_flight = direct.stages_of(c) * direct.ring_regs_per_stage(c) * 4
-    return (round(abs(math.log2(ctas / DIRECT_CTAS))), -min(in_flight, DIRECT_IN_FLIGHT),
+    return (round(abs(math.log2(ctas / aim))), -min(in_flight, DIRECT_IN_FLIGHT),
             abs(math.log2(program.num_warps / 4)), program.split_k)
 
 
