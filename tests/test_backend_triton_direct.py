@@ -48,7 +48,7 @@ def test_direct_needs_both_operands_k_contiguous():
     assert backends.diagnose(gated)
 
 
-def test_the_space_offers_direct_at_a_batch_of_one_or_two_only():
+def test_the_space_offers_direct_at_a_batch_of_one_or_two_and_columns_on_weights_l2_holds():
     for m in (1, 2):
         space = search_space.space(Problem(m, 4096, 14336, a_major="row", b_major="col"))
         heads = [p for p in space if p.mainloop == "direct"]
@@ -58,6 +58,14 @@ def test_the_space_offers_direct_at_a_batch_of_one_or_two_only():
     for m in (3, 4, 8):   # a batch axis in the partial sums lost to torch.matmul (0.62x at M = 4)
         assert not any(p.mainloop == "direct" for p in search_space.space(Problem(m, 4096, 4096, a_major="row",
                                                                                   b_major="col")))
+    # one batch column a CTA at M = 3-4, where a quarter of L2 holds the weight (8.4 MB, not 16.8)
+    for m in (3, 4):
+        space = search_space.space(Problem(m, 1024, 4096, a_major="row", b_major="col"))
+        heads = space[:search_space.DIRECT_COLUMNS_PROGRAMS]
+        assert all(p.mainloop == "direct" and p.tile.n == 1 and not backends.diagnose(p) for p in heads)
+        assert sum(p.mainloop == "direct" for p in space) == len(heads)
+    for m, n, k in ((4, 1024, 8192), (8, 1024, 4096)):
+        assert not search_space.direct_head(Problem(m, n, k, a_major="row", b_major="col"))
     assert not search_space.direct_head(Problem(1, 4096, 4096, a_major="row", b_major="row"))
 
 
@@ -107,8 +115,8 @@ def test_the_spaces_direct_k_loops_stream_without_shared_memory_or_barriers():
     # The loop must only load, convert and FMA. Under a tile K of 8 x 32 x warps the batch
     # column's load gets a layout of its own, and Triton moves the weight through shared memory
     # behind two barriers every step; the space leaves those tiles out.
-    for m in (1, 2):
-        for program in search_space.direct_head(Problem(m, 4096, 4096, a_major="row", b_major="col")):
+    for m, n in ((1, 4096), (2, 4096), (4, 1024)):
+        for program in search_space.direct_head(Problem(m, n, 4096, a_major="row", b_major="col")):
             body = _k_loop(program)
             assert "bar.sync" not in body and "shared" not in body, program.tile
             assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in body and "fma.rn.f32" in body

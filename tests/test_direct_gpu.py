@@ -86,6 +86,7 @@ def _triton_cases() -> list[Program]:
     # the space's own direct programs at a batch of one and two, unaligned N and K
     out += direct_head(Problem(1, 2999, 4104, a_major="row", b_major="col"))
     out += direct_head(Problem(2, 2999, 4104, a_major="row", b_major="col"))
+    out += direct_head(Problem(4, 999, 4104, a_major="row", b_major="col"))   # a CTA a batch column
     # a ring of 2 and 3 K steps in flight (tile N 1: a CTA a batch column), with each epilogue:
     # an uneven last step, and K shorter than the ring
     ring = dict(tile=Tile(8, 1, 1024), warps=(4, 1), stages=2)

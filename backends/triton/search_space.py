@@ -10,7 +10,8 @@ also swizzle 16, raster m, and no banding).
 At a batch of 1-2 (`x @ W.T`), `mainloop direct` programs (FMA over row-contiguous K steps,
 under swap_ab), in the order a sweep of them measured best, alternate with the swapped
 tensor-core programs on weights of 4096 rows or more; the swapped ones lead on the wider
-weights at a batch of 2.
+weights at a batch of 2. At a batch of 3-4 on a weight a quarter of L2 holds, direct programs
+of one batch column a CTA come first.
 
 Pruned: tiles much wider than the matrix (a 256-row tile for M=64), shared
 memory over the limit, accumulators over 128 registers per thread, TMA on
@@ -34,7 +35,7 @@ from typing import Iterable
 
 from gemmgen.backends.triton.rules import SUPPORT, tma_misaligned
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import Problem, Program, Tile
+from gemmgen.dsl.ir import DTYPE_BYTES, Problem, Program, Tile
 
 TILE_MN = (64, 128, 256)
 TILE_K = (32, 64, 128)
@@ -77,6 +78,15 @@ SWAP_HEAD = (("tile", 64, 128, 6), ("tile", 128, 128, 4), ("stream_k", 128, 64, 
 #: layout, and Triton converts the weight through shared memory behind two barriers every
 #: step; 16x1x1024 on 8 warps measured 1.44x the leader's time over 20 layers.
 DIRECT_MAX_M = 2
+#: At a batch of 3-4 on a weight a quarter of L2 holds: one batch column a CTA (tile N 1), the
+#: first DIRECT_COLUMNS_PROGRAMS of DIRECT_HEAD. Each CTA column re-reads the weight, from L2
+#: after the first, at the one-column form's speed. On an H100 at M = 4
+#: (results/direct_small_weights_h100/) `8x1x1024` and `4x1x2048` were the fastest of every
+#: program tried at the four problems of weights up to 10.5 MB (1.05-1.50x torch.matmul), and
+#: ran 0.96x at 16.8 MB, where a raw CUDA cluster split won, as it did on every weight at M = 8.
+DIRECT_COLUMNS_MAX_M = 4
+DIRECT_COLUMNS_MAX_BYTES = SM90A.l2_bytes // 4
+DIRECT_COLUMNS_PROGRAMS = 3
 #: At M <= DIRECT_MAX_M the direct and swapped heads alternate on weights of SWAP_ALTERNATES_MIN_N
 #: rows or more, the swapped one first at M = 2 from SWAP_LEADS_MIN_N rows; narrower weights get
 #: every direct program first. The swapped 64 x 16 x 128 program reads the weight in about the
@@ -350,15 +360,22 @@ def _swap_order(problem: Problem, entry: tuple) -> tuple:
 
 
 def direct_head(problem: Problem) -> list[Program]:
-    """DIRECT_HEAD at this problem (`x @ W.T`, M <= DIRECT_MAX_M), as swap_ab programs the
-    backend's rules accept for the transposed problem."""
-    if problem.m is None or problem.m > DIRECT_MAX_M or problem.epilogue.gate or (
-            problem.a_major, problem.b_major) != ("row", "col"):
+    """DIRECT_HEAD at this problem (`x @ W.T` at M <= DIRECT_MAX_M, or one batch column a CTA
+    up to DIRECT_COLUMNS_MAX_M on a weight L2 holds), as swap_ab programs the backend's rules
+    accept for the transposed problem."""
+    if problem.m is None or problem.epilogue.gate or (problem.a_major, problem.b_major) != ("row", "col"):
         return []
-    cols = _pow2_at_least(problem.m)
+    head = DIRECT_HEAD
+    if problem.m <= DIRECT_MAX_M:
+        cols = _pow2_at_least(problem.m)
+    elif (problem.m <= DIRECT_COLUMNS_MAX_M
+          and problem.n * problem.k * DTYPE_BYTES[problem.in_dtype] <= DIRECT_COLUMNS_MAX_BYTES):
+        cols, head = 1, DIRECT_HEAD[:DIRECT_COLUMNS_PROGRAMS]
+    else:
+        return []
     longest = max(64, _pow2_at_least(problem.k))      # no K step past K
     out = []
-    for rows, bk, warps in DIRECT_HEAD:
+    for rows, bk, warps in head:
         p = Program(problem=problem, backend="triton", tile=Tile(rows, cols, min(longest, max(64, bk // cols))),
                     warps=(warps, 1), mainloop="direct", scheduler="tile", swap_ab=True)
         if p.tile.k < DIRECT_LANES_K * warps:
