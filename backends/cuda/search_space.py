@@ -168,10 +168,11 @@ def _tma_accepts(hop, program: Program) -> bool:
 DIRECT_MAX_M = 16
 # The grid a direct program aims for: about 4 CTAs an SM (the best programs of the H200 sweep
 # ran 224-896 CTAs), each thread keeping up to 512 bytes of loads in flight. With the K slices
-# summed across a cluster, about 2: 32-row tiles on 2 warps, 256 CTAs, ran best at the 512- and
-# 1,024-row weights at M = 4-16 (H100, results/direct_small_weights_h100/), and a cluster sum
-# beat the arrival-order one at every one of those 15 problems and of 12 on wider weights
-# (results/direct_cluster_wide_h100/), so it goes first.
+# summed across a cluster, about 2: at the 1,024-row weights at M = 4-16, 32-row tiles split 8
+# ways (256 CTAs) ran best of the cluster splits, and 16-row ones (512 CTAs) 10 % slower in
+# geomean (H100, results/direct_small_weights_h100/). A cluster sum beat the arrival-order one
+# at every one of those 15 problems and of 12 on wider weights (results/direct_cluster_wide_h100/),
+# so it goes first.
 DIRECT_CTAS = 4 * SMS
 DIRECT_CLUSTER_CTAS = 2 * SMS
 DIRECT_IN_FLIGHT = 512
