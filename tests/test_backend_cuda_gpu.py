@@ -140,6 +140,20 @@ def test_multistage_small_ring_gets_every_cta_its_registers_allow():
     assert cuda_launch.resident_ctas(fn.funcs[ms.ENTRY], geo.threads, geo.smem) == min(3, by_registers)
 
 
+def test_a_ring_of_exactly_48_kb_beside_a_static_flag_launches(runner):
+    """A 48 KB ring (3 stages of 32x32x128) in the arrival-order kernel, whose last-CTA flag is
+    static shared memory: together past the 48 KB a function gets without opting in, so the
+    loader raises its limit (without it the launch fails with CUDA_ERROR_INVALID_VALUE)."""
+    from gemmgen.backends import cuda
+    from gemmgen.backends.cuda import multistage as ms
+    program = multistage(Problem(17, 1000, 4104, b_major="col", epilogue=Epilogue(bias="n")),
+                         tile=(32, 32, 128), warps=(2, 2), stages=3, split_k=16, reduce="unordered")
+    artifact = cuda.compile_program(program)
+    assert ms.geometry(program).smem == 48 * 1024
+    assert artifact.meta["resources"][ms.ENTRY]["smem_static"] > 0
+    _check(program, artifact, runner)
+
+
 # Persistent CTAs that each walk several tiles, across unaligned edges, both majors.
 PERSISTENT = [
     multistage(Problem(4097, 2055, 72, b_major="col", epilogue=Epilogue(bias="n", activation="gelu")),

@@ -245,6 +245,17 @@ GPU_PROGRAMS = ["triton_multistage", "triton_persistent", "cuda_multistage_mma",
                 "cutlass_ws_pingpong"]
 
 
+def test_the_loader_opts_in_when_static_and_dynamic_shared_memory_pass_48_kb():
+    """The driver's default dynamic limit is what static shared memory leaves of 48 KB: a ring
+    of exactly 48 KB beside a 128-byte static flag must opt in, one of 48 KB alone need not."""
+    limit = cuda_launch.SMEM_WITHOUT_OPT_IN
+    assert limit == 48 * 1024
+    assert cuda_launch.needs_smem_opt_in(limit, 128)
+    assert not cuda_launch.needs_smem_opt_in(limit, 0)
+    assert not cuda_launch.needs_smem_opt_in(limit - 128, 128)
+    assert cuda_launch.needs_smem_opt_in(64 * 1024, 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", GPU_PROGRAMS)
 def test_each_backend_refuses_aliased_and_misaligned_out_on_the_gpu(name):

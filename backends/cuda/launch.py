@@ -17,6 +17,14 @@ from gemmgen.backends.cuda.source import stored
 
 _MODULES: dict[tuple[str, int], Any] = {}
 _LOCK = threading.Lock()
+SMEM_WITHOUT_OPT_IN = 48 * 1024   # static + dynamic shared memory a CTA gets unless its function opts in
+
+
+def needs_smem_opt_in(dynamic: int, static: int) -> bool:
+    """Whether a launch of `dynamic` bytes needs the function's dynamic limit raised: the default
+    limit is what the function's static shared memory leaves of 48 KB, so a ring of exactly 48 KB
+    beside a 4-byte `__shared__` flag fails to launch without it."""
+    return dynamic + static > SMEM_WITHOUT_OPT_IN
 
 
 def check(result, what: str):
@@ -60,7 +68,9 @@ def load_functions(key: str, cubin: bytes, names: tuple[str, ...], device_index:
     funcs = {}
     for name in names:
         fn = check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
-        if smem > 48 * 1024:
+        static = check(driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn),
+                       f"cuFuncGetAttribute({name}, static shared memory)")
+        if needs_smem_opt_in(smem, static):
             check(driver.cuFuncSetAttribute(
                 fn, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
                 f"cuFuncSetAttribute({name}, {smem} bytes of dynamic smem)")
