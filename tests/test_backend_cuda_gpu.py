@@ -347,6 +347,41 @@ def test_hopper_split_k_cluster_programs(index, split_artifacts, runner):
     _check(SPLIT[index], split_artifacts[index], runner)
 
 
+def _multistage_split(problem, tile, warps, split, stages=4, b="col", wgmma=False):
+    """`split_k S cluster` in the multistage family: each slice parks its fp32 partial tile in its
+    ring, and the slices of a tile, one cluster, sum them in slice order."""
+    return multistage(replace(problem, b_major=b), tile=tile, warps=warps, stages=stages, split_k=split,
+                      reduce=CLUSTER_REDUCE, swizzle=4, wgmma=wgmma)
+
+
+# The narrow-weight shapes it is for and beyond: M = 1, 3, 17, 100, 128, unaligned N and a last
+# short k tile (K = 4104, 520), both majors of B, 2-8 slices, every epilogue kind, tiles of 16-128
+# rows, wgmma, and a 128x128 tile whose 64 KB partial is larger than its ring.
+MULTISTAGE_SPLIT = [
+    _multistage_split(Problem(1, 1024, 4096), (16, 64, 128), (1, 4), 8),
+    _multistage_split(Problem(3, 1000, 4104, epilogue=Epilogue(bias="n", activation="gelu")), (32, 32, 128),
+                      (2, 2), 8, stages=3),
+    _multistage_split(Problem(17, 1000, 4104, epilogue=Epilogue(residual=True, alpha=0.5, beta=0.5)),
+                      (32, 32, 128), (2, 2), 6),
+    _multistage_split(Problem(100, 512, 4104, epilogue=Epilogue(bias="m", activation="silu", out_dtype="f32")),
+                      (64, 64, 64), (4, 1), 6, stages=8, wgmma=True),
+    _multistage_split(Problem(128, 1000, 520, epilogue=Epilogue(out_dtype="bf16", bias="n", residual=True)),
+                      (128, 128, 32), (2, 2), 4, stages=2, b="row"),
+    _multistage_split(Problem(17, 1024, 3584, epilogue=Epilogue(bias="n", activation="relu")), (16, 64, 128),
+                      (1, 4), 2, b="row"),
+]
+
+
+@pytest.fixture(scope="module")
+def multistage_split_artifacts():
+    return _build_all(MULTISTAGE_SPLIT)
+
+
+@pytest.mark.parametrize("index", range(len(MULTISTAGE_SPLIT)))
+def test_multistage_split_k_cluster_programs(index, multistage_split_artifacts, runner):
+    _check(MULTISTAGE_SPLIT[index], multistage_split_artifacts[index], runner)
+
+
 def _tma_stream_k(problem, tile, stages=6, b="col", swap=True):
     """`scheduler stream_k` in the TMA family: one wave of CTAs shares the (tile, k tile)
     iterations; with `swap`, C^T = W x^T (the tile's M is the weight's rows, its N the batch)

@@ -36,6 +36,8 @@ _FAMILIES = {"multistage": "gemmgen.backends.cuda.multistage",
              "ws_cooperative": "gemmgen.backends.cuda.hopper",
              "ws_pingpong": "gemmgen.backends.cuda.hopper",
              "direct": "gemmgen.backends.cuda.direct"}
+# The mainloops whose split-K slices of a tile can run as one cluster and sum in shared memory.
+CLUSTER_SUM_MAINLOOPS = ("direct", "multistage", "ws_cooperative")
 
 
 def _family(program: Program):
@@ -54,10 +56,10 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     if program.problem.c_major != "row" and program.mainloop not in ("direct", "ws_cooperative"):
         out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
                             "(mainloops direct and ws_cooperative store C either way)"))
-    if cluster_sum and program.mainloop not in ("direct", "ws_cooperative"):
-        out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloops direct and "
-                               f"ws_cooperative: write `split_k {program.split_k} workspace` for mainloop "
-                               f"{program.mainloop}"))
+    if cluster_sum and program.mainloop not in CLUSTER_SUM_MAINLOOPS:
+        out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloops "
+                               f"{', '.join(CLUSTER_SUM_MAINLOOPS)}: write `split_k {program.split_k} workspace` "
+                               f"for mainloop {program.mainloop}"))
     if program.problem.epilogue.gate and program.mainloop == "direct":
         out.append(("mainloop", f"backend cuda lowers a gated epilogue (gate={program.problem.epilogue.gate}) in mainloop "
                                 "multistage or the TMA family, not direct: write `mainloop multistage` with `scheduler "
@@ -71,7 +73,7 @@ SUPPORT = Support(
     mainloops=frozenset(_FAMILIES),
     schedulers=frozenset({"tile", "persistent", "stream_k"}),
     instr_kinds=frozenset({None, "mma", "wgmma"}),
-    split_k_reduces=frozenset({"workspace", "atomic", "unordered", CLUSTER_REDUCE}),   # cluster: direct, TMA
+    split_k_reduces=frozenset({"workspace", "atomic", "unordered", CLUSTER_REDUCE}),   # cluster: CLUSTER_SUM_MAINLOOPS
     activations=frozenset({"relu", "gelu", "silu"}),
     bias=True,
     residual=True,

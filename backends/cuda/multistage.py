@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from gemmgen.dsl.checks import gate_findings
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, CLUSTER_REDUCE, Program
 from gemmgen.dsl.resources import b_tiles
 from gemmgen.backends.cuda import launch as L
 from gemmgen.backends.base import BackendError
@@ -86,9 +86,20 @@ def epilogue_buffers(program: Program) -> int:
     return EPILOGUE_BUFFER * program.num_warps if persistent(program) or stream_k(program) else 0
 
 
+def cluster_split(program: Program) -> bool:
+    """The K slices of a tile run as one cluster and sum their partials in shared memory."""
+    return program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
+
+
+def partial_bytes(program: Program) -> int:
+    """The fp32 partial tile a slice parks in its ring for its cluster (0 when not summed so)."""
+    return 4 * program.tile.m * program.tile.n if cluster_split(program) else 0
+
+
 def smem_bytes(program: Program) -> int:
     align = WGMMA_ALIGN if wgmma(program) else 0
-    return stages_of(program) * smem_per_stage(program) + epilogue_buffers(program) + align
+    ring = max(stages_of(program) * smem_per_stage(program), partial_bytes(program))
+    return ring + epilogue_buffers(program) + align
 
 
 def rules(program: Program) -> list[tuple[str, str]]:
@@ -220,6 +231,7 @@ def defines(program: Program) -> dict[str, int]:
         "STAGES": stages_of(program),
         "SPLIT_K": program.split_k,
         "SPLIT_ATOMIC": int(arrival_order(program)),
+        "SPLIT_CLUSTER": int(cluster_split(program)),
         "PERSISTENT": int(persistent(program)),
         "STREAM_K": int(stream_k(program)),
         "WGMMA": int(wgmma(program)),
@@ -242,6 +254,7 @@ class Geometry(L.LaunchGeometry):
 
     split_k: int
     atomic: bool
+    cluster_split: bool      # the split_k CTAs of a tile are one cluster (grid z)
     persistent: bool
     stream_k: bool
     tile_k: int
@@ -250,7 +263,8 @@ class Geometry(L.LaunchGeometry):
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=smem_bytes(program),
                     tile_m=program.tile.m, tile_n=program.tile.n, split_k=program.split_k,
-                    atomic=arrival_order(program), persistent=persistent(program), stream_k=stream_k(program),
+                    atomic=arrival_order(program), cluster_split=cluster_split(program),
+                    persistent=persistent(program), stream_k=stream_k(program),
                     tile_k=program.tile.k)
 
 
@@ -320,7 +334,7 @@ class MultistageLauncher(L.FamilyLauncher):
         if self.geo.stream_k and iteration_count(self.geo, M, N, K) >= 2 ** 31:
             raise BackendError(f"{M}x{N}x{K} has 2^31 (tile, k tile) iterations or more, past what the stream-K "
                                "kernel counts in 32 bits: use `scheduler persistent`")
-        if self.geo.split_k > 1 or self.geo.stream_k:
+        if (self.geo.split_k > 1 and not self.geo.cluster_split) or self.geo.stream_k:
             ws, counters = self._workspace(M, N, a.device)
             ga.workspace = ws.data_ptr()
             ga.counters = counters.data_ptr() if counters is not None else None
@@ -328,8 +342,8 @@ class MultistageLauncher(L.FamilyLauncher):
     def _launch(self, M, N, stream) -> None:
         g, ga = self.geo, self.gemm_args
         L.launch(self.funcs[ENTRY], (grid_size(g, M, N, ga.K, self.wave), 1, g.split_k), g.threads, g.smem, stream,
-                 self.pack)
-        if g.split_k > 1 and not g.atomic:
+                 self.pack, cluster=(1, 1, g.split_k) if g.cluster_split else None)
+        if g.split_k > 1 and not g.atomic and not g.cluster_split:
             self._reduce_ws.value, self._reduce_m.value, self._reduce_n.value = ga.workspace, M, N
             blocks = min(math.ceil(M * N / 256), SM90A.sms * 16)
             L.launch(self.funcs[REDUCE_ENTRY], (blocks, 1, 1), 256, 0, stream, self.reduce_pack)

@@ -87,7 +87,9 @@ def _multistage(problem: Problem) -> list[Program]:
     gated = bool(problem.epilogue.gate)
     if tiles_min < SMS // 2 and p.k >= 1024 and not gated:     # small M*N, long K: fill the machine along K
         # Workspace only: the arrival-order kernel (atomic adds, last CTA finishes) measured
-        # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (docs/design/cuda_kernels.md).
+        # 1.8-11x slower than torch.matmul on the 22 shapes it was tried (docs/design/cuda_kernels.md)
+        # and 0.68-0.85 of the workspace's speed at the narrow weights; the cluster's sum level
+        # with it there (docs/backends_cuda.md, "multistage").
         splits += [(s, "workspace") for s in SPLITS if s <= k_tiles_64 // 4 and tiles_min * s <= 4 * SMS]
     tiles = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
     if math.ceil(p.m / 64) * math.ceil(p.n / 64) < SMS:

@@ -2,8 +2,9 @@
 // Multistage mainloop: cp.async global->shared copies into a STAGES-deep ring
 // of XOR-swizzled tiles, ldmatrix to registers, mma.sync m16n8k16 with fp32
 // accumulators, the epilogue chain in registers. Split-K either writes fp32
-// partials that a second kernel reduces in slice order (deterministic), or adds
-// them atomically into a workspace whose last-arriving CTA applies the epilogue.
+// partials that a second kernel reduces in slice order (deterministic), adds
+// them atomically into a workspace whose last-arriving CTA applies the epilogue,
+// or (SPLIT_CLUSTER) sums them in slice order across the tile's cluster of CTAs.
 // Stream-K (STREAM_K) deals the (tile, k tile) iterations out evenly over one
 // wave of CTAs; the CTA that began a tile adds the others' partials in K order.
 // With WGMMA (`instr wgmma`) the same ring is laid out as wgmma reads it (wgmma.cuh)
@@ -436,7 +437,32 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
     // Accumulator (i, j, v): row groupID (+8 for v >= 2), columns 2*(lane%4) + {0, 1}.
     const int row_base = m0 + warp_row + (lane >> 2);
     const int col_base = n0 + warp_col + (lane & 3) * 2;
-#if !SPLIT_ATOMIC
+#if SPLIT_CLUSTER
+    // Cluster split-K: the SPLIT_K slices of this tile are one cluster. Each parks its fp32
+    // partial tile in its own ring (no copy is in flight, and after the barrier no warp reads
+    // it); after the cluster's barrier each sums a 1/SPLIT_K share of the tile over every slice,
+    // in slice order, and stores it through the epilogue: one launch, no workspace.
+    __syncthreads();
+    float* partial = reinterpret_cast<float*>(smem_raw + (smem_a - smem_u32(smem_raw)));
+    for_each_pair(acc, row_base - m0, col_base - n0, BM, BN, [partial](float v0, float v1, int r, int c) {
+      *reinterpret_cast<float2*>(partial + r * BN + c) = make_float2(v0, v1);
+    });
+    cluster_sync();
+    for (int e = 4 * ((int)cluster_rank() * THREADS + tid); e < BM * BN; e += 4 * SPLIT_K * THREADS) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = 0; s < SPLIT_K; ++s) {
+        const float4 v = ld_cluster_f32x4(partial + e, (unsigned)s);
+        sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+      }
+      const int row = m0 + e / BN, col = n0 + e % BN;   // BN is a multiple of 16: one row
+      const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (row < M && col + c < N) epilogue_store_element<0>(epi, v[c], row, col + c);
+    }
+    cluster_sync();   // no CTA leaves while a peer may still read its shared memory
+#elif !SPLIT_ATOMIC
     // Workspace split-K: this slice's fp32 partial tile; splitk_reduce finishes.
     float* part = args.workspace + (long long)blockIdx.z * M * N;
     for_each_pair(acc, row_base, col_base, M, N, [part, N](float v0, float v1, int row, int col) {
@@ -458,12 +484,12 @@ gemm_multistage(const GemmArgs args, const EpilogueArgs epi) {
       epilogue_store_pair(epi, s0, s1, row, col, M, N, false);
     });
     if (tid == 0) args.counters[tile_id] = 0u;
-#endif  // SPLIT_ATOMIC
+#endif  // SPLIT_CLUSTER, SPLIT_ATOMIC
   }
 #endif  // SPLIT_K == 1
 }
 
-#if SPLIT_K > 1 && !SPLIT_ATOMIC
+#if SPLIT_K > 1 && !SPLIT_ATOMIC && !SPLIT_CLUSTER
 // Sum the SPLIT_K partials of each element in slice order, then the epilogue.
 extern "C" __global__ void __launch_bounds__(256)
 splitk_reduce(const float* __restrict__ workspace, int M, int N, const EpilogueArgs epi) {
