@@ -105,8 +105,9 @@ def test_a_cluster_split_compiles_to_cluster_barriers_and_no_atomics():
 @pytest.mark.parametrize("change, words", [
     (dict(split=16), "a cluster holds at most 8 CTAs"),
     (dict(cluster=(2, 1)), "write `cluster 1x1`"),
-    (dict(mainloop="multistage", swap_ab=False, tile=Tile(64, 64, 64), warps=(2, 2), stages=3),
-     "in mainloops direct and ws_cooperative"),
+    (dict(mainloop="ws_pingpong", swap_ab=False, tile=Tile(128, 64, 64), warps=(4, 1), stages=4,
+          instr=Instr("wgmma", 64, 64, 16), smem_swizzle=128),
+     "in mainloops direct, multistage, ws_cooperative"),
     (dict(backend="triton", mainloop="multistage", tile=Tile(64, 64, 64), warps=(2, 2), stages=3, instr=None),
      "cannot reduce split-K by cluster"),
 ])

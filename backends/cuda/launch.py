@@ -23,7 +23,7 @@ SMEM_WITHOUT_OPT_IN = 48 * 1024   # static + dynamic shared memory a CTA gets un
 def needs_smem_opt_in(dynamic: int, static: int) -> bool:
     """Whether a launch of `dynamic` bytes needs the function's dynamic limit raised: the default
     limit is what the function's static shared memory leaves of 48 KB, so a ring of exactly 48 KB
-    beside a 4-byte `__shared__` flag fails to launch without it."""
+    beside a small static `__shared__` flag fails to launch without it."""
     return dynamic + static > SMEM_WITHOUT_OPT_IN
 
 
