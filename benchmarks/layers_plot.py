@@ -20,6 +20,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def gpu_name(doc: dict) -> str:
+    """The GPU the bench ran on, as its results name it ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    env = doc.get("meta", {}).get("environment") or {}
+    name = (env.get("gpu") or {}).get("name") or (env.get("torch") or {}).get("device_name") or "GPU"
+    return next((word for word in name.split() if word[:1] in "HAB" and word[1:].isdigit()), name)
+
+
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -104,7 +111,8 @@ def _main(argv) -> int:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens in the batch)")
     ax.set_ylabel(f"{args.candidate} speedup over torch.matmul (device time)")
-    ax.set_title(f"x @ W.T layers on the H200: geomean per family and M ({doc.get('meta', {}).get('date', '')[:10]})")
+    ax.set_title(f"x @ W.T layers on the {gpu_name(doc)}: geomean per family and M "
+                 f"({doc.get('meta', {}).get('date', '')[:10]})")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(folder / "by_m.png", dpi=120)

@@ -155,6 +155,13 @@ def test_layers_plot_with_an_unknown_candidate_keeps_the_folder_s_table(tmp_path
     assert (tmp_path / "by_m.txt").read_text() == "the earlier table\n"
 
 
+def test_layers_plot_names_the_gpu_the_bench_ran_on():
+    gpu_name = load_script("layers_plot").gpu_name
+    assert gpu_name({"meta": {"environment": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}}}) == "H100"
+    assert gpu_name({"meta": {"environment": {"torch": {"device_name": "NVIDIA H200"}}}}) == "H200"
+    assert gpu_name({"meta": {}}) == "GPU"      # an old results file that names none
+
+
 def test_a_damaged_policy_checkpoint_is_one_line(tmp_path):
     pytest.importorskip("transformers")
     import shutil
