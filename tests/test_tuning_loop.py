@@ -145,12 +145,14 @@ def test_later_waits_for_workers_are_spent_from_the_time_budget(tmp_path):
 def test_resume_skips_what_was_measured(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     with pytest.raises(KeyboardInterrupt):
-        # Ctrl-C during the second shape: shape 1 takes 7 measurements (5 candidates, and a
-        # second one of the 2 would-be winners faster than any confirmed before them), shape 2
-        # then the same 5 before its crashing candidate
-        _run(db, FakeRunner(stop_after=12))
+        # Ctrl-C during the second shape: shape 1 takes 6 measurements (5 candidates, and the
+        # fastest of its 3 would-be winners again; the others are not faster when selected than
+        # that one confirmed), shape 2 then 3 before its crashing candidate
+        _run(db, FakeRunner(stop_after=9))
     recorded = len(list(db.trials()))
-    assert recorded == 7 + 5            # shape 1 whole; shape 2: the invalid one, 3 measured, 1 failed build
+    # shape 1 whole; shape 2: the invalid one and the failed build; its 3 would-be winners,
+    # not yet confirmed, are lost and measured again
+    assert recorded == 7 + 2
     report, runner = _run(db)
     assert report.recorded == 21 - recorded
     assert report.skipped == recorded
@@ -453,6 +455,29 @@ def test_a_would_be_winner_slower_than_a_confirmed_one_is_not_confirmed_and_cann
         assert "not confirmed" in t.check_msg and "3.920x of a winner confirmed" in t.check_msg
 
 
+def test_a_time_budget_ending_within_a_shape_still_confirms_its_would_be_winners(tmp_path):
+    """The budget stops new trials, not confirmations: the two measured would-be winners are
+    recorded, the faster confirmed (the other reads no faster when selected), the third
+    candidate not measured."""
+    import time
+
+    @dataclass
+    class SlowRunner(ConfirmingRunner):
+        def measure(self, program, artifact, *, seed=None):
+            time.sleep(0.2)
+            return super().measure(program, artifact, seed=seed)
+
+    db = Database(tmp_path / "t.sqlite")
+    runner = SlowRunner(again={(128, 256): (0.25, 1.0)})
+    report = tune(PROBLEMS[:1], proposer=ListProposer(FAST_TWO + [((64, 64, 64), 4)]), builder=FakeBuilder(),
+                  runner=runner, db=db, budget=3, time_budget_s=0.3, progress=False)
+    assert report.stopped_by_time and report.shapes_done == 0
+    trials = {t.program: t for t in db.trials(PROBLEMS[0].key)}
+    assert len(trials) == 2 and not any("tile 64x64x64" in p for p in trials)
+    assert [(p.tile.m, p.tile.n) for p in runner.confirmed] == [(128, 256)]
+    assert "tile 128x256x64" in db.winner(PROBLEMS[0], TEST_GPU.name).program
+
+
 def test_a_candidate_failing_its_confirmation_check_is_recorded_as_failed(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     trials = _tune_one(db, ConfirmingRunner(check_fails_again=True))
@@ -479,7 +504,9 @@ def test_runners_without_confirm_are_asked_to_measure_again(tmp_path):
     db = Database(tmp_path / "t.sqlite")
     runner = FakeRunner()
     _tune_one(db, runner)
-    assert len(runner.measured) == 4                        # two candidates, each measured twice
+    # two candidates, and the faster measured again (the other's selection speedup is not above
+    # that one's confirmed speedup, so it is not)
+    assert len(runner.measured) == 3 and runner.measured[-1].tile.n == 256
     assert db.winner(PROBLEMS[0], TEST_GPU.name) is not None
 
 

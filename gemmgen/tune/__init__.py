@@ -14,15 +14,19 @@ noise) is measured again, in a fresh worker beside torch.matmul (`Runner.confirm
 recorded with that second measurement; it wins only if the low end of that speedup's
 interval is above 1 (`gemmgen.measure.comparison.speedup_lower_bound`). The best of many
 noisy trials is biased upward; its second measurement is not. The runner measures; the
-decision is the loop's (`_confirmed`). A would-be winner whose selection speedup is not above
-that of a winner already confirmed at the problem in the same run is recorded unconfirmed: the
-winners view ranks it below that winner (same toolchain, lower speedup), so it can never serve,
-and a fresh worker's start (seconds) is saved.
+decision is the loop's (`_confirmed`). A shape's would-be winners are confirmed after its
+other trials, fastest first: one whose selection speedup is not above that of a winner already
+confirmed at the problem is recorded unconfirmed, since the winners view ranks it below that
+winner (same toolchain, lower speedup) and it can never serve; a fresh worker's start (seconds)
+is saved for each. Where many programs beat the baseline (the narrow weights at small M), this
+confirms one or two a problem instead of each that beat the ones before it.
 
 Resumable: a (problem, program) pair already in the database for this GPU is skipped,
 and so is a problem with a library choice already recorded for this GPU.
-Every trial is committed as it completes, so an interruption loses at most the one in
-flight. While one chunk of shapes is measured, the next chunk's candidates build.
+Every trial is committed as it completes, a would-be winner once confirmed, so an interruption
+loses at most the one in flight and the shape's would-be winners not yet confirmed; a time
+budget that runs out within a shape still confirms them. While one chunk of shapes is
+measured, the next chunk's candidates build.
 """
 from __future__ import annotations
 
@@ -245,16 +249,26 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
                 report.failures.append((problem.key, str(exc)))
                 bar.update(len(built))
                 return True
-        confirmed_best = None     # speedup of this run's best confirmed winner at the problem
+        would_win: list[tuple[Trial, BuildOutcome]] = []   # confirmed once the shape's trials are in
+        in_time = True
         for outcome in built:
             if out_of_time():
-                return False
+                in_time = False
+                break
             if outcome.retry:         # possibly transient: a later run builds it again
                 report.failures.append((problem.key, f"build failed, retried in a later run: {outcome.error}"))
                 continue
             with report.timed("trials"):
                 trial = _trial(outcome, runner, baselines, common)
-            if trial.beats_baseline() and confirmed_best is not None and trial.speedup <= confirmed_best:
+            if trial.beats_baseline():
+                would_win.append((trial, outcome))
+            else:
+                record(trial)
+        # Fastest first: a would-be winner not faster when selected than one confirmed here would
+        # rank below it whatever its second time, so it is not measured again.
+        confirmed_best = None     # speedup of the best winner confirmed at the problem
+        for trial, outcome in sorted(would_win, key=lambda pair: pair[0].speedup, reverse=True):
+            if confirmed_best is not None and trial.speedup <= confirmed_best:
                 trial = replace(trial, check_msg=f"not confirmed: {trial.speedup:.3f}x when selected, not above "
                                                  f"the {confirmed_best:.3f}x of a winner confirmed in this run")
             else:
@@ -263,6 +277,8 @@ def tune(problems: Iterable[Problem], *, proposer, builder: Builder, runner: Run
                 if trial.beats_baseline():
                     confirmed_best = max(trial.speedup, confirmed_best or 0.0)
             record(trial)
+        if not in_time:
+            return False
         report.shapes_done += 1
         if on_shape is not None:
             on_shape(problem)
