@@ -9,7 +9,8 @@ already measured on this GPU, and the script ends by writing OUT/trials.jsonl.gz
 every trial into the shipped file of this GPU model (tuning_db/shipped/h200.jsonl.gz on the H200,
 h100.jsonl.gz on an H100 80GB HBM3; merged with what is there): winners are a
 query, and a problem tuned without a winner must be known as such, so that gemmgen.compile
-serves the baseline there rather than a neighbour's program. `--backends` may name `cublaslt`:
+serves the baseline there rather than a neighbour's program. A probe (`--ship ''`) works in a
+database of its own, so its trials reach no shipped file. `--backends` may name `cublaslt`:
 cuBLASLt's algorithms are searched first (`gemmgen.tune.tune_library`) and the choices travel
 in the same files. Writes OUT/summary.json and prints a per-FLOP-bucket table last.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,8 +62,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
                          "(benchmarks/shapes/model_e2e_missing.keys)")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/tune_h200"))
     ap.add_argument("--db", default=None,
-                    help="working database (default: tune_h200.sqlite in GEMMGEN_CACHE_DIR or ~/.cache/gemmgen; "
-                         "OUT/trials.jsonl.gz is the record that travels)")
+                    help="working database (default: tune_h200.sqlite in GEMMGEN_CACHE_DIR or ~/.cache/gemmgen, "
+                         "or a new one in a temporary folder with --ship ''; OUT/trials.jsonl.gz is the record "
+                         "that travels)")
     ap.add_argument("--ship", default=None,
                     help="records file to merge into and rewrite with this GPU's records ('' to skip; "
                          "default: this GPU model's file in tuning_db/shipped/)")
@@ -112,7 +115,14 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
                 and (args.max_m is None or p.m <= args.max_m)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    db_path = Path(args.db) if args.db else default_db_path().with_name("tune_h200.sqlite")
+    if args.db:
+        db_path = Path(args.db)
+    elif args.ship == "":
+        # A run that ships nothing (a probe) works in a database of its own: in the shared one its
+        # trials would reach the shipped file with the next run on this machine that ships.
+        db_path = Path(tempfile.mkdtemp(prefix="gemmgen-probe-")) / "tune_h200.sqlite"
+    else:
+        db_path = default_db_path().with_name("tune_h200.sqlite")
     start = time.monotonic()
     db = Database(db_path)
     backends = tuple(b for b in args.backends.split(",") if b)

@@ -78,6 +78,25 @@ def test_tune_h200_ships_only_this_gpu_s_records_into_its_model_s_file(tmp_path,
     clear_cache()
 
 
+def test_a_probe_s_trials_never_reach_a_later_run_s_shipped_file(tmp_path, capsys, monkeypatch):
+    """A probe (--ship '') and then a shipping run on the same machine, both in the default
+    working database's folder: the shipped file holds the second run's trials only."""
+    monkeypatch.setenv("GEMMGEN_DB", str(tmp_path / "cache" / "tuning.sqlite"))
+    script = load_script("tune_h200")
+    probe_shapes, tuned_shapes = tmp_path / "probe.csv", tmp_path / "tuned.csv"
+    probe_shapes.write_text("M,N,K\n1024,1024,1024\n")
+    tuned_shapes.write_text("M,N,K\n2048,4096,512\n")
+    common = ["--budget", "2", "--backends", "triton", "--time-budget", "600"]
+    assert script.main(["--shapes", str(probe_shapes), "--out", str(tmp_path / "probe"), "--ship", ""] + common,
+                       make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder()) == 0
+    assert len(list(read_jsonl(tmp_path / "probe" / script.TRIALS))) == 2
+    ship = tmp_path / "shipped.jsonl"
+    assert script.main(["--shapes", str(tuned_shapes), "--out", str(tmp_path / "tuned"), "--ship", str(ship)]
+                       + common, make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder()) == 0
+    assert {t.problem.m for t in read_jsonl(ship)} == {2048}
+    clear_cache()
+
+
 def test_tune_h200_max_m_tunes_only_the_small_rows(tmp_path, capsys):
     """--max-m keeps a layer set's decode and small-batch rows: nothing above it is measured;
     --min-m cuts the band from below."""
