@@ -13,6 +13,7 @@ and the set itself (each row's model and layer), and writes beside the results:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +25,8 @@ def gpu_name(doc: dict) -> str:
     """The GPU the bench ran on, as its results name it ("NVIDIA H100 80GB HBM3" -> "H100")."""
     env = doc.get("meta", {}).get("environment") or {}
     name = (env.get("gpu") or {}).get("name") or (env.get("torch") or {}).get("device_name") or "GPU"
-    return next((word for word in name.split() if word[:1] in "HAB" and word[1:].isdigit()), name)
+    model = re.search(r"\b[A-Z]\d{2,}\b", name)     # H100, H200, A100 (of "NVIDIA A100-SXM4-80GB")
+    return model.group(0) if model else name
 
 
 def _median(xs: list[float]) -> float:

@@ -159,6 +159,7 @@ def test_layers_plot_names_the_gpu_the_bench_ran_on():
     gpu_name = load_script("layers_plot").gpu_name
     assert gpu_name({"meta": {"environment": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}}}) == "H100"
     assert gpu_name({"meta": {"environment": {"torch": {"device_name": "NVIDIA H200"}}}}) == "H200"
+    assert gpu_name({"meta": {"environment": {"gpu": {"name": "NVIDIA A100-SXM4-80GB"}}}}) == "A100"
     assert gpu_name({"meta": {}}) == "GPU"      # an old results file that names none
 
 
