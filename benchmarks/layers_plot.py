@@ -61,6 +61,7 @@ def _main(argv) -> int:
 
     from gemmgen.measure.errors import MeasureError
     from gemmgen.measure.numerics import geomean
+    from gemmgen.measure.plots import save_png
     from gemmgen.measure.results import load
     from gemmgen.measure.shapes import held_out_models, parse_shapes, read_lines
 
@@ -117,7 +118,7 @@ def _main(argv) -> int:
                  f"({doc.get('meta', {}).get('date', '')[:10]})")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(folder / "by_m.png", dpi=120)
+    save_png(fig, folder / "by_m.png")
     return 0
 
 

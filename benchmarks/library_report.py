@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from gemmgen.measure.numerics import bucket_names, bucket_of, geomean
+from gemmgen.measure.plots import save_png
 
 
 def rows_of(path: Path, search: str) -> list[dict]:
@@ -92,7 +93,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_title("cuBLASLt search per shape (H200, device time, offline)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)
 
 

@@ -215,6 +215,8 @@ def pretune(cases, args) -> dict:
 def plot(rows, path: Path) -> None:
     import matplotlib
 
+    from gemmgen.measure.plots import save_png
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -233,7 +235,7 @@ def plot(rows, path: Path) -> None:
     ax.set_title("Llama-style ~1B decoder, fp16, H200 (higher is better)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
 
 
 def main(argv=None) -> int:

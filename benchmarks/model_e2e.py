@@ -455,6 +455,8 @@ def write_json(path: Path, data) -> None:
 def plot(summ: dict, path: Path) -> None:
     import matplotlib
 
+    from gemmgen.measure.plots import save_png
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -482,7 +484,7 @@ def plot(summ: dict, path: Path) -> None:
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)
 
 

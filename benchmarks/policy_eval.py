@@ -53,6 +53,7 @@ import warnings
 from pathlib import Path
 
 from gemmgen.measure.numerics import geomean
+from gemmgen.measure.plots import save_png
 from gemmgen.policy.proposers import POLICY_MODES
 from gemmgen.tune.distributed import GATHER_TIMEOUT_S, Rank, connect, pin_gpu, share_out
 
@@ -399,7 +400,7 @@ def plot(rows, path):
     right.legend(fontsize=8)
     fig.suptitle(f"policy on {len(rows)} held-out problems")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

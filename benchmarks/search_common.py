@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from gemmgen.measure.numerics import geomean  # noqa: F401 - the searches' geomean (common.geomean)
+from gemmgen.measure.plots import save_png
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_SHAPES = HERE / "shapes" / "cudal2_sample100.csv"
@@ -182,5 +183,5 @@ def plot_speedups(path: Path, series, *, ylabel: str, title: str, alpha: float,
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)

@@ -210,6 +210,7 @@ def test_cli_merge_and_report_make_plots(tmp_path, capsys):
     for png in ("speedup.png", "buckets.png"):
         data = (tmp_path / "all" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert data[25] == 3          # colour type 3: a palette of at most 256 colours (plots.save_png)
 
 
 def test_table_lists_every_name():

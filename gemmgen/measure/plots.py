@@ -6,6 +6,7 @@ speedup of each name over the reference, as grouped bars.
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Optional
 
@@ -32,6 +33,20 @@ def _pyplot():
     return plt
 
 
+def save_png(fig, path, dpi: int = 120) -> None:
+    """`fig` as a PNG of at most 256 colours: a plot's few colours and their anti-aliased edges
+    look the same, in about 40 % of the bytes of matplotlib's own PNG, and committed results
+    stay small. Pillow comes with matplotlib."""
+    # Deferred: PIL (optional, heavy to import; matplotlib's dependency).
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    buffer.seek(0)
+    image = Image.open(buffer).convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+    image.save(path, format="PNG", optimize=True)
+
+
 def _save(fig, ax, path: Path) -> Path:
     """Legend, layout, write, close: how every plot here ends."""
     # Deferred: matplotlib (optional, heavy to import).
@@ -39,7 +54,7 @@ def _save(fig, ax, path: Path) -> Path:
 
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, over no point
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
     plt.close(fig)
     return path
 

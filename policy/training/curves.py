@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from gemmgen.measure.plots import save_png
+
 
 def write_curves(log_history: Sequence[dict], out_dir: str | Path, name: str, keys: Sequence[str]) -> dict:
     """`name`.json (every logged row) and `name`.png (the given keys against step)."""
@@ -33,7 +35,7 @@ def write_curves(log_history: Sequence[dict], out_dir: str | Path, name: str, ke
     axes[-1, 0].set_xlabel("step")
     fig.suptitle(name)
     fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
+    save_png(fig, out / f"{name}.png", dpi=110)
     plt.close(fig)
     paths["png"] = str(out / f"{name}.png")
     return paths
