@@ -4,7 +4,8 @@ For each problem (`x @ W.T` layers of the layer set's held-out families, at the 
 fresh database laid over the shipped records:
   1. `gemmgen.compile(shape, b_major="col", tune=SECONDS)`: what a user gets (wall time kept);
   2. the exhaustive run: cuBLASLt's search (skipped where step 1 ran it) and every program of
-     the Triton search space (`--space` of them), measured into the same database
+     the Triton search space (`--space` of them; `--exhaustive-backends` may add raw CUDA's),
+     measured into the same database
      (`gemmgen.tune.on_demand.tune_now`);
   3. the kernel served before step 2, the one served after it (the best measured) and
      torch.matmul, timed side by side in one session (gemmgen.measure.time_many: offline,
@@ -12,6 +13,9 @@ fresh database laid over the shipped records:
 Writes OUT/on_demand.json and prints one line a problem and the geomeans.
 
     python benchmarks/on_demand.py --out benchmarks/results/on_demand --tune 10 --time-budget 200
+
+`--fast-backends triton,cuda` lets the short budget propose raw CUDA's programs too (they build
+through NVRTC in under a second), to measure against the default.
 """
 from __future__ import annotations
 
@@ -65,6 +69,12 @@ def side_by_side(kernels: dict, problem) -> tuple[dict, dict]:
     return {k: (None if isinstance(t, Exception) else t.device_ms) for k, t in timed.items()}, timed
 
 
+def gpu_present() -> bool:
+    # Deferred: torch (optional, heavy to import).
+    import torch
+    return torch.cuda.is_available()
+
+
 def geomeans(rows: list[dict], keys) -> dict:
     """The geomean of each key over the rows that have them all."""
     from gemmgen.measure.numerics import geomean
@@ -83,13 +93,36 @@ def main(argv=None) -> int:
                         f"{model}.{layer}.{m}" for model, layer, m in PROBLEMS) + ")")
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="start no new problem after S seconds; results are saved")
+    ap.add_argument("--fast-backends", default=None, metavar="LIST",
+                    help="the backends a budget under two minutes proposes, for this run (default: "
+                         "gemmgen.tune.on_demand.FAST_BACKENDS), e.g. triton,cuda")
+    ap.add_argument("--exhaustive-backends", default="cublaslt,triton", metavar="LIST",
+                    help="what the exhaustive run searches (default: cublaslt,triton)")
     args = ap.parse_args(argv)
 
     import gemmgen
     from gemmgen.compile import clear_cache
+    from gemmgen.errors import GemmgenError
     from gemmgen.measure.env import environment
+    from gemmgen.tune import on_demand as on_demand_tuning, parse_backends
     from gemmgen.tune.on_demand import tune_now
 
+    fast_backends = None
+    try:
+        if args.fast_backends:
+            library, fast_backends = parse_backends(args.fast_backends)
+            if library is not False:
+                raise GemmgenError("--fast-backends names program backends only (the library search has its own "
+                                   "rule, gemmgen.tune.library_first)")
+        parse_backends(args.exhaustive_backends)
+    except GemmgenError as exc:
+        ap.error(str(exc))
+    exhaustive_backends = tuple(b for b in args.exhaustive_backends.split(",") if b)
+    if not gpu_present():
+        print("on_demand: error: tuning on demand needs a CUDA GPU, and none is visible here", file=sys.stderr)
+        return 2
+    if fast_backends:
+        on_demand_tuning.FAST_BACKENDS = fast_backends     # this process only: the run's experiment
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     db = Path(tempfile.mkdtemp()) / "tuning.sqlite"
@@ -105,7 +138,7 @@ def main(argv=None) -> int:
         tuned_line = next((line for line in said.getvalue().splitlines() if line.startswith("gemmgen: tuned")), "")
         print(tuned_line, file=sys.stderr)
         t0 = time.monotonic()
-        tune_now([on_demand.problem], db=db, budget=args.space, backends=("cublaslt", "triton"))
+        tune_now([on_demand.problem], db=db, budget=args.space, backends=exhaustive_backends)
         exhaustive_s = time.monotonic() - t0
         clear_cache()
         best = gemmgen.compile(shape, b_major="col", db=db)
@@ -127,8 +160,10 @@ def main(argv=None) -> int:
     summary.update(mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
     print(json.dumps(summary, indent=1))
     (out / "on_demand.json").write_text(json.dumps({"command": " ".join(sys.argv), "environment": environment(),
-                                                    "tune_s": args.tune, "space": args.space, "summary": summary,
-                                                    "rows": rows}, indent=1))
+                                                    "tune_s": args.tune, "space": args.space,
+                                                    "fast_backends": list(on_demand_tuning.FAST_BACKENDS),
+                                                    "exhaustive_backends": list(exhaustive_backends),
+                                                    "summary": summary, "rows": rows}, indent=1))
     return 0
 
 
