@@ -1,9 +1,10 @@
 """CPU tests of `split_k S cluster` in the raw CUDA TMA family (ws_cooperative) and the multistage
 family: one CTA a tile's K slice, the S slices of a tile one cluster summing their partials
-through distributed shared memory, in one launch. Programs lower with the slice count and the parked partial tile counted in
-shared memory, compile for sm_90a with cluster barriers and no spills, store C^T under swap_ab
-(c=col), and what the template cannot build is refused with what to write instead. The numbers
-are checked on the GPU: tests/test_backend_cuda_gpu.py (`-k split_k`).
+through distributed shared memory, in one launch. Programs lower with the slice count and the
+parked partial tile counted in shared memory, compile for sm_90a with cluster barriers and no
+spills, store C^T under swap_ab (c=col), and what the template cannot build is refused with what
+to write instead. The numbers are checked on the GPU: tests/test_backend_cuda_gpu.py
+(`-k split_k`).
 """
 from __future__ import annotations
 
@@ -128,7 +129,6 @@ def test_a_multistage_split_sums_across_its_cluster_in_one_launch():
     workspace = replace(program, split_k_reduce="workspace")
     assert define(lower(workspace).text, "SPLIT_CLUSTER") == "0"
     assert ms.entries(workspace) == (ms.ENTRY, ms.REDUCE_ENTRY) and ms.partial_bytes(workspace) == 0
-
 
 
 @needs_compiler
