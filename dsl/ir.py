@@ -286,6 +286,12 @@ class Program:
         return self.warps[0] * self.warps[1]
 
     @property
+    def cluster_sum(self) -> bool:
+        """`split_k N cluster`: the N K slices of each tile run as one thread-block cluster and
+        sum their partials in shared memory."""
+        return self.split_k > 1 and self.split_k_reduce == CLUSTER_REDUCE
+
+    @property
     def deterministic(self) -> bool:
         """Bit-identical run to run: no split-K whose partials are added in arrival order."""
         return self.split_k == 1 or self.split_k_reduce not in ARRIVAL_ORDER_REDUCES

@@ -52,11 +52,10 @@ def _family_rules(program: Program) -> list[tuple[str, str]]:
     if program.mainloop not in _FAMILIES:
         return []  # SUPPORT.mainloops already refuses it
     out = []
-    cluster_sum = program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
     if program.problem.c_major != "row" and program.mainloop not in ("direct", "ws_cooperative"):
         out.append(("gemm", f"backend cuda's mainloop {program.mainloop} writes row-major outputs only: write c=row "
                             "(mainloops direct and ws_cooperative store C either way)"))
-    if cluster_sum and program.mainloop not in CLUSTER_SUM_MAINLOOPS:
+    if program.cluster_sum and program.mainloop not in CLUSTER_SUM_MAINLOOPS:
         out.append(("split_k", f"backend cuda sums split-K partials across a cluster in mainloops "
                                f"{', '.join(CLUSTER_SUM_MAINLOOPS)}: write `split_k {program.split_k} workspace` "
                                f"for mainloop {program.mainloop}"))

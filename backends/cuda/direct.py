@@ -101,18 +101,13 @@ def rules(program: Program) -> list[tuple[str, str]]:
     return out
 
 
-def cluster_split(program: Program) -> bool:
-    """The K slices of a tile run as one cluster and sum their partials in shared memory."""
-    return program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
-
-
 def defines(program: Program) -> dict[str, int]:
     t = program.tile
     d = {"BM": t.m, "BN": t.n, "BK": t.k,
          "WARPS_M": program.warps[0], "WARPS_N": program.warps[1],
          "STAGES": stages_of(program),
          "SPLIT_K": program.split_k,
-         "SPLIT_CLUSTER": int(cluster_split(program)),
+         "SPLIT_CLUSTER": int(program.cluster_sum),
          "STORE_T": int(program.problem.c_major == "col")}
     d.update(layout_defines(program))   # the shared raster helper's constants (unused here)
     # the epilogue's row, column, bias axis and operands are those of the stored matrix
@@ -138,7 +133,7 @@ class Geometry(L.LaunchGeometry):
 
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=0, tile_m=program.tile.m, tile_n=program.tile.n,
-                    split_k=program.split_k, cluster_split=cluster_split(program))
+                    split_k=program.split_k, cluster_split=program.cluster_sum)
 
 
 class DirectLauncher(L.FamilyLauncher):

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 from gemmgen.dsl.checks import gate_findings
 from gemmgen.dsl.hardware import SM90A
-from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, CLUSTER_REDUCE, Program
+from gemmgen.dsl.ir import ARRIVAL_ORDER_REDUCES, Program
 from gemmgen.dsl.resources import b_tiles
 from gemmgen.backends.cuda import launch as L
 from gemmgen.backends.base import BackendError
 from gemmgen.backends.cuda.source import assemble, epilogue_defines, layout_defines, with_wgmma
 from gemmgen.backends.workspace import persistent_buffer
 
-MAX_SMEM = 227 * 1024
+MAX_SMEM = SM90A.max_smem_per_block
 MAX_ACC_PER_THREAD = 128      # fp32 accumulators per thread before ptxas spills
 MAX_ACC_STREAM_K = 64         # with stream-K's partial tiles in flight too (a 64x64 warp tile spilled 28 bytes)
 # Below 64, for problems of few tiles: more CTAs, each with a shorter chain of mma.sync per k step.
@@ -86,14 +86,9 @@ def epilogue_buffers(program: Program) -> int:
     return EPILOGUE_BUFFER * program.num_warps if persistent(program) or stream_k(program) else 0
 
 
-def cluster_split(program: Program) -> bool:
-    """The K slices of a tile run as one cluster and sum their partials in shared memory."""
-    return program.split_k > 1 and program.split_k_reduce == CLUSTER_REDUCE
-
-
 def partial_bytes(program: Program) -> int:
     """The fp32 partial tile a slice parks in its ring for its cluster (0 when not summed so)."""
-    return 4 * program.tile.m * program.tile.n if cluster_split(program) else 0
+    return 4 * program.tile.m * program.tile.n if program.cluster_sum else 0
 
 
 def smem_bytes(program: Program) -> int:
@@ -231,7 +226,7 @@ def defines(program: Program) -> dict[str, int]:
         "STAGES": stages_of(program),
         "SPLIT_K": program.split_k,
         "SPLIT_ATOMIC": int(arrival_order(program)),
-        "SPLIT_CLUSTER": int(cluster_split(program)),
+        "SPLIT_CLUSTER": int(program.cluster_sum),
         "PERSISTENT": int(persistent(program)),
         "STREAM_K": int(stream_k(program)),
         "WGMMA": int(wgmma(program)),
@@ -263,7 +258,7 @@ class Geometry(L.LaunchGeometry):
 def geometry(program: Program) -> Geometry:
     return Geometry(threads=32 * program.num_warps, smem=smem_bytes(program),
                     tile_m=program.tile.m, tile_n=program.tile.n, split_k=program.split_k,
-                    atomic=arrival_order(program), cluster_split=cluster_split(program),
+                    atomic=arrival_order(program), cluster_split=program.cluster_sum,
                     persistent=persistent(program), stream_k=stream_k(program),
                     tile_k=program.tile.k)
 
