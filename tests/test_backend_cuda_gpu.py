@@ -337,16 +337,6 @@ SPLIT = [
 ]
 
 
-@pytest.fixture(scope="module")
-def split_artifacts():
-    return _build_all(SPLIT)
-
-
-@pytest.mark.parametrize("index", range(len(SPLIT)))
-def test_hopper_split_k_cluster_programs(index, split_artifacts, runner):
-    _check(SPLIT[index], split_artifacts[index], runner)
-
-
 def _multistage_split(problem, tile, warps, split, stages=4, b="col", wgmma=False):
     """`split_k S cluster` in the multistage family: each slice parks its fp32 partial tile in its
     ring, and the slices of a tile, one cluster, sum them in slice order."""
@@ -372,14 +362,19 @@ MULTISTAGE_SPLIT = [
 ]
 
 
+# `split_k S cluster` in both families that sum across a cluster (the direct family's are in
+# tests/test_direct_gpu.py), built together and checked one by one.
+CLUSTER_SPLIT = SPLIT + MULTISTAGE_SPLIT
+
+
 @pytest.fixture(scope="module")
-def multistage_split_artifacts():
-    return _build_all(MULTISTAGE_SPLIT)
+def split_artifacts():
+    return _build_all(CLUSTER_SPLIT)
 
 
-@pytest.mark.parametrize("index", range(len(MULTISTAGE_SPLIT)))
-def test_multistage_split_k_cluster_programs(index, multistage_split_artifacts, runner):
-    _check(MULTISTAGE_SPLIT[index], multistage_split_artifacts[index], runner)
+@pytest.mark.parametrize("index", range(len(CLUSTER_SPLIT)))
+def test_split_k_cluster_programs(index, split_artifacts, runner):
+    _check(CLUSTER_SPLIT[index], split_artifacts[index], runner)
 
 
 def _tma_stream_k(problem, tile, stages=6, b="col", swap=True):
