@@ -165,7 +165,7 @@ def estimate_us(p: Program) -> float:
     tiles = math.ceil(m / t.m) * math.ceil(n / t.n)
     ctas = tiles * split
     smem = _smem(t, stages)
-    per_sm = max(1, min(2, (SM90A.smem_per_sm - 1024) // (smem + SM90A.smem_reserved_per_block)))
+    per_sm = max(1, min(2, SM90A.ctas_by_smem(smem)))
     if p.num_warps * SM90A.warp_size * per_sm > SM90A.max_threads_per_sm or t.m * t.n * per_sm > 2 * 128 * 256:
         per_sm = 1
     k_slice = math.ceil(math.ceil(k / t.k) / split) * t.k
