@@ -17,7 +17,9 @@ in the same files. Writes OUT/summary.json and prints a per-FLOP-bucket table la
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -120,7 +122,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     elif args.ship == "":
         # A run that ships nothing (a probe) works in a database of its own: in the shared one its
         # trials would reach the shipped file with the next run on this machine that ships.
-        db_path = Path(tempfile.mkdtemp(prefix="gemmgen-probe-")) / "tune_h200.sqlite"
+        probe_dir = tempfile.mkdtemp(prefix="gemmgen-probe-")
+        atexit.register(shutil.rmtree, probe_dir, True)    # its trials live on in OUT's export
+        db_path = Path(probe_dir) / "tune_h200.sqlite"
     else:
         db_path = default_db_path().with_name("tune_h200.sqlite")
     start = time.monotonic()
