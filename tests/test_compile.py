@@ -271,6 +271,7 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     user's database, the winner serves, and a second compile tunes nothing."""
     import gemmgen.compile as compile_module
     from gemmgen.tune import on_demand
+    from gemmgen.tune.adapters import STANDBY_WORKERS
     from tuning_fakes import FakeBuilder, FakeRunner
 
     runs = []
@@ -284,6 +285,8 @@ def test_tune_on_demand_tunes_an_unmeasured_problem_once(tmp_path, monkeypatch, 
     assert gemmgen.compile(shape, device=GPU, db=path).provenance.how == "baseline"
     kernel = gemmgen.compile(shape, device=GPU, db=path, tune=30)
     assert len(runs) == 1 and kernel.provenance.how == "exact" and kernel.provenance.layer == "user"
+    # beside the user's model: fewer standby workers (each a CUDA context) than a tuning run keeps
+    assert runs[0]["standby"] == on_demand.ON_DEMAND_STANDBY < STANDBY_WORKERS
     assert "tuned 16x1000x1000" in capsys.readouterr().err
     trials = list(Database(path).trials())
     assert trials and {t.backend for t in trials} == {"triton"}       # 30 s: no minute-long nvcc builds

@@ -52,8 +52,10 @@ class PoolBuilder:
 DEFAULT_BASELINES = ("torch", "cublas_nn", "cublas_tn", "lt_heuristic", "lt_autotune")
 #: Workers kept started for confirmations, which each take one that has run nothing. They start
 #: side by side, so the loop waits for starts once per this many confirmations: on the H200 a
-#: small-batch tuning run waited 112 of its 316 s for starts with one, the next 39 of 178 s with 3.
-STANDBY_WORKERS = 3
+#: small-batch tuning run waited 112 of its 316 s for starts with one, the next 39 of 178 s with 3;
+#: on an H100 eight started in 11.1 s and three in 10.6 s, and a 100 s tuning probe measured 73
+#: trials with eight against 48 with three (benchmarks/results/worker_starts_h100/).
+STANDBY_WORKERS = 8
 
 
 def this_device() -> Device:
@@ -74,12 +76,12 @@ class WorkerRunner:
     checked then timed in `gemmgen.measure.worker.Runner`'s isolated process.
 
     mode 'offline' times back to back; 'both' adds server-mode times (a second worker job).
-    The worker and STANDBY_WORKERS standbys for confirmations start when the runner is made
+    The worker and `standby` more for confirmations start when the runner is made
     (`Runner.start_soon`), while the loop proposes and builds.
     """
 
     def __init__(self, *, mode: str = "offline", timeout_s: float = 60.0,
-                 baselines: Sequence[str] = DEFAULT_BASELINES, timing=None):
+                 baselines: Sequence[str] = DEFAULT_BASELINES, timing=None, standby: int = STANDBY_WORKERS):
         # Deferred: torch (optional, heavy to import).
         import torch
 
@@ -93,7 +95,7 @@ class WorkerRunner:
         self.timing = timing or TimingOptions()
         self.timeout_s = timeout_s
         self.device = this_device()
-        self._runner = Runner(timeout_s=timeout_s, standby=STANDBY_WORKERS)
+        self._runner = Runner(timeout_s=timeout_s, standby=standby)
         self._runner.start_soon()
         self._timer_warm = False
 

@@ -33,6 +33,9 @@ from gemmgen.tuning_db import Database, default_db_path
 #: 1.022x torch.matmul against 1.021x on an H100 (benchmarks/results/on_demand_fast_backends_h100).
 FAST_BACKENDS = ("triton",)
 SLOW_BUILD_S = 120.0
+#: Standby workers kept for confirmations (adapters.STANDBY_WORKERS for tuning runs): these run
+#: beside the user's own model, each a CUDA context on its GPU, and a short budget confirms few.
+ON_DEMAND_STANDBY = 3
 
 
 def backends_for(problem: Problem, time_budget_s: Optional[float],
@@ -71,7 +74,7 @@ class _Workers:
             if self._timer is not None:
                 self._timer.cancel()
             if self._runner is None:
-                self._runner = WorkerRunner(mode="offline")
+                self._runner = WorkerRunner(mode="offline", standby=ON_DEMAND_STANDBY)
                 if not self._hooked:
                     atexit.register(self.release)      # before multiprocessing joins its children
                     self._hooked = True
