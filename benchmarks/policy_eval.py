@@ -417,4 +417,5 @@ def print_table(summary):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpu_main import run_main
+    sys.exit(run_main(main))

@@ -245,4 +245,5 @@ def _geomean(values) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpu_main import run_main
+    sys.exit(run_main(main))

@@ -67,6 +67,16 @@ def test_timeout_kills_the_workers_whole_process_group(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_gpu_worker_that_cannot_start_cuda_says_why_in_one_error(capfd):
+    """Without a GPU (or a CUDA build of torch) a GPU worker reports what failed instead of
+    dying with a traceback of its own; the run gets one MeasureError that says so."""
+    with Runner(gpu=True, timeout_s=30) as runner:
+        with pytest.raises(MeasureError, match="could not start CUDA .*needs an NVIDIA Hopper GPU"):
+            runner.run(Job("k", planted.returns))
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_unpicklable_job_is_a_clear_error():
     with Runner(gpu=False, timeout_s=5) as runner:
         with pytest.raises(MeasureError, match="module-level function"):

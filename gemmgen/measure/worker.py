@@ -167,11 +167,18 @@ def _time_with_reference(kernel, job: Job) -> tuple[dict, dict]:
 def _serve(conn, gpu: bool) -> None:
     os.setsid()             # a group of its own, which the parent kills whole (Runner._retire)
     if gpu:
-        # Deferred: torch (optional, heavy to import).
-        import torch
+        try:
+            # Deferred: torch (optional, heavy to import).
+            import torch
 
-        torch.cuda.init()
-        torch.ones(1, device="cuda").sum().item()
+            torch.cuda.init()
+            torch.ones(1, device="cuda").sum().item()
+        except Exception as exc:  # noqa: BLE001 - no GPU, no CUDA build of torch, no memory: say which
+            try:
+                conn.send(("no CUDA", f"{type(exc).__name__}: {exc}"))
+            except OSError:
+                pass
+            return
         # The harness a job needs, imported and its timer started while the worker starts.
         # Deferred: torch (optional, heavy to import).
         import gemmgen.measure.checking  # noqa: F401
@@ -278,10 +285,14 @@ class _Started:
             self.stop()
             raise MeasureError(f"the measurement worker did not start within {timeout_s:.0f} s")
         try:
-            self.conn.recv()
+            said = self.conn.recv()
         except EOFError:
             self.proc.join(5)
             raise MeasureError(f"the measurement worker died at start ({_describe_exit(self.proc.exitcode)})") from None
+        if said != "ready":
+            self.stop()
+            raise MeasureError(f"the measurement worker could not start CUDA ({said[1]}); it needs an NVIDIA "
+                               "Hopper GPU and torch with CUDA")
         self.said_ready = True
         return self.proc, self.conn
 
