@@ -71,4 +71,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpu_main import run_main
+    sys.exit(run_main(main))
