@@ -67,7 +67,12 @@ def test_timeout_kills_the_workers_whole_process_group(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def _cuda_visible() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda_visible(), reason="needs a machine without a GPU")
 def test_a_gpu_worker_that_cannot_start_cuda_says_why_in_one_error(capfd):
     """Without a GPU (or a CUDA build of torch) a GPU worker reports what failed instead of
     dying with a traceback of its own; the run gets one MeasureError that says so."""
