@@ -5,7 +5,7 @@ import types
 
 import pytest
 import torch
-from test_torch_backend import record_winner
+from test_torch_backend_decision import record_winner
 
 from gemmgen.torch_compile import backend as torch_backend
 from gemmgen.torch_compile.graph_pass import GemmgenPass, PassOptions
