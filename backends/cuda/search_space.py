@@ -205,7 +205,7 @@ def direct_programs(problem: Problem) -> list[Program]:
             if not direct.rules(prog.bind(p).computed):
                 out.append(prog)
     # the two ways of summing the K slices take turns, the cluster's first
-    return take_turns([sorted((q for q in out if (q.split_k_reduce == CLUSTER_REDUCE) == cluster),
+    return take_turns([sorted((q for q in out if q.cluster_sum == cluster),
                               key=lambda q: direct_rank(q, p)) for cluster in (True, False)])
 
 
@@ -282,7 +282,7 @@ def direct_rank(program: Program, problem: Problem) -> tuple:
     c = program.bind(problem).computed
     t = program.tile
     ctas = math.ceil(c.problem.m / t.m) * math.ceil(c.problem.n / t.n) * program.split_k
-    aim = DIRECT_CLUSTER_CTAS if program.split_k_reduce == CLUSTER_REDUCE else DIRECT_CTAS
+    aim = DIRECT_CLUSTER_CTAS if program.cluster_sum else DIRECT_CTAS
     in_flight = direct.stages_of(c) * direct.ring_regs_per_stage(c) * 4
     return (round(abs(math.log2(ctas / aim))), -min(in_flight, DIRECT_IN_FLIGHT),
             abs(math.log2(program.num_warps / 4)), program.split_k)
