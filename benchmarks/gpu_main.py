@@ -14,16 +14,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from gemmgen.compile import gpu_present
 from gemmgen.errors import GemmgenError
-
-
-def gpu_visible() -> bool:
-    try:
-        # Deferred: torch (optional, heavy to import).
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def run_main(main: Callable[[Optional[list]], int], argv: Optional[list] = None) -> int:
@@ -35,7 +27,7 @@ def run_main(main: Callable[[Optional[list]], int], argv: Optional[list] = None)
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - without a GPU every failure means the same
-        if gpu_visible():
+        if gpu_present():
             raise
         print(f"{name}: error: it times kernels on an NVIDIA Hopper GPU, and none is visible here "
               f"(stopped at {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gemmgen.compile import gpu_present
+
 REPO = Path(__file__).resolve().parent.parent
 # (model, layer, M): the held-out families' layers at decode and small batch
 PROBLEMS = (("gemma2_9b", "gate", 16), ("granite3_8b", "down", 64), ("phi3_medium", "qkv", 1),
@@ -67,12 +69,6 @@ def side_by_side(kernels: dict, problem) -> tuple[dict, dict]:
     timed = time_many([(name, fn, problem) for name, fn in kernels.items()]
                       + [("torch", make("torch", problem).fn, problem)])
     return {k: (None if isinstance(t, Exception) else t.device_ms) for k, t in timed.items()}, timed
-
-
-def gpu_present() -> bool:
-    # Deferred: torch (optional, heavy to import).
-    import torch
-    return torch.cuda.is_available()
 
 
 def geomeans(rows: list[dict], keys) -> dict:

@@ -44,10 +44,9 @@ def main(argv=None) -> int:
     if not counts or min(counts) < 1:
         ap.error("--counts: each count is at least 1")
 
-    # Deferred: torch (optional, heavy to import).
-    import torch
+    from gemmgen.compile import gpu_present
 
-    if not torch.cuda.is_available():
+    if not gpu_present():
         print("worker_starts: error: the workers open a CUDA context, and no GPU is visible here", file=sys.stderr)
         return 2
     from gemmgen.measure.env import environment

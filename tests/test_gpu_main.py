@@ -19,7 +19,7 @@ def test_gemmgen_s_own_error_is_one_line(capsys):
 
 def test_without_a_gpu_any_failure_reads_as_the_missing_gpu(capsys, monkeypatch):
     script = load_script("gpu_main")
-    monkeypatch.setattr(script, "gpu_visible", lambda: False)
+    monkeypatch.setattr(script, "gpu_present", lambda: False)
     assert script.run_main(_fails_with(AssertionError("Torch not compiled with CUDA enabled"))) == 2
     err = capsys.readouterr().err
     assert "none is visible here" in err and "Torch not compiled with CUDA enabled" in err
@@ -27,7 +27,7 @@ def test_without_a_gpu_any_failure_reads_as_the_missing_gpu(capsys, monkeypatch)
 
 def test_with_a_gpu_other_failures_propagate_in_full(monkeypatch):
     script = load_script("gpu_main")
-    monkeypatch.setattr(script, "gpu_visible", lambda: True)
+    monkeypatch.setattr(script, "gpu_present", lambda: True)
     with pytest.raises(ZeroDivisionError):
         script.run_main(_fails_with(ZeroDivisionError("a bug")))
 
