@@ -290,10 +290,13 @@ def test_the_direct_programs_fit_every_layer_they_were_timed_on(folder, shapes, 
     with open(BENCHMARKS / "shapes" / shapes) as f:
         rows = [r for r in csv.DictReader(line for line in f if not line.startswith("#")) if int(r["M"]) <= 16]
     assert len(files) == count and rows
+    if folder == "direct_ring":
+        assert len(rows) == 13 and {r["M"] for r in rows} == {"1"}
     for path in files:
         program = parse(path.read_text(), str(path))
         assert program.swap_ab and program.problem.m is None, path.name
         if folder == "direct_ring":
+            assert (program.backend, program.mainloop) == ("triton", "direct"), path.name
             assert path.stem.endswith(f"_s{program.stages or 'auto'}"), path.name
         for r in rows:
             bound = program.bind(Problem(int(r["M"]), int(r["N"]), int(r["K"]), b_major="col"))
