@@ -20,9 +20,11 @@ through NVRTC in under a second), to measure against the default.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import io
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -121,7 +123,9 @@ def main(argv=None) -> int:
         on_demand_tuning.FAST_BACKENDS = fast_backends     # this process only: the run's experiment
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    db = Path(tempfile.mkdtemp()) / "tuning.sqlite"
+    work = tempfile.mkdtemp(prefix="gemmgen-on-demand-")
+    atexit.register(shutil.rmtree, work, True)     # the run's figures live on in on_demand.json
+    db = Path(work) / "tuning.sqlite"
     rows, start = [], time.monotonic()
     for name, shape in layer_shapes(parse_problems(args.problems) if args.problems else PROBLEMS):
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:

@@ -1,6 +1,8 @@
 """benchmarks/on_demand.py on CPU: its problems are layers of the set, what it is told to search
 is checked before anything runs, and without a GPU it stops with one line (the GPU run is the
 benchmark)."""
+from pathlib import Path
+
 import pytest
 
 from benchmark_scripts import load_script
@@ -31,3 +33,16 @@ def test_without_a_gpu_it_stops_with_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and "Traceback" not in err
     assert on_demand.FAST_BACKENDS == ("triton",)        # the experiment's setting never began
+
+
+def test_its_working_database_goes_when_the_process_ends(tmp_path, monkeypatch):
+    script = load_script("on_demand")
+    monkeypatch.setattr(script, "gpu_present", lambda: True)
+    monkeypatch.setattr(script, "layer_shapes", lambda problems: [])      # no GPU work here
+    at_exit = []
+    monkeypatch.setattr(script.atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
+    assert script.main(["--out", str(tmp_path)]) == 0
+    [(remove, (work, _))] = at_exit
+    assert Path(work).is_dir() and (tmp_path / "on_demand.json").is_file()
+    remove(work, True)
+    assert not Path(work).exists()
