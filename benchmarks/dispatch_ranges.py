@@ -3,7 +3,9 @@
 For each (N, K) of `x @ W.T` given, `gemmgen.compile((None, N, K), b_major="col")` over the
 shipped records (no tuning at any M of the sweep), and the kernel it serves at each M is timed
 beside torch.matmul in one session (gemmgen.measure.time_many, offline, CUPTI device time, L2
-flushed). Writes OUT/dispatch_ranges.json and prints one line per timed M.
+flushed). Every M a program or library algorithm serves is first checked by the harness
+(gemmgen.measure.check): a range's Ms were never measured, so this is where their numbers are
+proven. Writes OUT/dispatch_ranges.json and prints one line per timed M; exits 1 if a check failed.
 
 Two sweeps:
 - default: every M of every `range` row (Ms between two measured ones where the same program
@@ -54,6 +56,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import gemmgen
+    from gemmgen.measure import check
 
     rows, counts = [], {}
     for n, k in WIDTHS:
@@ -64,23 +67,34 @@ def main(argv=None) -> int:
         for m in sweep_ms(dynamic, args.dense, args.control_every):
             kernel = dynamic.kernel_for(m)
             problem = kernel.problem
+            row = {"m": m, "n": n, "k": k, "how": kernel.provenance.how}
+            if kernel.provenance.how != "baseline":      # torch.matmul itself needs no check here
+                checked = check(kernel.fn, problem)
+                row.update(passed=checked.passed, max_rel_err=checked.max_rel_err)
+                if not checked.passed:
+                    rows.append({**row, "failures": list(checked.failures)})
+                    print(f"{m:>5}x{n}x{k} {kernel.provenance.how:>8} FAILED its check: "
+                          + "; ".join(checked.failures), flush=True)
+                    continue
             ms, timed = side_by_side({"gemmgen": kernel.fn}, problem)
             speedup = ms["torch"] / ms["gemmgen"] if ms["torch"] and ms["gemmgen"] else None
-            rows.append({"m": m, "n": n, "k": k, "how": kernel.provenance.how, "gemmgen_ms": ms["gemmgen"],
-                         "torch_ms": ms["torch"], "speedup": speedup})
+            rows.append({**row, "gemmgen_ms": ms["gemmgen"], "torch_ms": ms["torch"], "speedup": speedup})
             print(f"{m:>5}x{n}x{k} {kernel.provenance.how:>8} "
                   + (f"{speedup:.3f}x torch.matmul" if speedup else str(timed)), flush=True)
     summary = {}
     for how in sorted({r["how"] for r in rows}):
-        got = [r["speedup"] for r in rows if r["how"] == how and r["speedup"]]
+        got = [r["speedup"] for r in rows if r["how"] == how and r.get("speedup")]
+        mine = [r for r in rows if r["how"] == how]
+        summary[how] = {"checked": sum("passed" in r for r in mine),
+                        "failed_check": sum(r.get("passed") is False for r in mine), "timed": len(got)}
         if got:
-            summary[how] = {"timed": len(got), "geomean": geomean(got), "min": min(got), "max": max(got)}
+            summary[how].update(geomean=geomean(got), min=min(got), max=max(got))
     print(json.dumps({"served_per_width": counts, "timed": summary}, indent=1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dispatch_ranges.json").write_text(json.dumps(
         {"command": " ".join(sys.argv), "served_per_width": counts, "summary": summary, "rows": rows}, indent=1))
-    return 0
+    return 1 if any(r.get("passed") is False for r in rows) else 0
 
 
 if __name__ == "__main__":
