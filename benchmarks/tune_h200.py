@@ -89,6 +89,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
                     help="only the shapes with M at least this (with --max-m: a band of batch sizes)")
     ap.add_argument("--max-m", type=int, default=None, metavar="M",
                     help="only the shapes with M at most this (a layer set's decode and small-batch rows)")
+    ap.add_argument("--unwon", action="store_true",
+                    help="only the shapes this GPU's records serve with torch.matmul (none tuned yet, or "
+                         "nothing won): a wider --budget where the first programs found nothing")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--worker-timeout", type=float, default=60.0)
     ap.add_argument("--prebuild", action="store_true",
@@ -139,6 +142,11 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         if source is not None and source.is_file():
             # The run's own export and the project's shipped records: measured by this script.
             resumed[_shown(source)] = merge(db, source, verified=True)[0]
+    if args.unwon:
+        # read after the merge above, so that the shipped and the run's own records count
+        problems = [p for p in problems if compile(p, device=runner.device.name, db=db).provenance.how == "baseline"]
+        clear_cache()
+        print(f"--unwon: {len(problems)} shapes served by torch.matmul on {runner.device.name}")
     keys = {p.key for p in problems}
     last_export = time.monotonic()
     memory_gib = []       # per problem: (held after it, peak during it), GiB

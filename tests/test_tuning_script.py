@@ -301,3 +301,32 @@ def test_the_direct_programs_fit_every_layer_they_were_timed_on(folder, shapes, 
         for r in rows:
             bound = program.bind(Problem(int(r["M"]), int(r["N"]), int(r["K"]), b_major="col"))
             assert diagnose(bound) == [], (path.name, r, diagnose(bound))
+
+
+def test_unwon_tunes_only_the_shapes_torch_matmul_still_serves(tmp_path, capsys):
+    """A second run with --unwon and a wider budget measures more programs at the shapes where the
+    first found no winner, and none at the shapes a program already serves."""
+    from gemmgen.compile import compile
+    from tuning_fakes import TEST_GPU
+
+    script = load_script("tune_h200")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n1024,1024,1024\n2048,4096,512\n64,64,64\n")
+    db = tmp_path / "w.sqlite"
+    common = ["--shapes", str(shapes), "--ship", "", "--db", str(db), "--backends", "triton", "--time-budget", "600"]
+    assert script.main(common + ["--out", str(tmp_path / "first"), "--budget", "2"],
+                       make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder()) == 0
+    clear_cache()
+    served = {p: compile(p, device=TEST_GPU.name, db=Database(db)).provenance.how
+              for p in ((1024, 1024, 1024), (2048, 4096, 512), (64, 64, 64))}
+    clear_cache()
+    unwon = {p for p, how in served.items() if how == "baseline"}
+    assert unwon and len(unwon) < 3           # the fakes: some shapes won, some did not
+    second = FakeRunner()
+    assert script.main(common + ["--out", str(tmp_path / "second"), "--budget", "4", "--unwon"],
+                       make_runner=lambda **kw: second, builder=FakeBuilder()) == 0
+    assert f"--unwon: {len(unwon)} shapes served by torch.matmul" in capsys.readouterr().out
+    assert second.measured and {(t.problem.m, t.problem.n, t.problem.k) for t in second.measured} == unwon
+    summary = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert len(summary["rows"]) == len(unwon)
+    clear_cache()
