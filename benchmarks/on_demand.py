@@ -126,6 +126,16 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="gemmgen-on-demand-")
     atexit.register(shutil.rmtree, work, True)     # the run's figures live on in on_demand.json
     db = Path(work) / "tuning.sqlite"
+
+    def save(rows: list) -> dict:
+        summary = geomeans(rows, ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive"))
+        summary.update(mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
+        (out / "on_demand.json").write_text(json.dumps({
+            "command": " ".join(sys.argv), "environment": environment(), "tune_s": args.tune,
+            "space": args.space, "fast_backends": list(on_demand_tuning.FAST_BACKENDS),
+            "exhaustive_backends": list(exhaustive_backends), "summary": summary, "rows": rows}, indent=1))
+        return summary
+
     rows, start = [], time.monotonic()
     for name, shape in layer_shapes(parse_problems(args.problems) if args.problems else PROBLEMS):
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:
@@ -152,20 +162,15 @@ def main(argv=None) -> int:
             row.update(on_demand_x_torch=ms["torch"] / ms["on_demand"], exhaustive_x_torch=ms["torch"] / ms["exhaustive"],
                        on_demand_of_exhaustive=ms["exhaustive"] / ms["on_demand"])
         rows.append(row)
+        save(rows)      # after every problem: a run stopped later keeps what it measured
         print(f"{name:>18} {problem.m}x{problem.n}x{problem.k}: tuned {tune_s:5.1f} s -> "
               f"{row.get('on_demand_x_torch', 0):.3f}x torch; whole space {exhaustive_s:5.1f} s -> "
               f"{row.get('exhaustive_x_torch', 0):.3f}x; on-demand/exhaustive {row.get('on_demand_of_exhaustive', 0):.3f}",
               flush=True)
-    summary = geomeans(rows, ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive"))
-    summary.update(mean_tune_s=sum(r["tune_s"] for r in rows) / max(1, len(rows)))
-    print(json.dumps(summary, indent=1))
-    (out / "on_demand.json").write_text(json.dumps({"command": " ".join(sys.argv), "environment": environment(),
-                                                    "tune_s": args.tune, "space": args.space,
-                                                    "fast_backends": list(on_demand_tuning.FAST_BACKENDS),
-                                                    "exhaustive_backends": list(exhaustive_backends),
-                                                    "summary": summary, "rows": rows}, indent=1))
+    print(json.dumps(save(rows), indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpu_main import run_main
+    sys.exit(run_main(main))

@@ -46,3 +46,37 @@ def test_its_working_database_goes_when_the_process_ends(tmp_path, monkeypatch):
     assert Path(work).is_dir() and (tmp_path / "on_demand.json").is_file()
     remove(work, True)
     assert not Path(work).exists()
+
+
+def test_a_failure_part_way_keeps_what_was_measured(tmp_path, monkeypatch, capsys):
+    """Rows are saved after every problem, and a gemmgen error ends the run with one line."""
+    import json
+    from types import SimpleNamespace
+
+    import gemmgen
+    from gemmgen.errors import GemmgenError
+    from gemmgen.tune import on_demand
+
+    script = load_script("on_demand")
+    monkeypatch.setattr(script, "gpu_present", lambda: True)
+    compiled = []
+
+    def fake_compile(shape, **kwargs):
+        compiled.append(shape)
+        if shape[0] == 4:       # the second problem (granite3_8b.gate.4)
+            raise GemmgenError("the worker stopped: stand-in failure")
+        return SimpleNamespace(fn=None, problem=SimpleNamespace(key="k", m=shape[0], n=shape[1], k=shape[2]),
+                               provenance=SimpleNamespace(summary="a program"))
+
+    monkeypatch.setattr(gemmgen, "compile", fake_compile)
+    monkeypatch.setattr(on_demand, "tune_now", lambda *a, **k: None)
+    monkeypatch.setattr(script, "side_by_side", lambda kernels, problem: (
+        {"on_demand": 1.0, "exhaustive": 1.0, "torch": 1.1}, {}))
+    argv = ["--out", str(tmp_path), "--problems", "phi3_medium.qkv.1,granite3_8b.gate.4"]
+    monkeypatch.setattr(script.sys, "argv", ["on_demand.py"] + argv)
+
+    assert load_script("gpu_main").run_main(script.main, argv) == 2
+    assert "stand-in failure" in capsys.readouterr().err
+    saved = json.loads((tmp_path / "on_demand.json").read_text())
+    assert [r["layer"] for r in saved["rows"]] == ["phi3_medium.qkv"]
+    assert saved["summary"]["on_demand_x_torch"] == 1.1
