@@ -101,6 +101,7 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
     from gemmgen.compile import clear_cache, compile, prebuild
     from gemmgen.errors import GemmgenError
     from gemmgen.measure.numerics import bucket_names, bucket_of
+    from gemmgen.measure.shapes import in_m_band
     from gemmgen.policy.proposers import proposer_for
     from gemmgen.tune import parse_backends, reports_summary, tune_backends
     from gemmgen.tune.adapters import PoolBuilder, WorkerRunner
@@ -110,14 +111,13 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
 
     # the shapes, backends and proposer first: bad ones are refused before any database is made or merged
     try:
-        problems = tune_problems(args.shapes, args.shard, args.epilogue)
+        problems = in_m_band(tune_problems(args.shapes, args.shard, args.epilogue), args.min_m, args.max_m,
+                             args.shapes)
         library, program_backends = parse_backends(args.backends)
         proposer = (proposer_for(args.proposer, programs=args.programs, backends=program_backends)
                     if program_backends else None)
     except GemmgenError as exc:
         ap.error(str(exc))
-    problems = [p for p in problems if (args.min_m is None or p.m >= args.min_m)
-                and (args.max_m is None or p.m <= args.max_m)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.db:

@@ -8,7 +8,7 @@ from gemmgen.cli import main
 from gemmgen.measure import baselines, candidates, results
 from gemmgen.measure.bench import make_row, table
 from gemmgen.measure.errors import ShapesError, UnknownName
-from gemmgen.measure.shapes import Shape, majors, parse_shapes, read_shapes, shard
+from gemmgen.measure.shapes import Shape, in_m_band, majors, parse_shapes, read_shapes, shard
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,6 +61,19 @@ def test_shards_partition_the_list():
     for bad in ("3/3", "1", "a/b", "-1/2"):
         with pytest.raises(ShapesError):
             shard(shapes, bad)
+
+
+def test_an_m_band_keeps_one_batch_size_or_a_band_and_names_what_it_cannot():
+    shapes = [Shape(m, 64, 64) for m in (1, 2, 4, 16, 32)]
+    assert [s.m for s in in_m_band(shapes, 16, 16)] == [16]
+    assert [s.m for s in in_m_band(shapes, 2, 16)] == [2, 4, 16]
+    assert [s.m for s in in_m_band(shapes, max_m=2)] == [1, 2] and in_m_band(shapes) == shapes
+    with pytest.raises(ShapesError, match="layers.csv: no shape has M in \\[8, 8\\]; its Ms are 1, 2, 4, 16, 32"):
+        in_m_band(shapes, 8, 8, "layers.csv")
+    with pytest.raises(ShapesError, match="--min-m 32 is above --max-m 16"):
+        in_m_band(shapes, 32, 16)
+    with pytest.raises(ShapesError, match="--max-m 0: M is at least 1"):
+        in_m_band(shapes, max_m=0)
 
 
 # ---- rows, summary, resume, merge ---------------------------------------------------------
@@ -326,6 +339,17 @@ def test_bench_resume_and_time_budget(tmp_path, stub_timer):
     doc = run(_cfg(tmp_path, "M,N,K\n32,48,64\n16,16,128\n", resume=True))
     assert len(stub_timer) == 2 and doc["meta"]["skipped_done"] == 1
     assert doc["summary"]["n_shapes"] == 2
+
+
+def test_bench_times_only_the_m_band_asked_for(tmp_path, stub_timer, capsys):
+    from gemmgen.measure.bench import run
+    doc = run(_cfg(tmp_path, "M,N,K\n16,48,64\n32,48,64\n16,16,128\n", min_m=16, max_m=16))
+    assert {r["m"] for r in doc["rows"]} == {16} and len(stub_timer) == 2
+    assert (doc["meta"]["min_m"], doc["meta"]["max_m"]) == (16, 16)
+    shapes = tmp_path / "shapes.csv"
+    assert main(["bench", "--shapes", str(shapes), "--out", str(tmp_path / "o"), "--min-m", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "no shape has M in [64, any]; its Ms are 16, 32" in err and "Traceback" not in err
 
 
 def test_bench_refuses_unknown_names_before_measuring(tmp_path, stub_timer):

@@ -161,6 +161,11 @@ def test_tune_h200_says_what_is_wrong_with_a_shapes_file(tmp_path, capsys):
         script.main(["--shapes", str(shapes), "--backends", "tritn", "--out", str(tmp_path / "out"), "--ship", "",
                      "--db", str(tmp_path / "w.sqlite")], make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
     assert "'tritn'" in capsys.readouterr().err and not (tmp_path / "w.sqlite").exists()
+    with pytest.raises(SystemExit):     # a band no row is in: said, not an empty run
+        script.main(["--shapes", str(shapes), "--min-m", "2", "--max-m", "2", "--out", str(tmp_path / "out"),
+                     "--ship", "", "--db", str(tmp_path / "w.sqlite")],
+                    make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder())
+    assert "no shape has M in [2, 2]" in capsys.readouterr().err and not (tmp_path / "w.sqlite").exists()
 
 
 def test_tune_h200_searches_cublaslt_and_ships_the_choices(tmp_path, capsys):

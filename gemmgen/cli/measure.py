@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--part", choices=PARTS, default="all",
                    help="rows of a shapes file with a `# held_out:` line: all (default), the tuning part, "
                         "or the held-out families")
+    p.add_argument("--min-m", type=int, default=None, metavar="M",
+                   help="only the shapes with M at least this (with --max-m: a band, or one batch size)")
+    p.add_argument("--max-m", type=int, default=None, metavar="M", help="only the shapes with M at most this")
     p.add_argument("--resume", action="store_true", help="skip shapes already complete in DIR/results.json")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop cleanly before the next shape once this much time has passed; results are saved")
@@ -72,7 +75,8 @@ def run_command(args: argparse.Namespace) -> int:
     baselines = [] if args.baselines.strip().lower() == "none" else _names(args.baselines)
     cfg = BenchConfig(
         shapes=args.shapes, out=args.out, mode=args.mode, baselines=baselines,
-        candidates=_names(args.candidates), shard=args.shard, part=args.part, resume=args.resume,
+        candidates=_names(args.candidates), shard=args.shard, part=args.part,
+        min_m=args.min_m, max_m=args.max_m, resume=args.resume,
         time_budget_s=args.time_budget, seed=args.seed,
         timing=TimingOptions(min_reps=args.reps, max_reps=max(args.max_reps, args.reps),
                              mean_gap_s=args.mean_gap_ms * 1e-3, timer=args.timer),

@@ -28,7 +28,7 @@ from gemmgen.measure.checking import check
 from gemmgen.measure.env import environment, gpu_record
 from gemmgen.measure.errors import UnknownName
 from gemmgen.measure.numerics import bucket_of, tflops
-from gemmgen.measure.shapes import Shape, read_shapes, shard
+from gemmgen.measure.shapes import Shape, in_m_band, read_shapes, shard
 from gemmgen.measure.timing import MODES, TimingOptions, time_many
 from gemmgen.measure.worker import Job, Runner, load_named
 
@@ -42,6 +42,8 @@ class BenchConfig:
     candidates: list[str] = field(default_factory=list)
     shard: Optional[str] = None
     part: str = "all"             # all rows, or one side of the file's held-out split
+    min_m: Optional[int] = None   # a band of batch sizes (one M: min_m == max_m)
+    max_m: Optional[int] = None
     resume: bool = False
     time_budget_s: Optional[float] = None
     seed: Optional[int] = None
@@ -230,8 +232,9 @@ def _preflight(cfg: BenchConfig) -> list[str]:
 def run(cfg: BenchConfig) -> dict:
     """Measure, saving after every shape; returns the final results document."""
 
+    # the shapes first: a bad file or band is said on any machine, before the GPU is looked for
+    shapes = shard(in_m_band(read_shapes(cfg.shapes, cfg.part), cfg.min_m, cfg.max_m, cfg.shapes), cfg.shard)
     measured = _preflight(cfg)
-    shapes = shard(read_shapes(cfg.shapes, cfg.part), cfg.shard)
     out = Path(cfg.out)
     rows: list[dict] = []
     wanted = list(cfg.baselines) + list(cfg.candidates)
@@ -241,7 +244,8 @@ def run(cfg: BenchConfig) -> dict:
     todo = [s for s in shapes if (s.m, s.n, s.k, s.layout) not in done]
     meta = {
         "command": cfg.command or " ".join(sys.argv), "mode": cfg.mode, "shapes": cfg.shapes,
-        "shard": cfg.shard, "part": cfg.part, "out": str(out), "baselines": cfg.baselines, "candidates": cfg.candidates,
+        "shard": cfg.shard, "part": cfg.part, "min_m": cfg.min_m, "max_m": cfg.max_m, "out": str(out),
+        "baselines": cfg.baselines, "candidates": cfg.candidates,
         "same_session_reference": cfg.reference,
         "timing": dataclasses.asdict(cfg.timing),
         "timer": {"cupti": "CUPTI kernel records (torch.profiler)", "events": "CUDA events on the calling stream"}

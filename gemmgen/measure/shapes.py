@@ -208,6 +208,23 @@ def parse_shard(spec: str) -> tuple[int, int]:
     return i, n
 
 
+def in_m_band(items: list, min_m: Optional[int] = None, max_m: Optional[int] = None,
+              source: str = "the shapes") -> list:
+    """The shapes (or problems: anything with an `m`) whose M lies in [min_m, max_m], either
+    bound open when None: one batch size, or a band of them, of a layer set."""
+    for flag, bound in (("--min-m", min_m), ("--max-m", max_m)):
+        if bound is not None and bound < 1:
+            raise ShapesError(f"{flag} {bound}: M is at least 1")
+    if min_m is not None and max_m is not None and min_m > max_m:
+        raise ShapesError(f"--min-m {min_m} is above --max-m {max_m}: give a band with min <= max")
+    kept = [x for x in items if (min_m is None or x.m >= min_m) and (max_m is None or x.m <= max_m)]
+    if items and not kept:
+        ms = sorted({x.m for x in items})
+        raise ShapesError(f"{source}: no shape has M in [{min_m or 1}, {max_m or 'any'}]; "
+                          f"its Ms are {', '.join(map(str, ms[:20]))}{' ...' if len(ms) > 20 else ''}")
+    return kept
+
+
 def shard(shapes: list[Shape], spec: str | None) -> list[Shape]:
     """Strided split: shapes are sorted by size in the shipped sets, so each shard gets all sizes."""
     if not spec:
