@@ -2,8 +2,8 @@
 # Runs on the H200 device machine, from the repository root: installs the carried wheels
 # (.whl/, made by ../shared/gpu/fetch-wheels) and the package, then each step given as an
 # argument (a shell command, usually under `timeout`), logging to $OUT/log.txt. At the end it
-# packs benchmarks/results and tuning_db/shipped into $OUT/results.tgz, since only a few
-# files come back from that machine.
+# packs $PACK (default: benchmarks/results and tuning_db/shipped; name the steps' own folders to
+# bring back less) into $OUT/results.tgz, since only a few files come back from that machine.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 GEMMGEN_CACHE_DIR=${GEMMGEN_CACHE_DIR:-/tmp/gemmgen-cache}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,4 +17,4 @@ for step in "$@"; do
   bash -c "$step" 2>&1 | tee -a "$OUT/log.txt" | tail -n 60
   echo "=== rc=${PIPESTATUS[0]} in $(( $(date +%s) - start )) s" | tee -a "$OUT/log.txt"
 done
-tar czf "$OUT/results.tgz" benchmarks/results tuning_db/shipped 2>/dev/null
+tar czf "$OUT/results.tgz" ${PACK:-benchmarks/results tuning_db/shipped} 2>/dev/null
