@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from on_demand import geomeans, layer_shapes, side_by_side  # noqa: E402 - this folder's helpers
+from on_demand import geomeans, layer_shapes, scratch_db, side_by_side  # noqa: E402 - this folder's helpers
 
 PROBLEMS = tuple((model, layer, m) for model in ("gemma2_9b", "phi3_medium", "granite3_8b")
                  for layer, m in (("gate", 1), ("down", 16), ("qkv", 64), ("o", 128)))
@@ -83,7 +82,17 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    db = Path(tempfile.mkdtemp()) / "tuning.sqlite"
+    db = scratch_db("gemmgen-inductor-compare-")
+
+    def save(rows: list) -> dict:
+        summary = geomeans(rows, ("gemmgen_x_inductor", "inductor_x_torch", "gemmgen_x_torch"))
+        summary.update(inductor_compile_s=sum(r["inductor_compile_s"] for r in rows),
+                       gemmgen_compile_s=sum(r["gemmgen_compile_s"] for r in rows))
+        (out / "inductor_compare.json").write_text(json.dumps(
+            {"command": " ".join(sys.argv), "environment": environment(), "tune_s": args.tune, "summary": summary,
+             "rows": rows}, indent=1))
+        return summary
+
     rows, start = [], time.monotonic()
     for name, shape in layer_shapes(PROBLEMS):
         if args.time_budget is not None and time.monotonic() - start > args.time_budget:
@@ -105,17 +114,12 @@ def main(argv=None) -> int:
             row.update(gemmgen_x_inductor=ms["inductor"] / ms["gemmgen"], inductor_x_torch=ms["torch"] / ms["inductor"],
                        gemmgen_x_torch=ms["torch"] / ms["gemmgen"])
         rows.append(row)
+        save(rows)      # after every problem: a run stopped later keeps what it measured
         print(f"{name:>18} {problem.m}x{problem.n}x{problem.k}: max-autotune {inductor_s:5.1f} s, "
               f"{row.get('inductor_x_torch', 0):.3f}x torch; gemmgen {gemmgen_s:5.1f} s, "
               f"{row.get('gemmgen_x_torch', 0):.3f}x torch, {row.get('gemmgen_x_inductor', 0):.3f}x max-autotune",
               flush=True)
-    summary = geomeans(rows, ("gemmgen_x_inductor", "inductor_x_torch", "gemmgen_x_torch"))
-    summary.update(inductor_compile_s=sum(r["inductor_compile_s"] for r in rows),
-                   gemmgen_compile_s=sum(r["gemmgen_compile_s"] for r in rows))
-    print(json.dumps(summary, indent=1))
-    (out / "inductor_compare.json").write_text(json.dumps(
-        {"command": " ".join(sys.argv), "environment": environment(), "tune_s": args.tune, "summary": summary,
-         "rows": rows}, indent=1))
+    print(json.dumps(save(rows), indent=1))
     return 0
 
 

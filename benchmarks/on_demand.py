@@ -62,6 +62,14 @@ def parse_problems(text: str) -> list[tuple[str, str, int]]:
     return out
 
 
+def scratch_db(prefix: str) -> Path:
+    """A fresh tuning database in a temporary folder that goes when the process ends: a run's
+    figures live on in its results file, and a working database would only fill the disk."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, work, True)
+    return Path(work) / "tuning.sqlite"
+
+
 def side_by_side(kernels: dict, problem) -> tuple[dict, dict]:
     """`kernels` (name -> fn) and torch.matmul timed in one session (gemmgen.measure.time_many):
     (name -> device ms, None where it was not timed; name -> Timing or its error)."""
@@ -123,9 +131,7 @@ def main(argv=None) -> int:
         on_demand_tuning.FAST_BACKENDS = fast_backends     # this process only: the run's experiment
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="gemmgen-on-demand-")
-    atexit.register(shutil.rmtree, work, True)     # the run's figures live on in on_demand.json
-    db = Path(work) / "tuning.sqlite"
+    db = scratch_db("gemmgen-on-demand-")
 
     def save(rows: list) -> dict:
         summary = geomeans(rows, ("on_demand_x_torch", "exhaustive_x_torch", "on_demand_of_exhaustive"))
