@@ -5,6 +5,7 @@ import math
 import pytest
 
 from benchmark_scripts import BENCHMARKS, load_script
+from gemmgen.measure import results
 
 
 def _row(name, kind, m, n, k, bucket, ms, reference_ms=None):
@@ -35,7 +36,7 @@ RESULT = BENCHMARKS / "results" / "cutlass_search"      # the committed search, 
 def test_the_committed_table_is_what_the_rows_give():
     script = load_script("cutlass_search")
     folder = RESULT
-    docs = {mode: json.loads((folder / mode / "results.json").read_text()) for mode in ("offline", "server")}
+    docs = {mode: results.load(folder / mode) for mode in ("offline", "server")}
     summary = json.loads((folder / "summary.json").read_text())
     assert script.bucket_table(docs).splitlines() == summary["table"]
 
@@ -116,7 +117,7 @@ def test_the_committed_search_gives_the_wide_epilogue_only_to_store_bound_shapes
     assert len(store_bound) == 11
     assert sum(bool(programs[s].epilogue_tile) for s in store_bound) == 7
     assert not any(p.epilogue_tile for s, p in programs.items() if s not in store_bound)
-    rows = json.loads((RESULT / "offline" / "results.json").read_text())["rows"]
+    rows = results.load(RESULT / "offline")["rows"]
     same = {f"{r['m']}x{r['n']}x{r['k']}": r["notes"]["reference_device_ms"] / r["device_ms"]
             for r in rows if r["name"] != "torch"}
     assert sum(same[s] >= 0.985 for s in store_bound) == 7
