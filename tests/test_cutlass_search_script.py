@@ -1,4 +1,5 @@
 """benchmarks/cutlass_search.py's per-bucket table, on CPU: both speedups, per bucket and anchor."""
+import gzip
 import json
 import math
 
@@ -94,7 +95,7 @@ def test_time_alone_runs_each_finalist_beside_torch_in_its_own_job_per_mode():
 
 
 def test_the_committed_search_chose_the_balanced_grid_at_both_anchors_in_the_finalist_round():
-    selection = json.loads((RESULT / "selection.json").read_text())
+    selection = json.loads(gzip.decompress((RESULT / "selection.json.gz").read_bytes()))
     anchors = [e for e in selection.values() if e["shape"].split(":")[0] in ("4096x4096x4096", "8192x8192x8192")]
     assert len(anchors) == 2
     for entry in anchors:
@@ -111,7 +112,7 @@ def test_the_committed_search_gives_the_wide_epilogue_only_to_store_bound_shapes
     from gemmgen import dsl
     from gemmgen.backends.cutlass.search_space import _store_bound
 
-    selection = json.loads((RESULT / "selection.json").read_text())
+    selection = json.loads(gzip.decompress((RESULT / "selection.json.gz").read_bytes()))
     programs = {key.split(":")[0]: dsl.parse(e["program"]) for key, e in selection.items()}
     store_bound = {s for s, p in programs.items() if _store_bound(p.problem)}
     assert len(store_bound) == 11
