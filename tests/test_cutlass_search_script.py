@@ -34,6 +34,11 @@ def test_bucket_table_gives_the_cross_session_and_the_same_session_speedups():
 RESULT = BENCHMARKS / "results" / "cutlass_search"      # the committed search, offline and server
 
 
+def committed_selection() -> dict:
+    """The committed search's program per shape (gzipped, as large results are committed)."""
+    return json.loads(gzip.decompress((RESULT / "selection.json.gz").read_bytes()))
+
+
 def test_the_committed_table_is_what_the_rows_give():
     script = load_script("cutlass_search")
     folder = RESULT
@@ -95,7 +100,7 @@ def test_time_alone_runs_each_finalist_beside_torch_in_its_own_job_per_mode():
 
 
 def test_the_committed_search_chose_the_balanced_grid_at_both_anchors_in_the_finalist_round():
-    selection = json.loads(gzip.decompress((RESULT / "selection.json.gz").read_bytes()))
+    selection = committed_selection()
     anchors = [e for e in selection.values() if e["shape"].split(":")[0] in ("4096x4096x4096", "8192x8192x8192")]
     assert len(anchors) == 2
     for entry in anchors:
@@ -112,7 +117,7 @@ def test_the_committed_search_gives_the_wide_epilogue_only_to_store_bound_shapes
     from gemmgen import dsl
     from gemmgen.backends.cutlass.search_space import _store_bound
 
-    selection = json.loads(gzip.decompress((RESULT / "selection.json.gz").read_bytes()))
+    selection = committed_selection()
     programs = {key.split(":")[0]: dsl.parse(e["program"]) for key, e in selection.items()}
     store_bound = {s for s, p in programs.items() if _store_bound(p.problem)}
     assert len(store_bound) == 11
