@@ -17,17 +17,19 @@ in the same files. Writes OUT/summary.json and prints a per-FLOP-bucket table la
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from gemmgen.measure.numerics import geomean
 
-REPO = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+from on_demand import scratch_db  # noqa: E402 - this folder's helpers
+
+REPO = HERE.parent
 TRIALS = "trials.jsonl.gz"      # the run's record, in the export format (gzip: results stay small)
 EXPORT_EVERY_S = 30.0           # an export reads the whole working database (0.7 s at 10,000 trials)
 
@@ -124,10 +126,9 @@ def main(argv=None, *, make_runner=None, builder=None) -> int:
         db_path = Path(args.db)
     elif args.ship == "":
         # A run that ships nothing (a probe) works in a database of its own: in the shared one its
-        # trials would reach the shipped file with the next run on this machine that ships.
-        probe_dir = tempfile.mkdtemp(prefix="gemmgen-probe-")
-        atexit.register(shutil.rmtree, probe_dir, True)    # its trials live on in OUT's export
-        db_path = Path(probe_dir) / "tune_h200.sqlite"
+        # trials would reach the shipped file with the next run on this machine that ships. Its
+        # trials live on in OUT's export.
+        db_path = scratch_db("gemmgen-probe-")
     else:
         db_path = default_db_path().with_name("tune_h200.sqlite")
     start = time.monotonic()

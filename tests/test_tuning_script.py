@@ -1,6 +1,7 @@
 """benchmarks/tune_h200.py on CPU with the fake builder and runner: resume from its own
 record, ship every trial (winners are a query), summarise per FLOP bucket."""
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,13 +90,14 @@ def test_a_probe_s_trials_never_reach_a_later_run_s_shipped_file(tmp_path, capsy
     tuned_shapes.write_text("M,N,K\n2048,4096,512\n")
     common = ["--budget", "2", "--backends", "triton", "--time-budget", "600"]
     at_exit = []
-    monkeypatch.setattr(script.atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
+    helpers = sys.modules[script.scratch_db.__module__]     # the folder's on_demand.py makes the scratch db
+    monkeypatch.setattr(helpers.atexit, "register", lambda fn, *args: at_exit.append((fn, args)))
     assert script.main(["--shapes", str(probe_shapes), "--out", str(tmp_path / "probe"), "--ship", ""] + common,
                        make_runner=lambda **kw: FakeRunner(), builder=FakeBuilder()) == 0
     assert len(list(read_jsonl(tmp_path / "probe" / script.TRIALS))) == 2
     # the probe's own working database goes when the process ends
     [(remove, (probe_dir, _))] = at_exit
-    assert (Path(probe_dir) / "tune_h200.sqlite").is_file()
+    assert (Path(probe_dir) / "tuning.sqlite").is_file()
     remove(probe_dir, True)
     assert not Path(probe_dir).exists()
     ship = tmp_path / "shipped.jsonl"
